@@ -1,0 +1,228 @@
+"""`dppipeline generate | run | plan | spec-doc`: the command line.
+
+Errors a user can fix print as one line on stderr, with no traceback: exit 2 for usage errors
+(flags, job spec), 1 for input errors. `DPPIPELINE_DEBUG=1` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from dppipeline.errors import DPPipelineError, SpecError, UsageError
+
+# CLI flag -> job spec field (dotted YAML path). Flags override the YAML.
+FLAG_FIELDS: dict[str, str] = {
+    "input": "input.path",
+    "format": "input.format",
+    "start_date": "input.start_date",
+    "end_date": "input.end_date",
+    "max_rejected_fraction": "input.max_rejected_fraction",
+    "output": "output",
+    "privacy_unit": "privacy_unit",
+    "partition_key": "partition_key",
+    "value": "value",
+    "metrics": "metrics",
+    "epsilon": "budget.epsilon",
+    "delta": "budget.delta",
+    "noise": "noise",
+    "max_partitions_contributed": "bounds.max_partitions_contributed",
+    "max_contributions_per_partition": "bounds.max_contributions_per_partition",
+    "min_value": "bounds.min_value",
+    "max_value": "bounds.max_value",
+    "public_partitions": "partition_selection.public_partitions",
+    "partition_selection": "partition_selection.strategy",
+    "pre_threshold": "partition_selection.pre_threshold",
+}
+_FIELD_FLAGS = {field: "--" + flag.replace("_", "-") for flag, field in FLAG_FIELDS.items()}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _date(text: str) -> dt.date:
+    try:
+        return dt.date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a date YYYY-MM-DD: {text!r}") from None
+
+
+def _add_privacy_flags(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--config", help="YAML job spec (jobs/configs/terminal_stats.yaml); flags override it")
+    add("--privacy-unit", help="column protected by DP (default CUSTOMER_ID)")
+    add("--partition-key", help="column whose values are the released partitions")
+    add("--value", help="column aggregated by sum and mean (default TX_AMOUNT)")
+    add("--metrics", help="comma list of count,sum,mean,privacy_id_count")
+    add("--epsilon", type=float, help="total epsilon of the run (metrics + selection)")
+    add("--delta", type=float, help="total delta of the run")
+    add("--noise", choices=("laplace", "gaussian"), help="noise distribution")
+    add("--max-partitions-contributed", type=int, help="L0: partitions kept per privacy unit")
+    add(
+        "--max-contributions-per-partition",
+        type=int,
+        help="Linf: rows kept per privacy unit and partition",
+    )
+    add("--min-value", type=float, help="lower clipping bound (sum, mean)")
+    add("--max-value", type=float, help="upper clipping bound (sum, mean)")
+    add("--public-partitions", help="file of public keys; without it: private selection")
+    add(
+        "--partition-selection",
+        choices=("truncated_geometric", "laplace_thresholding", "gaussian_thresholding"),
+        help="private selection strategy (default truncated_geometric)",
+    )
+    add("--pre-threshold", type=int, help="private selection: minimum privacy units")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="dppipeline",
+        description="Differentially private per-partition statistics of transaction data.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    gen = sub.add_parser("generate", help="write synthetic card transactions")
+    gen.add_argument("--output", required=True, help="folder to write")
+    gen.add_argument("--format", choices=("parquet", "csv"), default="parquet")
+    gen.add_argument("--customers", type=int, default=5000)
+    gen.add_argument("--terminals", type=int, default=1000)
+    gen.add_argument("--days", type=int, default=30)
+    gen.add_argument("--start-date", type=_date, default=dt.date(2026, 1, 1))
+    gen.add_argument("--tx-per-day", type=int, default=25000)
+    gen.add_argument("--seed", type=int, default=0)
+
+    run = sub.add_parser("run", help="compute and publish a DP release")
+    run.add_argument("--engine", default="local", help="local (in-process), spark or beam")
+    run.add_argument("--input", help="input folder (daily partitions)")
+    run.add_argument("--output", help="release folder to create")
+    run.add_argument("--format", choices=("parquet", "csv"), help="input layout")
+    run.add_argument("--start-date", type=_date, help="first day, inclusive")
+    run.add_argument("--end-date", type=_date, help="last day, inclusive")
+    run.add_argument("--max-rejected-fraction", type=float, help="fail above this reject share")
+    run.add_argument("--quarantine", help="folder for rejected rows (default <output>_quarantine)")
+    run.add_argument("--overwrite", action="store_true", help="replace an existing release")
+    _add_privacy_flags(run)
+
+    plan = sub.add_parser("plan", help="show the budget split and noise; reads no data")
+    _add_privacy_flags(plan)
+
+    sub.add_parser("spec-doc", help="list every job spec field with its default and meaning")
+    return parser
+
+
+def _spec_from_args(args: argparse.Namespace):
+    from dppipeline.spec import build_spec, load_raw  # noqa: PLC0415
+
+    raw = load_raw(args.config) if args.config else {}
+    overrides: dict[str, Any] = {}
+    for flag, field in FLAG_FIELDS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides[field] = value
+    try:
+        return build_spec(raw, overrides)
+    except SpecError as exc:
+        # Name the flag when the bad value came from one, the config file otherwise.
+        field = exc.field
+        if field in overrides:
+            raise SpecError(f"{_FIELD_FLAGS[field]} ({field})", exc.rule) from None
+        if args.config:
+            raise SpecError(f"{args.config}: {field}", exc.rule) from None
+        flag = _FIELD_FLAGS.get(field)
+        raise SpecError(f"{flag} ({field})" if flag else field, exc.rule) from None
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from dppipeline.synth import generate  # noqa: PLC0415
+
+    try:
+        summary = generate(
+            args.output,
+            fmt=args.format,
+            customers=args.customers,
+            terminals=args.terminals,
+            days=args.days,
+            start_date=args.start_date,
+            tx_per_day=args.tx_per_day,
+            seed=args.seed,
+            progress=lambda line: print(line, file=sys.stderr),
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"wrote {summary.rows:,} transactions in {len(summary.files)} files to {summary.output}")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from pathlib import Path  # noqa: PLC0415
+
+    from dppipeline.runner import run_job  # noqa: PLC0415
+
+    spec = _spec_from_args(args)
+    result = run_job(
+        spec,
+        engine=args.engine,
+        overwrite=args.overwrite,
+        quarantine=Path(args.quarantine) if args.quarantine else None,
+    )
+    print(result.output)
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from dppipeline.plan import render_plan  # noqa: PLC0415
+    from dppipeline.runner import make_plan  # noqa: PLC0415
+
+    spec = _spec_from_args(args)
+    print(render_plan(spec, make_plan(spec)))
+    return 0
+
+
+def _cmd_spec_doc(_: argparse.Namespace) -> int:
+    from dppipeline.spec import describe_fields  # noqa: PLC0415
+
+    for path, default, doc in describe_fields():
+        print(f"{path:45} {default:22} {doc}")
+    return 0
+
+
+COMMANDS = {
+    "generate": _cmd_generate,
+    "run": _cmd_run,
+    "plan": _cmd_plan,
+    "spec-doc": _cmd_spec_doc,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # pipeline-dp imports apache_beam when it is installed, which warns about GCP extras.
+    logging.getLogger().addFilter(lambda record: "apitools" not in record.getMessage())
+    try:
+        return COMMANDS[args.command](args)
+    except DPPipelineError as exc:
+        if os.environ.get("DPPIPELINE_DEBUG"):
+            raise
+        print(f"dppipeline {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"dppipeline {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,79 @@
+"""The local engine: in-process, for tests, demos and data that fits in memory.
+
+Polars reads and validates (multi-threaded), numpy bounds and aggregates with sorts and
+bincounts (see `bounding.py`); the DP release is `core.release`, as on every engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import polars as pl
+
+from dppipeline.engines.bounding import aggregates_frame, bound_contributions
+from dppipeline.engines.local_read import read_validated
+from dppipeline.io import DailyPartition
+from dppipeline.schemas import transactions_schema
+from dppipeline.spec import JobSpec
+from dppipeline.validation import RejectSummary, check_rejected_fraction
+
+
+@dataclass
+class EngineResult:
+    """Exact bounded aggregates per partition (never published) and the reject counts."""
+
+    aggregates: pd.DataFrame
+    rejects: RejectSummary
+
+
+def write_quarantine(rejected: pl.DataFrame, folder: Path) -> Path:
+    """Rejected rows, as text with file, row and reason, in a folder outside the release."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "rejected.parquet"
+    rejected.write_parquet(path)
+    return path
+
+
+def clip_values(rows: pl.DataFrame, spec: JobSpec) -> np.ndarray | None:
+    if not spec.needs_value_bounds:
+        return None
+    low, high = spec.bounds.min_value, spec.bounds.max_value
+    return rows.get_column(spec.value).clip(low, high).to_numpy().astype(np.float64, copy=False)
+
+
+def compute_aggregates(
+    spec: JobSpec,
+    days: list[DailyPartition],
+    public_keys: pd.DataFrame | None,
+    quarantine: Path,
+    seed: int | None = None,
+) -> EngineResult:
+    """Read + validate -> filter public keys -> clip -> bound -> aggregate per partition."""
+    validated = read_validated(days, spec.input.format, transactions_schema(), spec.value)
+    summary = validated.summary
+    if summary.rows_rejected:
+        path = write_quarantine(validated.rejected, quarantine)
+        summary = RejectSummary(summary.rows_read, summary.rows_rejected, summary.first, path)
+    check_rejected_fraction(summary, spec.input.max_rejected_fraction)
+    rows = validated.rows
+    key = spec.partition_key
+    if public_keys is not None:
+        # Before bounding, so no privacy unit spends its L0 on partitions never released.
+        rows = rows.filter(pl.col(key).is_in(pl.Series(public_keys[key].to_numpy())))
+    privacy_codes, _ = pd.factorize(rows.get_column(spec.privacy_unit).to_numpy())
+    key_codes, key_values = pd.factorize(rows.get_column(key).to_numpy())
+    bounded = bound_contributions(
+        privacy_codes.astype(np.int64),
+        key_codes.astype(np.int64),
+        clip_values(rows, spec),
+        n_keys=max(len(key_values), 1),
+        max_partitions_contributed=spec.bounds.max_partitions_contributed,
+        max_contributions_per_partition=spec.bounds.max_contributions_per_partition,
+        rng=np.random.default_rng(seed),
+    )
+    aggregates = aggregates_frame(bounded, key, key_values)
+    aggregates[key] = aggregates[key].astype(transactions_schema().field(key).type)
+    return EngineResult(aggregates=aggregates, rejects=summary)

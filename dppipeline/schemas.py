@@ -1,0 +1,97 @@
+"""Schemas as data: `schemas/*.json` is the one source of truth for every engine.
+
+The JSON files ship inside the package (see `schema_dir`) and are turned into pyarrow schemas
+here; the Spark engine turns the same fields into a StructType.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pyarrow as pa
+
+_ARROW_TYPES: dict[str, pa.DataType] = {
+    "int64": pa.int64(),
+    "float64": pa.float64(),
+    "string": pa.string(),
+    "timestamp[us]": pa.timestamp("us"),
+    "date32": pa.date32(),
+}
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    type: str
+    nullable: bool
+    description: str
+    role: str | None = None
+
+    @property
+    def arrow_type(self) -> pa.DataType:
+        return _ARROW_TYPES[self.type]
+
+
+@dataclass(frozen=True)
+class Schema:
+    name: str
+    description: str
+    fields: tuple[Field, ...]
+
+    def field(self, name: str) -> Field:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    @property
+    def names(self) -> list[str]:
+        return [f.name for f in self.fields]
+
+    def to_arrow(self) -> pa.Schema:
+        return pa.schema([pa.field(f.name, f.arrow_type, nullable=f.nullable) for f in self.fields])
+
+
+def schema_dir() -> Path:
+    """`schemas/` at the repository root (an editable install) or beside the package."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "schemas", here / "schemas"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError("schemas/ folder not found beside the dppipeline package")
+
+
+@cache
+def load_schema(name: str) -> Schema:
+    raw = json.loads((schema_dir() / f"{name}.json").read_text())
+    fields = tuple(
+        Field(
+            name=f["name"],
+            type=f["type"],
+            nullable=bool(f.get("nullable", True)),
+            description=f.get("description", ""),
+            role=f.get("role"),
+        )
+        for f in raw["fields"]
+    )
+    return Schema(name=raw["name"], description=raw.get("description", ""), fields=fields)
+
+
+def transactions_schema() -> Schema:
+    return load_schema("transactions")
+
+
+def release_schema(key_columns: list[tuple[str, pa.DataType]], metrics: list[str]) -> pa.Schema:
+    """The release's Arrow schema: key columns under their input names, then requested metrics.
+
+    Metric columns come in the order `terminal_stats.json` lists them.
+    """
+    spec = load_schema("terminal_stats")
+    metric_fields = [f for f in spec.fields if f.role == "metric" and f.name in metrics]
+    return pa.schema(
+        [pa.field(name, typ, nullable=False) for name, typ in key_columns]
+        + [pa.field(f.name, f.arrow_type, nullable=f.nullable) for f in metric_fields]
+    )

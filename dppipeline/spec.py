@@ -1,0 +1,430 @@
+"""The job spec: an immutable, self-validating description of one release.
+
+A spec comes from YAML (`load_raw`), from CLI flags, or both (`build_spec`): flags win.
+Every dataclass validates itself in `__post_init__`, so an invalid spec cannot exist; errors name
+the field by its YAML path and the rule it breaks (`budget.epsilon: must be > 0, got -1.0`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dppipeline.errors import SpecError, UsageError
+
+METRICS = ("count", "sum", "mean", "privacy_id_count")
+NOISE_KINDS = ("laplace", "gaussian")
+SELECTION_STRATEGIES = ("truncated_geometric", "laplace_thresholding", "gaussian_thresholding")
+INPUT_FORMATS = ("parquet", "csv")
+
+
+def _doc(text: str) -> dict[str, str]:
+    """Field metadata: the one-line doc shown by `dppipeline spec-doc` and in the README."""
+    return {"doc": text}
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """Where the transactions are and which days to read."""
+
+    path: str | None = field(
+        default=None, metadata=_doc("Input folder (required here or as --input).")
+    )
+    format: str = field(
+        default="parquet",
+        metadata=_doc("parquet: DIR/date=YYYY-MM-DD/*.parquet; csv: DIR/YYYY-MM-DD.csv."),
+    )
+    start_date: dt.date | None = field(
+        default=None, metadata=_doc("First day to read, inclusive (YYYY-MM-DD); default: all.")
+    )
+    end_date: dt.date | None = field(
+        default=None, metadata=_doc("Last day to read, inclusive (YYYY-MM-DD); default: all.")
+    )
+    max_rejected_fraction: float = field(
+        default=0.001,
+        metadata=_doc("Fail the run when more than this share of rows is rejected."),
+    )
+
+    def __post_init__(self) -> None:
+        _one_of("input.format", self.format, INPUT_FORMATS)
+        for name in ("start_date", "end_date"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, dt.date):
+                object.__setattr__(self, name, _parse_date(f"input.{name}", value))
+        if self.start_date and self.end_date and self.start_date > self.end_date:
+            raise SpecError(
+                "input.start_date",
+                f"must not be after input.end_date ({self.start_date} > {self.end_date})",
+            )
+        _number_in("input.max_rejected_fraction", self.max_rejected_fraction, 0.0, 1.0)
+
+
+@dataclass(frozen=True)
+class BudgetSpec:
+    """The privacy budget of the whole run: all metrics and partition selection together."""
+
+    epsilon: float = field(
+        default=1.0, metadata=_doc("Total epsilon of the release (> 0); smaller = more noise.")
+    )
+    delta: float = field(
+        default=1e-6,
+        metadata=_doc(
+            "Total delta in [0, 1); needed (> 0) for Gaussian noise or private selection."
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        eps = _number("budget.epsilon", self.epsilon)
+        if not eps > 0 or math.isinf(eps):
+            raise SpecError("budget.epsilon", f"must be > 0 and finite, got {self.epsilon!r}")
+        delta = _number("budget.delta", self.delta)
+        if not 0 <= delta < 1:
+            raise SpecError("budget.delta", f"must be in [0, 1), got {self.delta!r}")
+        object.__setattr__(self, "epsilon", eps)
+        object.__setattr__(self, "delta", delta)
+
+
+@dataclass(frozen=True)
+class BoundsSpec:
+    """Contribution bounds: what one privacy unit may change, hence the noise scale."""
+
+    max_partitions_contributed: int = field(
+        default=1,
+        metadata=_doc("L0: partitions kept per privacy unit (sampled uniformly when more)."),
+    )
+    max_contributions_per_partition: int = field(
+        default=1,
+        metadata=_doc("Linf: rows kept per privacy unit and partition (sampled uniformly)."),
+    )
+    min_value: float | None = field(
+        default=None, metadata=_doc("Values are clipped to [min_value, max_value]; sum/mean.")
+    )
+    max_value: float | None = field(
+        default=None, metadata=_doc("Upper clipping bound; required for sum and mean.")
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("max_partitions_contributed", "max_contributions_per_partition"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecError(f"bounds.{name}", f"must be an integer >= 1, got {value!r}")
+        for name in ("min_value", "max_value"):
+            value = getattr(self, name)
+            if value is not None:
+                number = _number(f"bounds.{name}", value)
+                if not math.isfinite(number):
+                    raise SpecError(f"bounds.{name}", f"must be finite, got {value!r}")
+                object.__setattr__(self, name, number)
+        if (self.min_value is None) != (self.max_value is None):
+            raise SpecError("bounds.min_value", "min_value and max_value must be set together")
+        if self.min_value is not None and self.max_value is not None:
+            if self.min_value > self.max_value:
+                raise SpecError(
+                    "bounds.min_value",
+                    f"must be <= bounds.max_value ({self.min_value} > {self.max_value})",
+                )
+            if self.min_value == self.max_value:
+                raise SpecError(
+                    "bounds.min_value",
+                    f"must be < bounds.max_value (both {self.min_value}): an empty range "
+                    "carries no information",
+                )
+
+
+@dataclass(frozen=True)
+class SelectionSpec:
+    """Which partitions are released: a public key list, or private selection from the data."""
+
+    public_partitions: str | None = field(
+        default=None,
+        metadata=_doc(
+            "File of public keys (one per line, or a CSV with the key column); every "
+            "listed key is released, no other. Unset: private selection."
+        ),
+    )
+    strategy: str = field(
+        default="truncated_geometric",
+        metadata=_doc("Private selection: truncated_geometric, laplace_ or gaussian_thresholding."),
+    )
+    pre_threshold: int | None = field(
+        default=None,
+        metadata=_doc("Private selection: never release a partition with fewer privacy units."),
+    )
+
+    def __post_init__(self) -> None:
+        _one_of("partition_selection.strategy", self.strategy, SELECTION_STRATEGIES)
+        if self.pre_threshold is not None and (
+            isinstance(self.pre_threshold, bool)
+            or not isinstance(self.pre_threshold, int)
+            or self.pre_threshold < 1
+        ):
+            raise SpecError(
+                "partition_selection.pre_threshold",
+                f"must be an integer >= 1, got {self.pre_threshold!r}",
+            )
+
+    @property
+    def is_public(self) -> bool:
+        return self.public_partitions is not None
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One release: per-partition DP statistics of one value column."""
+
+    name: str = field(
+        default="terminal_stats", metadata=_doc("Job name; the release dataset's folder name.")
+    )
+    privacy_unit: str = field(
+        default="CUSTOMER_ID", metadata=_doc("Column of the privacy unit (what is protected).")
+    )
+    partition_key: str = field(
+        default="TERMINAL_ID", metadata=_doc("Column whose values are the output partitions.")
+    )
+    value: str = field(default="TX_AMOUNT", metadata=_doc("Column aggregated by sum and mean."))
+    metrics: tuple[str, ...] = field(
+        default=("count", "sum", "mean"),
+        metadata=_doc("Any of count, sum, mean, privacy_id_count."),
+    )
+    noise: str = field(default="laplace", metadata=_doc("Noise kind: laplace or gaussian."))
+    budget: BudgetSpec = field(default_factory=BudgetSpec, metadata=_doc("Privacy budget."))
+    bounds: BoundsSpec = field(default_factory=BoundsSpec, metadata=_doc("Contribution bounds."))
+    partition_selection: SelectionSpec = field(
+        default_factory=SelectionSpec, metadata=_doc("Public keys or private selection.")
+    )
+    input: InputSpec = field(default_factory=InputSpec, metadata=_doc("Input data."))
+    output: str | None = field(
+        default=None, metadata=_doc("Release folder (required here or as --output).")
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.replace("_", "").isalnum():
+            raise SpecError("name", f"must be letters, digits and underscores, got {self.name!r}")
+        for name in ("privacy_unit", "partition_key", "value"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise SpecError(name, "must be a column name")
+        if self.privacy_unit == self.partition_key:
+            raise SpecError("partition_key", "must differ from privacy_unit")
+        metrics = self.metrics
+        if isinstance(metrics, str):
+            metrics = tuple(m.strip() for m in metrics.split(",") if m.strip())
+        metrics = tuple(metrics)
+        if not metrics:
+            raise SpecError("metrics", "must name at least one metric")
+        for metric in metrics:
+            _one_of("metrics", metric, METRICS)
+        if len(set(metrics)) != len(metrics):
+            raise SpecError("metrics", f"lists a metric twice: {list(metrics)}")
+        object.__setattr__(self, "metrics", metrics)
+        _one_of("noise", self.noise, NOISE_KINDS)
+        if self.needs_value_bounds and self.bounds.min_value is None:
+            raise SpecError(
+                "bounds.min_value",
+                "min_value and max_value are required for sum and mean",
+            )
+        if self.noise == "gaussian" and self.budget.delta == 0:
+            raise SpecError("budget.delta", "must be > 0 for gaussian noise")
+        if not self.partition_selection.is_public and self.budget.delta == 0:
+            raise SpecError(
+                "budget.delta",
+                "must be > 0 for private partition selection (or give public_partitions)",
+            )
+
+    @property
+    def needs_value_bounds(self) -> bool:
+        return any(m in ("sum", "mean") for m in self.metrics)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _jsonable(dataclasses.asdict(self))
+
+    def spec_hash(self) -> str:
+        """sha256 of what decides the release's numbers (paths excluded), for idempotence keys."""
+        content = self.to_dict()
+        content.pop("output", None)
+        content["input"].pop("path", None)
+        blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+_SECTIONS: dict[str, type] = {
+    "budget": BudgetSpec,
+    "bounds": BoundsSpec,
+    "partition_selection": SelectionSpec,
+    "input": InputSpec,
+}
+
+
+def spec_from_dict(raw: Mapping[str, Any], source: str = "job spec") -> JobSpec:
+    """Builds a JobSpec from plain data (parsed YAML); unknown keys are errors, not ignored."""
+    if not isinstance(raw, Mapping):
+        raise SpecError(source, "must be a mapping of fields at the top level")
+    known = {f.name for f in fields(JobSpec)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise SpecError(unknown[0], f"unknown field (known: {', '.join(sorted(known))})")
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        section = _SECTIONS.get(key)
+        if section is not None:
+            kwargs[key] = _section_from_dict(key, section, value)
+        elif key == "metrics" and isinstance(value, list):
+            kwargs[key] = tuple(value)
+        else:
+            kwargs[key] = value
+    try:
+        return JobSpec(**kwargs)
+    except TypeError as exc:  # a wrong type that the dataclass itself rejected
+        raise SpecError(source, str(exc)) from None
+
+
+def _section_from_dict(name: str, cls: type, value: Any) -> Any:
+    if value is None:
+        return cls()
+    if not isinstance(value, Mapping):
+        raise SpecError(name, "must be a mapping")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise SpecError(
+            f"{name}.{unknown[0]}", f"unknown field (known: {', '.join(sorted(known))})"
+        )
+    return cls(**value)
+
+
+def load_raw(path: str | Path) -> dict[str, Any]:
+    """Reads a YAML job spec into plain data; errors say which file and where."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read job spec {path}: {exc.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UsageError(f"{path}: not valid YAML{where}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise UsageError(f"{path}: a job spec must be a mapping of fields")
+    return resolve_paths(raw, path.resolve().parent)
+
+
+_PATH_FIELDS = (("input", "path"), ("output",), ("partition_selection", "public_partitions"))
+
+
+def resolve_paths(raw: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    """Relative paths in a YAML spec are relative to the YAML file's folder, as in compose
+    files, so a job runs the same from any working directory (Airflow, spark-submit)."""
+    data = copy.deepcopy(dict(raw))
+    for path in _PATH_FIELDS:
+        target = data
+        for part in path[:-1]:
+            target = target.get(part) if isinstance(target, dict) else None
+        if isinstance(target, dict) and isinstance(target.get(path[-1]), str):
+            value = Path(target[path[-1]])
+            if not value.is_absolute():
+                target[path[-1]] = str((base / value).resolve())
+    return data
+
+
+def build_spec(
+    raw: Mapping[str, Any], overrides: Mapping[str, Any] | None = None, source: str | None = None
+) -> JobSpec:
+    """A validated spec from YAML data plus dotted-path overrides (`budget.epsilon`); an
+    override of None keeps the YAML value."""
+    data = copy.deepcopy(dict(raw))
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        target = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            nested = target.get(part)
+            if not isinstance(nested, dict):
+                nested = {}
+                target[part] = nested
+            target = nested
+        target[leaf] = value
+    try:
+        return spec_from_dict(data)
+    except SpecError as exc:
+        if source is None:
+            raise
+        raise SpecError(f"{source}: {exc.field}", exc.rule) from None
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    """Reads and validates a YAML job spec."""
+    return build_spec(load_raw(path), source=str(path))
+
+
+def _parse_date(field_name: str, value: Any) -> dt.date:
+    if isinstance(value, dt.datetime):
+        return value.date()
+    if isinstance(value, str):
+        try:
+            return dt.date.fromisoformat(value)
+        except ValueError:
+            pass
+    raise SpecError(field_name, f"must be a date YYYY-MM-DD, got {value!r}")
+
+
+def _number(field_name: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise SpecError(field_name, f"must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise SpecError(field_name, f"must be a number, got {value!r}") from None
+    if math.isnan(number):
+        raise SpecError(field_name, "must be a number, got NaN")
+    return number
+
+
+def _number_in(field_name: str, value: Any, low: float, high: float) -> float:
+    number = _number(field_name, value)
+    if not low <= number <= high:
+        raise SpecError(field_name, f"must be in [{low}, {high}], got {value!r}")
+    return number
+
+
+def _one_of(field_name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise SpecError(field_name, f"must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    return value
+
+
+def describe_fields() -> list[tuple[str, str, str]]:
+    """(yaml path, default, doc) for every field, for the README and `dppipeline spec-doc`."""
+    rows: list[tuple[str, str, str]] = []
+    for f in fields(JobSpec):
+        section = _SECTIONS.get(f.name)
+        if section is not None:
+            for sub in fields(section):
+                default = sub.default if sub.default is not dataclasses.MISSING else ""
+                rows.append((f"{f.name}.{sub.name}", repr(default), sub.metadata.get("doc", "")))
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else ""
+            rows.append((f.name, repr(default), f.metadata.get("doc", "")))
+    return rows

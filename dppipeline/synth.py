@@ -1,0 +1,308 @@
+"""Synthetic card transactions shaped like the fraud-detection handbook's simulator.
+
+The Packt book "Privacy-Preserving Machine Learning" uses the data set of the "Reproducible
+Machine Learning for Credit Card Fraud Detection" handbook; this module reproduces its generative
+model (customers and terminals on a 100x100 map, customers buying at terminals near home) without
+its per-customer Python loops, so millions of rows take seconds. It gives the pipeline realistic
+input: heavy-tailed contributions per customer (the privacy unit) and many terminals (partitions).
+
+Randomness: the population comes from `default_rng(seed)` and day `d` from its own child stream
+`SeedSequence(seed, spawn_key=(d,))`, so a day's rows depend only on the seed, the population
+arguments and `d`: never on the output format or on how many days are generated.
+"""
+
+from __future__ import annotations
+
+import datetime
+import numbers
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from dppipeline.schemas import transactions_schema
+
+__all__ = ["FORMATS", "GenerateSummary", "Population", "build_population", "generate"]
+
+FORMATS: tuple[str, ...] = ("csv", "parquet")
+MAP_SIZE = 100.0
+DEFAULT_RADIUS = 5.0
+SECONDS_PER_DAY = 86_400
+TIME_MEAN_S = SECONDS_PER_DAY / 2
+TIME_STD_S = 20_000.0
+# Bounds the customers x terminals distance block held in memory while building neighbourhoods.
+_DISTANCE_BLOCK_CELLS = 1 << 22
+_US_PER_S = 1_000_000
+
+
+@dataclass(frozen=True)
+class GenerateSummary:
+    """What `generate` wrote: enough for a caller to log it or to find the files."""
+
+    output: Path
+    fmt: str
+    days: int
+    rows: int
+    files: list[Path]
+
+
+@dataclass(frozen=True)
+class Population:
+    """Customer and terminal profiles plus each customer's reachable terminals.
+
+    `customers` has CUSTOMER_ID, x_customer_id, y_customer_id, mean_amount, std_amount and
+    mean_nb_tx_per_day (the handbook's column names); `terminals` has TERMINAL_ID, x_terminal_id
+    and y_terminal_id. Customer `c` may buy at `terminal_ids[offsets[c]:offsets[c + 1]]` (CSR
+    layout, ascending ids): the terminals strictly within `radius` of home, or the single nearest
+    terminal when none is, so that a day's terminal picks are one vectorised gather.
+    """
+
+    customers: pd.DataFrame
+    terminals: pd.DataFrame
+    offsets: np.ndarray
+    terminal_ids: np.ndarray
+    radius: float
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name}: must be an integer >= {minimum} (got {value!r})")
+    return int(value)
+
+
+def _check_radius(radius: object) -> float:
+    if (
+        isinstance(radius, bool)
+        or not isinstance(radius, numbers.Real)
+        or not np.isfinite(float(radius))
+        or float(radius) < 0
+    ):
+        raise ValueError(f"radius: must be a finite number >= 0 (got {radius!r})")
+    return float(radius)
+
+
+def _neighbourhoods(
+    cust_xy: np.ndarray, term_xy: np.ndarray, radius: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """CSR (offsets, terminal ids) of terminals within `radius`, nearest one as a fallback.
+
+    Brute force over blocks of customers: O(customers x terminals) work in bounded memory, which
+    is milliseconds at the default sizes and needs no spatial index dependency.
+    """
+    n_cust = len(cust_xy)
+    block = max(1, _DISTANCE_BLOCK_CELLS // len(term_xy))
+    r2 = radius * radius
+    counts = np.empty(n_cust, dtype=np.int64)
+    ids: list[np.ndarray] = []
+    for start in range(0, n_cust, block):
+        stop = min(start + block, n_cust)
+        d2 = ((cust_xy[start:stop, None, :] - term_xy[None, :, :]) ** 2).sum(axis=2)
+        near = d2 < r2
+        lonely = ~near.any(axis=1)
+        if lonely.any():
+            rows = np.flatnonzero(lonely)
+            near[rows, d2[rows].argmin(axis=1)] = True
+        counts[start:stop] = near.sum(axis=1)
+        ids.append(np.nonzero(near)[1].astype(np.int64))
+    offsets = np.zeros(n_cust + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return offsets, np.concatenate(ids)
+
+
+def build_population(
+    customers: int, terminals: int, seed: int = 0, radius: float = DEFAULT_RADIUS
+) -> Population:
+    """Draw the handbook's customer and terminal profiles; exposed so tests can check geography.
+
+    Per customer: home uniform on the map, mean amount uniform in [5, 100], std = mean / 2, mean
+    number of transactions per day uniform in [0, 4]. Terminals: uniform on the map.
+    """
+    customers = _check_int("customers", customers, 1)
+    terminals = _check_int("terminals", terminals, 1)
+    seed = _check_int("seed", seed, 0)
+    radius = _check_radius(radius)
+
+    rng = np.random.default_rng(seed)
+    cust_xy = rng.uniform(0.0, MAP_SIZE, size=(customers, 2))
+    mean_amount = rng.uniform(5.0, 100.0, size=customers)
+    mean_nb_tx = rng.uniform(0.0, 4.0, size=customers)
+    term_xy = rng.uniform(0.0, MAP_SIZE, size=(terminals, 2))
+    offsets, terminal_ids = _neighbourhoods(cust_xy, term_xy, radius)
+
+    customer_table = pd.DataFrame(
+        {
+            "CUSTOMER_ID": np.arange(customers, dtype=np.int64),
+            "x_customer_id": cust_xy[:, 0],
+            "y_customer_id": cust_xy[:, 1],
+            "mean_amount": mean_amount,
+            "std_amount": mean_amount / 2,
+            "mean_nb_tx_per_day": mean_nb_tx,
+        }
+    )
+    terminal_table = pd.DataFrame(
+        {
+            "TERMINAL_ID": np.arange(terminals, dtype=np.int64),
+            "x_terminal_id": term_xy[:, 0],
+            "y_terminal_id": term_xy[:, 1],
+        }
+    )
+    return Population(customer_table, terminal_table, offsets, terminal_ids, radius)
+
+
+def _daily_rates(population: Population, tx_per_day: int | None) -> np.ndarray:
+    """Per-customer Poisson rates, scaled so their sum (the expected rows a day) is tx_per_day."""
+    base = population.customers["mean_nb_tx_per_day"].to_numpy()
+    if tx_per_day is None:
+        return base
+    total = base.sum()
+    if total <= 0:  # only reachable with all-zero uniform draws; spread the volume evenly
+        return np.full(len(base), tx_per_day / len(base))
+    return base * (tx_per_day / total)
+
+
+def _day_table(
+    population: Population,
+    rates: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    day_start_us: int,
+    first_id: int,
+    schema: pa.Schema,
+) -> pa.Table:
+    """One day's transactions, sorted by time (ties by customer) and numbered from first_id."""
+    n_per_customer = rng.poisson(rates)
+    cust = np.repeat(np.arange(len(rates), dtype=np.int64), n_per_customer)
+    n = len(cust)
+
+    # Whole seconds, so the CSV layout (HH:MM:SS) holds exactly what Parquet holds.
+    seconds = np.clip(np.floor(rng.normal(TIME_MEAN_S, TIME_STD_S, n)), 0, SECONDS_PER_DAY - 1)
+
+    mean = population.customers["mean_amount"].to_numpy()[cust]
+    std = population.customers["std_amount"].to_numpy()[cust]
+    amount = rng.normal(mean, std)
+    negative = np.flatnonzero(amount < 0)
+    amount[negative] = rng.uniform(0.0, 2 * mean[negative])
+    amount = np.round(amount, 2)
+
+    offsets = population.offsets
+    start = offsets[cust]
+    pick = start + rng.integers(0, offsets[cust + 1] - start)
+    terminal = population.terminal_ids[pick]
+
+    order = np.argsort(seconds, kind="stable")
+    timestamps = day_start_us + seconds[order].astype(np.int64) * _US_PER_S
+    columns = [
+        pa.array(np.arange(first_id, first_id + n, dtype=np.int64)),
+        pa.array(timestamps, type=pa.timestamp("us")),
+        pa.array(cust[order]),
+        pa.array(terminal[order]),
+        pa.array(amount[order]),
+    ]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _write_atomically(path: Path, write: Callable[[str], None]) -> None:
+    """Write to a hidden temporary file beside `path`, then rename it into place.
+
+    Readers never see a half-written file; the leading dot makes dataset readers skip the
+    temporary if the process dies before the rename.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_csv(table: pa.Table, path: Path) -> None:
+    # timestamp[s] renders as "YYYY-MM-DD HH:MM:SS"; the safe cast fails loudly on sub-seconds.
+    as_seconds = table.set_column(
+        1, table.field(1).with_type(pa.timestamp("s")), table.column(1).cast(pa.timestamp("s"))
+    )
+    options = pacsv.WriteOptions(quoting_header="none", quoting_style="none")
+    _write_atomically(path, lambda tmp: pacsv.write_csv(as_seconds, tmp, write_options=options))
+
+
+def _write_parquet(table: pa.Table, path: Path) -> None:
+    _write_atomically(path, lambda tmp: pq.write_table(table, tmp))
+
+
+def day_path(output: Path, fmt: str, day: datetime.date) -> Path:
+    """Where a day's file lives in each layout (the readers' partitioning contract)."""
+    if fmt == "csv":
+        return output / f"{day.isoformat()}.csv"
+    return output / f"date={day.isoformat()}" / "part-00000.parquet"
+
+
+def generate(
+    output: str | Path,
+    *,
+    fmt: str = "parquet",
+    customers: int = 5000,
+    terminals: int = 1000,
+    days: int = 30,
+    start_date: datetime.date = datetime.date(2026, 1, 1),
+    tx_per_day: int | None = 25000,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> GenerateSummary:
+    """Write `days` days of synthetic transactions under `output`, one file per day.
+
+    The same arguments give byte-identical files. TRANSACTION_ID runs from 0 in time order over
+    all days written. Existing files of other days are left alone; the days generated are
+    replaced atomically. `tx_per_day=None` keeps the handbook's unscaled rates (about 2 a day
+    per customer).
+    """
+    if fmt not in FORMATS:
+        allowed = ", ".join(repr(f) for f in FORMATS)
+        raise ValueError(f"fmt: must be one of {allowed} (got {fmt!r})")
+    customers = _check_int("customers", customers, 1)
+    terminals = _check_int("terminals", terminals, 1)
+    days = _check_int("days", days, 1)
+    seed = _check_int("seed", seed, 0)
+    if tx_per_day is not None:
+        tx_per_day = _check_int("tx_per_day", tx_per_day, 0)
+    if not isinstance(start_date, datetime.date) or isinstance(start_date, datetime.datetime):
+        raise ValueError(f"start_date: must be a datetime.date (got {start_date!r})")
+    try:
+        start_date + datetime.timedelta(days=days - 1)
+    except OverflowError:
+        raise ValueError("days: start_date + days - 1 must be a valid date") from None
+    output = Path(output)
+    if output.exists() and not output.is_dir():
+        raise ValueError(f"output: must be a folder, not a file ({output})")
+
+    population = build_population(customers, terminals, seed)
+    rates = _daily_rates(population, tx_per_day)
+    schema = transactions_schema().to_arrow()
+    writer = _write_csv if fmt == "csv" else _write_parquet
+    epoch = datetime.date(1970, 1, 1)
+    report_every = max(1, -(-days // 10))
+
+    rows = 0
+    files: list[Path] = []
+    for d in range(days):
+        day = start_date + datetime.timedelta(days=d)
+        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(d,)))
+        day_start_us = (day - epoch).days * SECONDS_PER_DAY * _US_PER_S
+        table = _day_table(
+            population, rates, rng, day_start_us=day_start_us, first_id=rows, schema=schema
+        )
+        path = day_path(output, fmt, day)
+        writer(table, path)
+        files.append(path)
+        rows += table.num_rows
+        if progress is not None and ((d + 1) % report_every == 0 or d + 1 == days):
+            progress(f"generated {d + 1}/{days} days, {rows:,} rows")
+    return GenerateSummary(output=output, fmt=fmt, days=days, rows=rows, files=files)
