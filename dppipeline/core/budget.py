@@ -25,6 +25,7 @@ from pipeline_dp import budget_accounting, dp_computations
 from pipeline_dp import partition_selection as pdp_partition_selection
 from pipeline_dp.aggregate_params import MechanismType
 
+from dppipeline.errors import UsageError
 from dppipeline.spec import JobSpec
 
 _NOISE_TYPES = {
@@ -225,7 +226,26 @@ def plan_budget(params: AggregationParams, epsilon: float, delta: float) -> Budg
             std = budget.build_additive().std
             budget = MechanismBudget(**{**budget.__dict__, "noise_stddev": float(std)})
         mechanisms.append(budget)
-    return BudgetPlan(epsilon=epsilon, delta=delta, params=params, mechanisms=tuple(mechanisms))
+    plan = BudgetPlan(epsilon=epsilon, delta=delta, params=params, mechanisms=tuple(mechanisms))
+    _check_selection_is_sound(plan)
+    return plan
+
+
+def _check_selection_is_sound(plan: BudgetPlan) -> None:
+    """Refuses a selection whose PyDP strategy would release a one-unit partition with
+    probability above its delta: PyDP's Gaussian thresholding does so at large epsilon (seen
+    with epsilon >= 1000, delta 1e-6: probability 0.5), which would void the guarantee."""
+    selection = plan.selection
+    if selection is None:
+        return
+    p_one = selection.build_selection(plan.params.pre_threshold).probability_of_keep(1)
+    if p_one > selection.delta * (1 + 1e-9):
+        raise UsageError(
+            f"partition_selection.strategy: {selection.kind} at epsilon={selection.epsilon:g} "
+            f"releases a partition of one privacy unit with probability {p_one:.3g} > delta "
+            f"{selection.delta:g} (numerical limit of the PyDP strategy); lower epsilon or use "
+            "truncated_geometric"
+        )
 
 
 def privacy_units_needed(plan: BudgetPlan, probability: float) -> int | None:

@@ -19,12 +19,20 @@ import pandas as pd
 
 @dataclass(frozen=True)
 class BoundedAggregates:
-    """Exact aggregates per partition after bounding (codes index into `keys`)."""
+    """Exact aggregates per partition after bounding (codes index into the key values)."""
 
     key_codes: np.ndarray
     privacy_id_count: np.ndarray
     count: np.ndarray
     sum: np.ndarray
+
+
+@dataclass(frozen=True)
+class ContributionSample:
+    """What bounding kept: row indices, and the partition of every kept (unit, partition) pair."""
+
+    rows: np.ndarray
+    pair_key_codes: np.ndarray
 
 
 def _sorted_with_random_ties(group: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -48,52 +56,59 @@ def _first_k_per_group(sorted_group: np.ndarray, k: int) -> np.ndarray:
     return keep
 
 
-def bound_contributions(
+def sample_contributions(
     privacy_codes: np.ndarray,
     key_codes: np.ndarray,
-    values: np.ndarray | None,
     *,
     n_keys: int,
     max_partitions_contributed: int,
     max_contributions_per_partition: int,
     rng: np.random.Generator,
-) -> BoundedAggregates:
+) -> ContributionSample:
     """Keeps <= Linf rows per (privacy unit, partition) and <= L0 partitions per privacy unit,
-    sampled uniformly, then aggregates per partition.
+    each sampled uniformly; a partition counts once for L0 whatever its number of rows.
 
-    Args: dense int64 codes for the privacy unit and the partition key (0..n_keys-1), and the
-    already clipped values (None when only counts are needed).
+    Args: dense int64 codes of the privacy unit and of the partition key (0..n_keys-1).
     """
-    if values is None:
-        values = np.zeros(len(key_codes), dtype=np.float64)
     # Linf: rows per (privacy unit, partition) pair.
     pair = privacy_codes.astype(np.int64) * n_keys + key_codes.astype(np.int64)
     order = _sorted_with_random_ties(pair, rng)
     pair_sorted = pair[order]
-    kept = _first_k_per_group(pair_sorted, max_contributions_per_partition)
-    pair_kept = pair_sorted[kept]
-    value_kept = values[order][kept]
-    # (pair) -> count, sum of its kept rows
-    starts = np.flatnonzero(np.r_[True, pair_kept[1:] != pair_kept[:-1]])
-    pair_ids = pair_kept[starts]
-    pair_count = np.diff(np.r_[starts, len(pair_kept)])
-    pair_sum = np.add.reduceat(value_kept, starts) if len(starts) else np.zeros(0)
-    # L0: partitions per privacy unit, each pair counted once whatever its row count.
+    linf_kept = _first_k_per_group(pair_sorted, max_contributions_per_partition)
+    rows = order[linf_kept]
+    pair_of_row = pair_sorted[linf_kept]
+    # (pair) in sorted order, and the pair index of every kept row
+    is_start = np.r_[True, pair_of_row[1:] != pair_of_row[:-1]] if len(rows) else np.zeros(0, bool)
+    pair_ids = pair_of_row[is_start]
+    pair_index_of_row = np.cumsum(is_start) - 1
+    # L0: pairs per privacy unit.
     pair_privacy = pair_ids // n_keys
     order = _sorted_with_random_ties(pair_privacy, rng)
-    kept = _first_k_per_group(pair_privacy[order], max_partitions_contributed)
-    chosen = order[kept]
-    chosen_keys = pair_ids[chosen] % n_keys
-    # (partition) -> privacy_id_count, count, sum
-    privacy_id_count = np.bincount(chosen_keys, minlength=n_keys)
-    count = np.bincount(chosen_keys, weights=pair_count[chosen], minlength=n_keys)
-    total = np.bincount(chosen_keys, weights=pair_sum[chosen], minlength=n_keys)
+    chosen = np.zeros(len(pair_ids), dtype=bool)
+    chosen[order[_first_k_per_group(pair_privacy[order], max_partitions_contributed)]] = True
+    return ContributionSample(
+        rows=rows[chosen[pair_index_of_row]],
+        pair_key_codes=pair_ids[chosen] % n_keys,
+    )
+
+
+def aggregate_per_partition(
+    sample: ContributionSample, key_codes: np.ndarray, values: np.ndarray | None, n_keys: int
+) -> BoundedAggregates:
+    """privacy_id_count, count and sum of the kept rows, for partitions with any kept row."""
+    kept_keys = key_codes[sample.rows]
+    privacy_id_count = np.bincount(sample.pair_key_codes, minlength=n_keys)
+    count = np.bincount(kept_keys, minlength=n_keys)
+    if values is None:
+        total = np.zeros(n_keys)
+    else:
+        total = np.bincount(kept_keys, weights=values[sample.rows], minlength=n_keys)
     present = np.flatnonzero(privacy_id_count)
     return BoundedAggregates(
         key_codes=present,
         privacy_id_count=privacy_id_count[present].astype(np.int64),
         count=count[present].astype(np.int64),
-        sum=total[present],
+        sum=total[present].astype(np.float64),
     )
 
 

@@ -13,7 +13,11 @@ import numpy as np
 import pandas as pd
 import polars as pl
 
-from dppipeline.engines.bounding import aggregates_frame, bound_contributions
+from dppipeline.engines.bounding import (
+    aggregate_per_partition,
+    aggregates_frame,
+    sample_contributions,
+)
 from dppipeline.engines.local_read import read_validated
 from dppipeline.io import DailyPartition
 from dppipeline.schemas import transactions_schema
@@ -65,15 +69,16 @@ def compute_aggregates(
         rows = rows.filter(pl.col(key).is_in(pl.Series(public_keys[key].to_numpy())))
     privacy_codes, _ = pd.factorize(rows.get_column(spec.privacy_unit).to_numpy())
     key_codes, key_values = pd.factorize(rows.get_column(key).to_numpy())
-    bounded = bound_contributions(
+    n_keys = max(len(key_values), 1)
+    sample = sample_contributions(
         privacy_codes.astype(np.int64),
         key_codes.astype(np.int64),
-        clip_values(rows, spec),
-        n_keys=max(len(key_values), 1),
+        n_keys=n_keys,
         max_partitions_contributed=spec.bounds.max_partitions_contributed,
         max_contributions_per_partition=spec.bounds.max_contributions_per_partition,
         rng=np.random.default_rng(seed),
     )
+    bounded = aggregate_per_partition(sample, key_codes, clip_values(rows, spec), n_keys)
     aggregates = aggregates_frame(bounded, key, key_values)
     aggregates[key] = aggregates[key].astype(transactions_schema().field(key).type)
     return EngineResult(aggregates=aggregates, rejects=summary)
