@@ -56,6 +56,7 @@ class InputSpec:
     )
 
     def __post_init__(self) -> None:
+        _path_as_text(self, "path", "input.path")
         _one_of("input.format", self.format, INPUT_FORMATS)
         for name in ("start_date", "end_date"):
             value = getattr(self, name)
@@ -162,6 +163,7 @@ class SelectionSpec:
     )
 
     def __post_init__(self) -> None:
+        _path_as_text(self, "public_partitions", "partition_selection.public_partitions")
         _one_of("partition_selection.strategy", self.strategy, SELECTION_STRATEGIES)
         if self.pre_threshold is not None and (
             isinstance(self.pre_threshold, bool)
@@ -208,6 +210,7 @@ class JobSpec:
     )
 
     def __post_init__(self) -> None:
+        _path_as_text(self, "output", "output")
         if not isinstance(self.name, str) or not self.name.replace("_", "").isalnum():
             raise SpecError("name", f"must be letters, digits and underscores, got {self.name!r}")
         for name in ("privacy_unit", "partition_key", "value"):
@@ -368,6 +371,17 @@ def build_spec(
 def load_spec(path: str | Path) -> JobSpec:
     """Reads and validates a YAML job spec."""
     return build_spec(load_raw(path), source=str(path))
+
+
+def _path_as_text(obj: object, attr: str, field_name: str) -> None:
+    """Paths are kept as text (a spec must serialise to JSON); an empty one means unset."""
+    value = getattr(obj, attr)
+    if isinstance(value, Path):
+        object.__setattr__(obj, attr, str(value))
+    elif value == "":
+        object.__setattr__(obj, attr, None)
+    elif value is not None and not isinstance(value, str):
+        raise SpecError(field_name, f"must be a path, got {value!r}")
 
 
 def _parse_date(field_name: str, value: Any) -> dt.date:

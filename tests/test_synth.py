@@ -98,6 +98,10 @@ def test_layout_paths(parquet_run, csv_run):
     assert sorted(p for p in proot.rglob("*") if p.is_file()) == expected_parquet
     assert sorted(croot.iterdir()) == expected_csv
     assert (psummary.output, psummary.fmt, psummary.days) == (proot, "parquet", SMALL["days"])
+    reference = proot.parent / "reference.txt"
+    reference.write_text("")  # created the ordinary way: the umask decides its mode
+    for f in expected_parquet + expected_csv:
+        assert f.stat().st_mode & 0o777 == reference.stat().st_mode & 0o777, f
     assert psummary.rows == _read_parquet_dir(proot).num_rows
 
 
@@ -214,6 +218,21 @@ def test_population_neighbourhoods_are_radius_or_nearest():
     assert not other.customers.equals(c) and not other.terminals.equals(pop.terminals)
 
 
+@pytest.mark.parametrize("radius", [0.0, 0.5, 5.0, 33.4, 150.0])
+def test_neighbourhoods_match_brute_force_at_any_radius(radius):
+    pop = build_population(500, 200, seed=4, radius=radius)
+    c, t = pop.customers, pop.terminals
+    dist = np.hypot(
+        c["x_customer_id"].to_numpy()[:, None] - t["x_terminal_id"].to_numpy()[None, :],
+        c["y_customer_id"].to_numpy()[:, None] - t["y_terminal_id"].to_numpy()[None, :],
+    )
+    allowed = dist < radius
+    lonely = ~allowed.any(axis=1)
+    allowed[np.flatnonzero(lonely), dist[lonely].argmin(axis=1)] = True
+    np.testing.assert_array_equal(pop.offsets, np.r_[0, np.cumsum(allowed.sum(axis=1))])
+    np.testing.assert_array_equal(pop.terminal_ids, np.nonzero(allowed)[1])
+
+
 def test_customers_buy_only_at_reachable_terminals(parquet_run):
     root, _ = parquet_run
     table = _read_parquet_dir(root)
@@ -305,3 +324,18 @@ def test_invalid_arguments_raise_one_line_value_error(tmp_path, kwargs, name):
 def test_invalid_radius_names_the_argument():
     with pytest.raises(ValueError, match=r"^radius:"):
         build_population(10, 10, radius=-1)
+
+
+def test_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+    root = tmp_path / "tx"
+    kwargs = {"customers": 50, "terminals": 10, "tx_per_day": 100, "days": 1}
+    old = generate(root, seed=1, **kwargs).files[0].read_bytes()
+
+    def broken_write(table, where, **_):
+        Path(where).write_bytes(b"half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pq, "write_table", broken_write)
+    with pytest.raises(OSError, match="disk full"):
+        generate(root, seed=2, **kwargs)
+    assert _file_bytes(root) == {f"date={DATES[0]}/part-00000.parquet": old}

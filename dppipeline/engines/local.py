@@ -66,7 +66,7 @@ def compute_aggregates(
     key = spec.partition_key
     if public_keys is not None:
         # Before bounding, so no privacy unit spends its L0 on partitions never released.
-        rows = rows.filter(pl.col(key).is_in(pl.Series(public_keys[key].to_numpy())))
+        rows = rows.join(pl.from_pandas(public_keys[[key]]), on=key, how="semi")
     privacy_codes, _ = pd.factorize(rows.get_column(spec.privacy_unit).to_numpy())
     key_codes, key_values = pd.factorize(rows.get_column(key).to_numpy())
     n_keys = max(len(key_values), 1)

@@ -1,0 +1,146 @@
+"""The local engine end to end on a hand-written input: exact tier against hand-computed values,
+plus a skewed input where bounding must hold."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import polars as pl
+import pytest
+
+from dppipeline.engines.local import compute_aggregates
+from dppipeline.io import discover_partitions
+from dppipeline.runner import run_job
+from dppipeline.spec import build_spec
+
+HEADER = "TRANSACTION_ID,TX_DATETIME,CUSTOMER_ID,TERMINAL_ID,TX_AMOUNT"
+# customer 1: three $10 rows at terminal 1       -> Linf=2 keeps 2: count 2, sum 20
+# customer 2: one $500 row at terminal 1         -> clipped to 100
+# customer 3: one -$5 row at terminal 2          -> clipped to 0
+# customer 4: one $50 row at terminals 2 and 3   -> L0=1 keeps exactly one of them
+ROWS = [
+    (1, "2026-01-01 10:00:00", 1, 1, 10.0),
+    (2, "2026-01-01 11:00:00", 1, 1, 10.0),
+    (3, "2026-01-02 12:00:00", 1, 1, 10.0),
+    (4, "2026-01-02 09:00:00", 2, 1, 500.0),
+    (5, "2026-01-01 09:30:00", 3, 2, -5.0),
+    (6, "2026-01-01 08:00:00", 4, 2, 50.0),
+    (7, "2026-01-02 08:00:00", 4, 3, 50.0),
+]
+
+
+@pytest.fixture
+def hand_input(tmp_path):
+    folder = tmp_path / "tx"
+    folder.mkdir()
+    for day in ("2026-01-01", "2026-01-02"):
+        lines = [HEADER] + [",".join(map(str, r)) for r in ROWS if r[1].startswith(day)]
+        (folder / f"{day}.csv").write_text("\n".join(lines) + "\n")
+    keys = tmp_path / "keys.csv"
+    keys.write_text("TERMINAL_ID\n1\n2\n3\n4\n")
+    return folder, keys
+
+
+def spec_for(folder, out, keys, **extra):
+    overrides = {
+        "input.path": str(folder),
+        "input.format": "csv",
+        "output": str(out),
+        "metrics": ["count", "sum", "mean", "privacy_id_count"],
+        "budget.epsilon": 1e7,
+        "bounds.max_partitions_contributed": 1,
+        "bounds.max_contributions_per_partition": 2,
+        "bounds.min_value": 0.0,
+        "bounds.max_value": 100.0,
+        "partition_selection.public_partitions": str(keys) if keys else None,
+    }
+    overrides.update(extra)
+    return build_spec({}, overrides)
+
+
+def test_exact_aggregates_match_hand_computation(hand_input, tmp_path):
+    folder, keys = hand_input
+    spec = spec_for(folder, tmp_path / "rel", keys)
+    for seed in range(10):  # whichever rows are sampled, the hand-computed values hold
+        result = compute_aggregates(
+            spec,
+            discover_partitions(folder, "csv"),
+            pd.DataFrame({"TERMINAL_ID": [1, 2, 3, 4]}),
+            tmp_path / "q",
+            seed=seed,
+        )
+        agg = result.aggregates.set_index("TERMINAL_ID")
+        assert agg.loc[1, "count"] == 3 and agg.loc[1, "sum"] == 120.0
+        assert agg.loc[1, "privacy_id_count"] == 2
+        # customer 4 lands in exactly one of terminals 2 and 3
+        count_2_3 = agg["count"].reindex([2, 3], fill_value=0).sum()
+        assert count_2_3 == 2  # customer 3's row plus one of customer 4's
+        assert agg["sum"].reindex([2, 3], fill_value=0).sum() == 50.0
+        assert agg["privacy_id_count"].sum() == 4  # each customer in exactly one terminal
+        assert result.rejects.rows_read == 7 and result.rejects.rows_rejected == 0
+
+
+def test_release_matches_hand_computation(hand_input, tmp_path):
+    folder, keys = hand_input
+    result = run_job(spec_for(folder, tmp_path / "rel", keys), "local", echo=lambda _: None)
+    released = pd.read_parquet(result.output / "terminal_stats").set_index("TERMINAL_ID")
+    assert released.index.tolist() == [1, 2, 3, 4]
+    # noise at epsilon 1e7: Laplace b <= 1e-4 for every metric here
+    assert released.loc[1, "count"] == pytest.approx(3, abs=1e-2)
+    assert released.loc[1, "sum"] == pytest.approx(120, abs=1e-2)
+    assert released.loc[1, "mean"] == pytest.approx(40, abs=1e-2)
+    assert released.loc[1, "privacy_id_count"] == pytest.approx(2, abs=1e-2)
+    assert released.loc[4, "count"] == pytest.approx(0, abs=1e-2)
+    assert released.loc[4, "mean"] == pytest.approx(50, abs=1e-2)  # empty: the midpoint
+    assert released.loc[[2, 3], "count"].sum() == pytest.approx(2, abs=1e-2)
+    schema = pl.read_parquet_schema(result.output / "terminal_stats" / "part-00000.parquet")
+    assert schema["TERMINAL_ID"] == pl.Int64 and schema["count"] == pl.Float64
+
+
+def test_skewed_input_respects_bounds(tmp_path):
+    """One customer with 5,000 rows over 100 terminals among 200 ordinary customers."""
+    rng = np.random.default_rng(5)
+    n_heavy, n_light = 5000, 600
+    customers = np.r_[np.zeros(n_heavy, dtype=np.int64), rng.integers(1, 201, n_light)]
+    terminals = np.r_[rng.integers(0, 100, n_heavy), rng.integers(0, 100, n_light)]
+    n = n_heavy + n_light
+    frame = pl.DataFrame(
+        {
+            "TRANSACTION_ID": np.arange(n, dtype=np.int64),
+            "TX_DATETIME": pl.Series([pd.Timestamp("2026-01-01 12:00")] * n).cast(
+                pl.Datetime("us")
+            ),
+            "CUSTOMER_ID": customers,
+            "TERMINAL_ID": terminals,
+            "TX_AMOUNT": rng.uniform(0, 100, n),
+        }
+    )
+    folder = tmp_path / "tx" / "date=2026-01-01"
+    folder.mkdir(parents=True)
+    frame.write_parquet(folder / "part-0.parquet")
+    l0, linf = 3, 2
+    spec = build_spec(
+        {},
+        {
+            "input.path": str(tmp_path / "tx"),
+            "output": str(tmp_path / "rel"),
+            "metrics": ["count", "privacy_id_count"],
+            "budget.epsilon": 1e7,
+            "bounds.max_partitions_contributed": l0,
+            "bounds.max_contributions_per_partition": linf,
+        },
+    )
+    result = compute_aggregates(
+        spec, discover_partitions(tmp_path / "tx", "parquet"), None, tmp_path / "q", seed=1
+    )
+    agg = result.aggregates
+    # Every partition: count <= Linf * privacy_id_count. Overall: each customer adds at most
+    # L0 * Linf rows and L0 partitions, and exactly min(partitions, L0) of them.
+    assert (agg["count"] <= linf * agg["privacy_id_count"]).all()
+    light = pl.DataFrame({"c": customers[n_heavy:], "t": terminals[n_heavy:]})
+    expected_pairs = sum(min(n_t, l0) for n_t in light.group_by("c").n_unique()["t"]) + l0
+    assert agg["privacy_id_count"].sum() == expected_pairs
+    assert agg["count"].sum() <= expected_pairs * linf
+    assert math.isclose(agg["privacy_id_count"].sum(), expected_pairs)
