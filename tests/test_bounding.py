@@ -84,7 +84,7 @@ def test_loose_bounds_keep_everything():
 def _inclusion_tolerance(p: float, draws: int, cells: int, failure_rate: float = 1e-6) -> float:
     """Half-width for an inclusion frequency: binomial std times the two-sided normal quantile
     at failure_rate / cells (Bonferroni over all cells checked)."""
-    from scipy.stats import norm  # noqa: PLC0415
+    from scipy.stats import norm
 
     z = norm.isf(failure_rate / cells / 2)
     return z * math.sqrt(p * (1 - p) / draws)

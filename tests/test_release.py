@@ -124,7 +124,7 @@ def first_principles_std(plan, metric: str) -> float:
     """The noise std from the textbook formulas, independent of how the plan computed it:
     Laplace sqrt(2) * L0 * Linf / eps; Gaussian sigma from pipeline-dp's analytic formula with
     L2 = sqrt(L0) * Linf; sum under mean adds midpoint * count noise."""
-    from pipeline_dp.dp_computations import compute_sigma  # noqa: PLC0415
+    from pipeline_dp.dp_computations import compute_sigma
 
     p = plan.params
     l0, linf = p.max_partitions_contributed, p.max_contributions_per_partition
