@@ -116,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="show the budget split and noise; reads no data")
     _add_privacy_flags(plan)
 
-    sub.add_parser("spec-doc", help="list every job spec field with its default and meaning")
+    doc = sub.add_parser("spec-doc", help="list every job spec field, its default and meaning")
+    doc.add_argument("--markdown", action="store_true", help="as a Markdown table")
     return parser
 
 
@@ -188,11 +189,17 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_spec_doc(_: argparse.Namespace) -> int:
+def _cmd_spec_doc(args: argparse.Namespace) -> int:
     from dppipeline.spec import describe_fields  # noqa: PLC0415
 
-    for path, default, doc in describe_fields():
-        print(f"{path:45} {default:22} {doc}")
+    rows = describe_fields()
+    if args.markdown:
+        print("| field | default | meaning |\n|---|---|---|")
+        for path, default, doc in rows:
+            print(f"| `{path}` | `{default}` | {doc} |")
+        return 0
+    for path, default, doc in rows:
+        print(f"{path:42} {default:26} {doc}")
     return 0
 
 
