@@ -98,10 +98,16 @@ def read_public_partitions(path: str | Path, key_column: str, dtype: str) -> pd.
     except OSError as exc:
         raise InputError(f"cannot read public partitions {path}: {exc.strerror}") from None
     entries = [(n, line.strip()) for n, line in enumerate(lines, start=1) if line.strip()]
-    if entries and entries[0][1].split(",")[0] == key_column:
-        header = entries[0][1].split(",")
+    header = [name.strip().lstrip("\ufeff") for name in entries[0][1].split(",")] if entries else []
+    if key_column in header:
         position = header.index(key_column)
-        entries = [(n, line.split(",")[position].strip()) for n, line in entries[1:]]
+        try:
+            entries = [(n, line.split(",")[position].strip()) for n, line in entries[1:]]
+        except IndexError:
+            raise InputError(
+                f"public partitions {path}: a line has no {key_column} field "
+                f"(column {position + 1} of the header)"
+            ) from None
     if not entries:
         raise InputError(f"public partitions {path}: no keys")
     keys: list[object] = []

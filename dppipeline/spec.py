@@ -127,7 +127,8 @@ class BoundsSpec:
                     raise SpecError(f"bounds.{name}", f"must be finite, got {value!r}")
                 object.__setattr__(self, name, number)
         if (self.min_value is None) != (self.max_value is None):
-            raise SpecError("bounds.min_value", "min_value and max_value must be set together")
+            missing = "min_value" if self.min_value is None else "max_value"
+            raise SpecError(f"bounds.{missing}", "min_value and max_value must be set together")
         if self.min_value is not None and self.max_value is not None:
             if self.min_value > self.max_value:
                 raise SpecError(
@@ -221,6 +222,8 @@ class JobSpec:
         metrics = self.metrics
         if isinstance(metrics, str):
             metrics = tuple(m.strip() for m in metrics.split(",") if m.strip())
+        if not isinstance(metrics, list | tuple):
+            raise SpecError("metrics", f"must be a list of metric names, got {metrics!r}")
         metrics = tuple(metrics)
         if not metrics:
             raise SpecError("metrics", "must name at least one metric")
@@ -312,7 +315,7 @@ def load_raw(path: str | Path) -> dict[str, Any]:
     except OSError as exc:
         raise UsageError(f"cannot read job spec {path}: {exc.strerror}") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_SpecLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -323,6 +326,16 @@ def load_raw(path: str | Path) -> dict[str, Any]:
         raise UsageError(f"{path}: a job spec must be a mapping of fields")
     return resolve_paths(raw, path.resolve().parent)
 
+
+class _SpecLoader(yaml.SafeLoader):
+    """SafeLoader that leaves dates as text, so `_parse_date` names the field of a bad one
+    (PyYAML itself raises a bare ValueError for `2026-02-30`)."""
+
+
+_SpecLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 
 _PATH_FIELDS = (("input", "path"), ("output",), ("partition_selection", "public_partitions"))
 

@@ -25,6 +25,7 @@ _POLARS_TYPES: dict[str, pl.DataType] = {
 }
 _TIME_FORMATS = ("%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S%.f")
 REASON = "_reason"
+_BAD = "_bad"
 SOURCE = "_source_file"
 ROW = "_row"
 
@@ -56,14 +57,14 @@ def _parse(column: str, source: pl.DataType, target: str) -> pl.Expr:
     return expr.cast(pl.String).str.strip_chars().cast(wanted, strict=False)
 
 
-def _reason_expr(schema: Schema, value_column: str, parsed_names: dict[str, str]) -> pl.Expr:
-    """First broken rule of a row, as text; null for a valid row."""
-    conditions: list[tuple[pl.Expr, pl.Expr]] = []
+def _rules(schema: Schema, value_column: str) -> list[tuple[pl.Expr, pl.Expr]]:
+    """(condition that breaks a rule, reason text) per rule, in the order they are reported."""
+    rules: list[tuple[pl.Expr, pl.Expr]] = []
     for field in schema.fields:
-        raw, parsed = pl.col(field.name), pl.col(parsed_names[field.name])
+        raw, parsed = pl.col(field.name), pl.col(_parsed(field.name))
         if not field.nullable:
-            conditions.append((raw.is_null(), pl.lit(f"{field.name} is null")))
-        conditions.append(
+            rules.append((raw.is_null(), pl.lit(f"{field.name} is null")))
+        rules.append(
             (
                 raw.is_not_null() & parsed.is_null(),
                 pl.format(
@@ -74,13 +75,22 @@ def _reason_expr(schema: Schema, value_column: str, parsed_names: dict[str, str]
             )
         )
         if field.name == value_column:
-            conditions.append(
+            rules.append(
                 (parsed.is_not_null() & ~parsed.is_finite(), pl.lit(f"{field.name} is not finite"))
             )
-    expr = pl.when(conditions[0][0]).then(conditions[0][1])
-    for condition, text in conditions[1:]:
+    return rules
+
+
+def _parsed(name: str) -> str:
+    return f"_parsed_{name}"
+
+
+def _reason_expr(rules: list[tuple[pl.Expr, pl.Expr]]) -> pl.Expr:
+    """First broken rule of a row, as text (only evaluated on rows known to be bad)."""
+    expr = pl.when(rules[0][0]).then(rules[0][1])
+    for condition, text in rules[1:]:
         expr = expr.when(condition).then(text)
-    return expr.otherwise(pl.lit(None, dtype=pl.String))
+    return expr.otherwise(pl.lit("invalid row"))
 
 
 def _scan(path: Path, fmt: str) -> pl.LazyFrame:
@@ -93,25 +103,77 @@ def _validate_file(path: Path, fmt: str, schema: Schema, value_column: str) -> p
     frame = _scan(path, fmt)
     try:
         file_schema = frame.collect_schema()
-    except (pl.exceptions.ComputeError, OSError) as exc:
-        raise InputError(f"{path}: cannot read as {fmt}: {str(exc).splitlines()[0]}") from None
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise InputError(f"{path}: cannot read as {fmt}: {_first_line(exc)}") from None
     missing = [f.name for f in schema.fields if f.name not in file_schema]
     if missing:
         raise InputError(
             f"{path}: missing column {missing[0]} (required by schemas/{schema.name}.json)"
         )
-    parsed_names = {f.name: f"_parsed_{f.name}" for f in schema.fields}
-    first_row = 2 if fmt == "csv" else 1  # CSV: the header is line 1
+    rules = _rules(schema, value_column)
     return (
         frame.select(schema.names)
-        .with_row_index(ROW, offset=first_row)
         .with_columns(
-            _parse(f.name, file_schema[f.name], f.type).alias(parsed_names[f.name])
+            _parse(f.name, file_schema[f.name], f.type).alias(_parsed(f.name))
             for f in schema.fields
         )
-        .with_columns(_reason_expr(schema, value_column, parsed_names).alias(REASON))
-        .with_columns(pl.lit(str(path)).alias(SOURCE))
+        # One cheap boolean per row; reasons are worked out later, for bad rows only.
+        .with_columns(pl.any_horizontal([condition for condition, _ in rules]).alias(_BAD))
     )
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _raise_for_unreadable_file(files: list[Path], frames: list[pl.LazyFrame], fmt: str) -> None:
+    """After a failed parallel read: find the file (and, for CSV, the line) and say so."""
+    for path, frame in zip(files, frames, strict=True):
+        try:
+            frame.collect()
+        except pl.exceptions.PolarsError as exc:
+            where = _ragged_csv_line(path) if fmt == "csv" else None
+            detail = f" line {where}: wrong number of fields" if where else ""
+            raise InputError(f"{path}{detail}: cannot read as {fmt}: {_first_line(exc)}") from None
+
+
+def _ragged_csv_line(path: Path) -> int | None:
+    """First line whose field count differs from the header's (error path only)."""
+    import csv  # noqa: PLC0415
+
+    with path.open(newline="") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, [])
+        for row in reader:
+            if row and len(row) != len(header):
+                return reader.line_num
+    return None
+
+
+def _split_file(
+    frame: pl.DataFrame, path: Path, fmt: str, schema: Schema, rules: list[tuple[pl.Expr, pl.Expr]]
+) -> tuple[pl.DataFrame, pl.DataFrame | None]:
+    """(valid rows with schema types, rejected rows as text with file, row and reason)."""
+    first_row = 2 if fmt == "csv" else 1  # CSV: the header is line 1
+    if fmt == "csv":
+        # A blank line reads as a row of nulls: not a transaction, not a reject. The row index
+        # is taken first so that line numbers survive its removal.
+        blank = pl.all_horizontal(pl.col(schema.names).is_null())
+        frame = frame.with_row_index(ROW, offset=first_row).filter(~blank)
+    bad = frame.get_column(_BAD)
+    rejected = None
+    if bad.any():
+        frame = frame.rechunk()  # polars can panic filtering a multi-chunk frame by a mask
+        if ROW not in frame.columns:
+            frame = frame.with_row_index(ROW, offset=first_row)
+        rejected = frame.filter(bad.rechunk()).select(
+            pl.lit(str(path)).alias(SOURCE),
+            ROW,
+            _reason_expr(rules).alias(REASON),
+            *[pl.col(n).cast(pl.String) for n in schema.names],
+        )
+        frame = frame.filter(~bad.rechunk())
+    return frame.select(pl.col(_parsed(n)).alias(n) for n in schema.names), rejected
 
 
 def read_validated(
@@ -122,23 +184,16 @@ def read_validated(
     frames = [_validate_file(path, fmt, schema, value_column) for path in files]
     try:
         collected = pl.collect_all(frames)
-    except pl.exceptions.PolarsError as exc:
-        raise InputError(f"cannot read input: {str(exc).splitlines()[0]}") from None
-    parsed_names = [f"_parsed_{name}" for name in schema.names]
+    except pl.exceptions.PolarsError:
+        _raise_for_unreadable_file(files, frames, fmt)
+        raise
+    rules = _rules(schema, value_column)
     valid_parts, rejected_parts = [], []
-    for frame in collected:
-        bad = frame.get_column(REASON).is_not_null()
-        if bad.any():
-            rejected_parts.append(
-                frame.filter(bad).select(
-                    SOURCE, ROW, REASON, *[pl.col(n).cast(pl.String) for n in schema.names]
-                )
-            )
-        valid_parts.append(
-            frame.filter(~bad).select(
-                [pl.col(p).alias(n) for p, n in zip(parsed_names, schema.names, strict=True)]
-            )
-        )
+    for path, frame in zip(files, collected, strict=True):
+        valid, rejected = _split_file(frame, path, fmt, schema, rules)
+        valid_parts.append(valid)
+        if rejected is not None:
+            rejected_parts.append(rejected)
     rows = pl.concat(valid_parts, rechunk=True) if valid_parts else pl.DataFrame()
     rejected = (
         pl.concat(rejected_parts)

@@ -1,0 +1,1 @@
+"""Benchmarks: kept out of the test suite because they measure speed, not correctness."""

@@ -1,0 +1,435 @@
+"""The command-line contract, exercised through a real `python -m dppipeline` subprocess."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import DAYS, SMALL
+
+BOUNDS = ["--min-value", "0", "--max-value", "100"]
+RUN = ["run", "--input", "{input}", "--output", "{output}", *BOUNDS]
+MANIFEST_BOUNDS = {
+    "max_partitions_contributed",
+    "max_contributions_per_partition",
+    "min_value",
+    "max_value",
+}
+
+
+def run_cli(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DPPIPELINE_DEBUG"}
+    return subprocess.run(
+        [sys.executable, "-m", "dppipeline", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
+def stderr_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.strip()]
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def write_keys(path: Path, keys: range) -> Path:
+    path.write_text("TERMINAL_ID\n" + "".join(f"{k}\n" for k in keys))
+    return path
+
+
+# --------------------------------------------------------------------------- error cases
+
+# (argv with placeholders, files to create in {aux}, exit code, words the stderr line names)
+ERROR_CASES = [
+    pytest.param([*RUN, "--epsilon", "0"], {}, 2, ["--epsilon"], id="epsilon-zero"),
+    pytest.param([*RUN, "--epsilon", "-1"], {}, 2, ["--epsilon"], id="epsilon-negative"),
+    pytest.param([*RUN, "--delta", "1"], {}, 2, ["--delta"], id="delta-one"),
+    pytest.param([*RUN, "--delta", "-1e-9"], {}, 2, ["--delta"], id="delta-negative"),
+    pytest.param(
+        [*RUN, "--min-value", "10", "--max-value", "1"], {}, 2, ["--min-value"], id="min-gt-max"
+    ),
+    pytest.param(
+        [*RUN, "--metrics", "count,median"], {}, 2, ["--metrics", "median"], id="unknown-metric"
+    ),
+    pytest.param([*RUN, "--engine", "flink"], {}, 2, ["--engine", "flink"], id="unknown-engine"),
+    pytest.param([*RUN, "--engine", "spark"], {}, 2, ["spark", "available"], id="engine-spark"),
+    pytest.param([*RUN, "--engine", "beam"], {}, 2, ["beam", "available"], id="engine-beam"),
+    pytest.param([*RUN, "--epsilom", "1"], {}, 2, ["--epsilom"], id="unknown-flag"),
+    pytest.param([*RUN, "--epsilon", "abc"], {}, 2, ["--epsilon", "abc"], id="flag-not-number"),
+    pytest.param([*RUN, "--noise", "cauchy"], {}, 2, ["--noise"], id="flag-bad-choice"),
+    pytest.param([*RUN, "--start-date", "2026-02-30"], {}, 2, ["--start-date"], id="flag-bad-date"),
+    pytest.param(
+        [*RUN, "--start-date", "2026-01-03", "--end-date", "2026-01-01"],
+        {},
+        2,
+        ["--start-date"],
+        id="start-after-end",
+    ),
+    pytest.param(["run", "--output", "{output}", *BOUNDS], {}, 2, ["--input"], id="no-input-flag"),
+    pytest.param(
+        [*RUN, "--config", "{aux}/job.yaml"],
+        {"job.yaml": "budget:\n  epsilon: -1\n"},
+        2,
+        ["job.yaml", "budget.epsilon"],
+        id="config-bad-value",
+    ),
+    pytest.param(
+        [*RUN, "--config", "{aux}/job.yaml"],
+        {"job.yaml": "budget:\n  epsilom: 1\n"},
+        2,
+        ["job.yaml", "budget.epsilom"],
+        id="config-unknown-field",
+    ),
+    pytest.param(
+        [*RUN, "--config", "{aux}/job.yaml"],
+        {"job.yaml": "name: x\nbudget:\n  epsilon: 1.0\n   delta: 1\n"},
+        2,
+        ["job.yaml", "line 4"],
+        id="config-yaml-syntax",
+    ),
+    pytest.param(
+        [*RUN, "--config", "{aux}/job.yaml"],
+        # An unquoted date YAML itself cannot build (Feb 30): still a spec error, not a crash.
+        {"job.yaml": "input:\n  start_date: 2026-02-30\n"},
+        2,
+        ["job.yaml", "start_date"],
+        id="config-impossible-date",
+    ),
+    pytest.param(
+        [*RUN, "--config", "{aux}/missing.yaml"], {}, 2, ["missing.yaml"], id="config-missing"
+    ),
+    pytest.param([*RUN, "--input", "{aux}/nowhere"], {}, 1, ["nowhere"], id="input-missing"),
+    pytest.param([*RUN, "--input", "{aux}/empty"], {"empty/": ""}, 1, ["empty"], id="input-empty"),
+    pytest.param(
+        [*RUN, "--input", "{aux}/data.txt"], {"data.txt": "x"}, 1, ["data.txt"], id="input-file"
+    ),
+    pytest.param(
+        [*RUN, "--start-date", "2027-01-01"],
+        {},
+        1,
+        [DAYS[0].isoformat(), DAYS[-1].isoformat()],
+        id="no-days-in-range",
+    ),
+    pytest.param(
+        [*RUN, "--public-partitions", "{aux}/keys.csv"],
+        {},
+        1,
+        ["keys.csv"],
+        id="public-partitions-missing",
+    ),
+    pytest.param(
+        ["generate", "--output", "{output}", "--customers", "0"],
+        {},
+        2,
+        ["customers"],
+        id="generate-zero-customers",
+    ),
+]
+
+
+@pytest.mark.parametrize(("argv", "files", "exit_code", "words"), ERROR_CASES)
+def test_error_is_one_line_and_leaves_no_output(
+    tmp_path, small_inputs, argv, files, exit_code, words
+):
+    aux = tmp_path / "aux"
+    aux.mkdir()
+    for name, text in files.items():
+        if name.endswith("/"):
+            (aux / name).mkdir()
+        else:
+            (aux / name).write_text(text)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    output = dest / "release"
+    values = {"input": small_inputs["parquet"], "output": output, "aux": aux}
+    result = run_cli(*(arg.format(**values) for arg in argv))
+
+    assert result.returncode == exit_code, result.stderr[-800:]
+    assert "Traceback" not in result.stderr
+    lines = stderr_lines(result)
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("dppipeline")
+    for word in words:
+        assert word in lines[0]
+    # Neither the release, nor a staging or retired folder, nor a quarantine folder.
+    assert sorted(p.name for p in dest.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- successful runs
+
+
+@pytest.fixture(scope="module")
+def releases(tmp_path_factory, small_inputs) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """One release per input layout, over the public key list 0..terminals-1."""
+    base = tmp_path_factory.mktemp("releases")
+    keys = write_keys(base / "keys.csv", range(SMALL["terminals"]))
+    runs = {}
+    for fmt in ("parquet", "csv"):
+        output = base / fmt / "release"
+        result = run_cli(
+            "run",
+            "--engine",
+            "local",
+            "--input",
+            small_inputs[fmt],
+            "--output",
+            output,
+            "--format",
+            fmt,
+            "--public-partitions",
+            keys,
+            "--epsilon",
+            "2",
+            "--delta",
+            "1e-7",
+            "--max-partitions-contributed",
+            "3",
+            "--max-contributions-per-partition",
+            "2",
+            *BOUNDS,
+        )
+        runs[fmt] = (output, result)
+    return runs
+
+
+def check_manifest(manifest: dict) -> None:
+    assert manifest["epsilon"] == 2.0
+    assert manifest["delta"] == 1e-7
+    assert manifest["noise"] == "laplace"
+    assert manifest["bounds"] == {
+        "max_partitions_contributed": 3,
+        "max_contributions_per_partition": 2,
+        "min_value": 0.0,
+        "max_value": 100.0,
+    }
+    assert set(manifest["bounds"]) == MANIFEST_BOUNDS
+    assert manifest["partition_selection"]["type"] == "public"
+    assert manifest["partition_selection"]["public_partitions_count"] == SMALL["terminals"]
+    metrics = manifest["metrics"]
+    assert set(metrics) == {"count", "sum", "mean"}
+    for name in ("count", "sum"):
+        std = metrics[name]["noise_stddev"]
+        assert isinstance(std, float)
+        assert math.isfinite(std)
+        assert std > 0
+    assert "noise_stddev" in metrics["mean"]
+    assert metrics["mean"]["noise_stddev"] is None
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_run_publishes_release_and_manifest(releases, fmt):
+    output, result = releases[fmt]
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout.strip().splitlines()[-1] == str(output)
+    assert sorted(p.name for p in output.iterdir()) == ["manifest.json", "terminal_stats"]
+    part = output / "terminal_stats" / "part-00000.parquet"
+    assert part.is_file()
+    table = pq.read_table(part)
+    assert table.column_names == ["TERMINAL_ID", "count", "sum", "mean"]
+    # Public partitions: every listed key once, no other.
+    assert sorted(table.column("TERMINAL_ID").to_pylist()) == list(range(SMALL["terminals"]))
+    assert all(0.0 <= m <= 100.0 for m in table.column("mean").to_pylist())
+
+    manifest = json.loads((output / "manifest.json").read_text())
+    check_manifest(manifest)
+    assert manifest["input"]["format"] == fmt
+    assert manifest["input"]["start_date"] == DAYS[0].isoformat()
+    assert manifest["input"]["end_date"] == DAYS[-1].isoformat()
+    assert manifest["input"]["files"] == len(DAYS)
+    # Atomic publication leaves nothing beside the release (and no rows were rejected).
+    assert sorted(p.name for p in output.parent.iterdir()) == ["release"]
+
+
+def test_existing_release_refused_then_overwritten(tmp_path, releases, small_inputs):
+    source, first = releases["parquet"]
+    assert first.returncode == 0, first.stderr
+    dest = tmp_path / "dest"
+    output = dest / "release"
+    shutil.copytree(source, output)
+    before = tree_bytes(output)
+    old_manifest = json.loads((output / "manifest.json").read_text())
+    args = ["run", "--input", small_inputs["parquet"], "--output", output, *BOUNDS]
+
+    refused = run_cli(*args)
+    assert refused.returncode == 1, refused.stderr
+    assert "Traceback" not in refused.stderr
+    lines = stderr_lines(refused)
+    assert len(lines) == 1, refused.stderr
+    assert "--overwrite" in lines[0]
+    assert str(output) in lines[0]
+    assert tree_bytes(output) == before
+    assert sorted(p.name for p in dest.iterdir()) == ["release"]
+
+    replaced = run_cli(*args, "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert manifest["run_id"] != old_manifest["run_id"]
+    # This run used private selection: the manifest says so, with the release thresholds.
+    selection = manifest["partition_selection"]
+    assert selection["type"] == "private"
+    assert 1 <= selection["privacy_units_needed_p50"] <= selection["privacy_units_needed_p95"]
+    assert manifest["epsilon"] == 1.0
+    assert sorted(p.name for p in output.iterdir()) == ["manifest.json", "terminal_stats"]
+    assert sorted(p.name for p in dest.iterdir()) == ["release"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "first", "last"),
+    [
+        pytest.param(["--start-date", "2026-01-02", "--end-date", "2026-01-02"], 1, 1, id="one"),
+        pytest.param(["--start-date", "2026-01-02"], 1, 2, id="open-end"),
+    ],
+)
+def test_date_range_selects_days(tmp_path, small_inputs, flags, first, last):
+    output = tmp_path / "release"
+    result = run_cli(
+        "run",
+        "--input",
+        small_inputs["csv"],
+        "--format",
+        "csv",
+        "--output",
+        output,
+        *BOUNDS,
+        *flags,
+    )
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert manifest["input"] == {
+        "format": "csv",
+        "start_date": DAYS[first].isoformat(),
+        "end_date": DAYS[last].isoformat(),
+        "files": last - first + 1,
+    }
+
+
+# --------------------------------------------------------------------------- plan
+
+_MECHANISM_ROW = re.compile(
+    r"^\s+(\w+)\s+(?:laplace|gaussian|truncated_geometric|\w+_thresholding)\s+(\S+)\s+(\S+)"
+)
+
+
+def test_plan_private_selection_without_input(tmp_path):
+    from dppipeline.core.budget import privacy_units_needed
+    from dppipeline.runner import make_plan
+    from dppipeline.spec import build_spec
+
+    flags = ["--epsilon", "2", "--delta", "1e-5", *BOUNDS]
+    result = run_cli("plan", *flags, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    out = result.stdout
+    assert "epsilon=2 delta=1e-05" in out
+
+    rows = [m.groups() for m in map(_MECHANISM_ROW.match, out.splitlines()) if m]
+    assert [name for name, _, _ in rows] == ["count", "centred_sum", "partition_selection"]
+    assert math.isclose(sum(float(eps) for _, eps, _ in rows), 2.0, rel_tol=1e-3)
+    assert math.isclose(sum(float(d) for _, _, d in rows), 1e-5, rel_tol=1e-3)
+
+    needs = re.search(
+        r"needs (\d+) distinct CUSTOMER_ID .*50%, (\d+) for 95%", out.replace("\n", " ")
+    )
+    assert needs is not None, out
+    p50, p95 = int(needs.group(1)), int(needs.group(2))
+    plan = make_plan(
+        build_spec(
+            {},
+            {
+                "budget.epsilon": 2.0,
+                "budget.delta": 1e-5,
+                "bounds.min_value": 0.0,
+                "bounds.max_value": 100.0,
+            },
+        )
+    )
+    assert (p50, p95) == (privacy_units_needed(plan, 0.5), privacy_units_needed(plan, 0.95))
+    assert p50 < p95
+    assert list(tmp_path.iterdir()) == []  # wrote nothing
+
+
+def test_plan_reads_no_data(tmp_path):
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        "input:\n  path: does-not-exist\noutput: release\n"
+        "partition_selection:\n  public_partitions: keys-not-there.csv\n"
+        "bounds: {min_value: 0, max_value: 100}\n"
+    )
+    result = run_cli("plan", "--config", config, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "public list" in result.stdout
+    assert "needs" not in result.stdout  # no selection threshold under public partitions
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]
+
+
+# --------------------------------------------------------------------------- generate, help
+
+
+@pytest.mark.parametrize(
+    ("fmt", "pattern"),
+    [("parquet", "date={}/part-00000.parquet"), ("csv", "{}.csv")],
+)
+def test_generate_writes_daily_files(tmp_path, fmt, pattern):
+    output = tmp_path / "tx"
+    result = run_cli(
+        "generate",
+        "--output",
+        output,
+        "--format",
+        fmt,
+        "--customers",
+        "200",
+        "--terminals",
+        "50",
+        "--days",
+        "2",
+        "--start-date",
+        "2026-03-30",
+        "--tx-per-day",
+        "300",
+        "--seed",
+        "5",
+    )
+    assert result.returncode == 0, result.stderr
+    expected = sorted(pattern.format(day) for day in ("2026-03-30", "2026-03-31"))
+    written = sorted(str(p.relative_to(output)) for p in output.rglob("*") if p.is_file())
+    assert written == expected
+    if fmt == "parquet":
+        rows = sum(pq.read_metadata(output / name).num_rows for name in expected)
+    else:
+        rows = sum(len((output / name).read_text().splitlines()) - 1 for name in expected)
+    assert rows > 0
+    assert f"wrote {rows:,} transactions in 2 files" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("command", "words"),
+    [
+        ([], ["generate", "run", "plan"]),
+        (["generate"], ["--output", "--format", "--tx-per-day", "--seed"]),
+        (["run"], ["--engine", "--input", "--output", "--overwrite", "--public-partitions"]),
+        (["plan"], ["--config", "--epsilon", "--delta", "--max-partitions-contributed"]),
+    ],
+    ids=["top", "generate", "run", "plan"],
+)
+def test_help(command, words):
+    result = run_cli(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: dppipeline")
+    for word in words:
+        assert word in result.stdout

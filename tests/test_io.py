@@ -1,0 +1,304 @@
+"""Files: daily partition discovery, day selection, public key lists, atomic publication."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from dppipeline.errors import InputError, OutputError
+from dppipeline.io import (
+    DailyPartition,
+    check_release_target,
+    discover_partitions,
+    publish_atomically,
+    read_public_partitions,
+    select_days,
+)
+
+D1, D2, D3 = dt.date(2026, 1, 1), dt.date(2026, 1, 2), dt.date(2026, 1, 3)
+
+
+def touch(path: Path, text: str = "x") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def siblings(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+def test_discover_parquet_layout(tmp_path):
+    # Written out of order, with the debris data lakes and writers leave around.
+    for day in ("2026-01-03", "2026-01-01", "2026-01-02"):
+        touch(tmp_path / f"date={day}" / "part-00001.parquet")
+        touch(tmp_path / f"date={day}" / "part-00000.parquet")
+    touch(tmp_path / "date=2026-01-02" / "_SUCCESS")
+    touch(tmp_path / "date=2026-01-02" / ".part-00002.parquet.crc")
+    touch(tmp_path / "date=2026-01-02" / ".hidden.parquet")
+    touch(tmp_path / "date=2026-01-02" / "notes.txt")
+    touch(tmp_path / "_SUCCESS")
+    touch(tmp_path / ".date=2026-01-04" / "part-00000.parquet")  # hidden folder
+    touch(tmp_path / "_date=2026-01-05" / "part-00000.parquet")
+    touch(tmp_path / "date=2026-01-06" / "notes.txt")  # a day without parquet files
+    touch(tmp_path / "day=2026-01-07" / "part-00000.parquet")
+    touch(tmp_path / "date=2026-01-08.parquet")  # a file, not a folder
+    touch(tmp_path / "2026-01-09.csv")  # the other layout
+
+    days = discover_partitions(tmp_path, "parquet")
+
+    assert [d.day for d in days] == [D1, D2, D3]
+    for d in days:
+        folder = tmp_path / f"date={d.day}"
+        assert d.files == (folder / "part-00000.parquet", folder / "part-00001.parquet")
+
+
+def test_discover_csv_layout(tmp_path):
+    for day in ("2026-01-03", "2026-01-01", "2026-01-02"):
+        touch(tmp_path / f"{day}.csv")
+    touch(tmp_path / "_SUCCESS")
+    touch(tmp_path / ".2026-01-04.csv")
+    touch(tmp_path / "_2026-01-05.csv")
+    touch(tmp_path / "2026-01-06.csv.tmp")
+    touch(tmp_path / "2026-01-07.txt")
+    touch(tmp_path / "transactions.csv")
+    touch(tmp_path / "2026-01-08.csv" / "nested.csv")  # a folder named like a day file
+    touch(tmp_path / "date=2026-01-09" / "part-00000.parquet")  # the other layout
+
+    days = discover_partitions(tmp_path, "csv")
+
+    assert days == [
+        DailyPartition(D1, (tmp_path / "2026-01-01.csv",)),
+        DailyPartition(D2, (tmp_path / "2026-01-02.csv",)),
+        DailyPartition(D3, (tmp_path / "2026-01-03.csv",)),
+    ]
+
+
+def test_discover_generated_inputs(small_inputs):
+    parquet = discover_partitions(small_inputs["parquet"], "parquet")
+    csv = discover_partitions(small_inputs["csv"], "csv")
+    assert [d.day for d in parquet] == [d.day for d in csv] == [D1, D2, D3]
+    assert all(len(d.files) == 1 for d in parquet + csv)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_discover_missing_folder(tmp_path, fmt):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(InputError) as info:
+        discover_partitions(missing, fmt)
+    assert str(missing) in str(info.value)
+    assert "not exist" in str(info.value)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_discover_file_instead_of_folder(tmp_path, fmt):
+    path = touch(tmp_path / "2026-01-01.csv")
+    with pytest.raises(InputError) as info:
+        discover_partitions(path, fmt)
+    assert str(path) in str(info.value)
+    assert "not a folder" in str(info.value)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_discover_empty_folder(tmp_path, fmt):
+    touch(tmp_path / "_SUCCESS")
+    touch(tmp_path / "README.md")
+    with pytest.raises(InputError) as info:
+        discover_partitions(tmp_path, fmt)
+    assert str(tmp_path) in str(info.value)
+    assert "no daily partitions" in str(info.value)
+
+
+def test_discover_invalid_day_names_the_path(tmp_path):
+    bad = touch(tmp_path / "2026-02-30.csv")
+    touch(tmp_path / "2026-02-28.csv")
+    with pytest.raises(InputError) as info:
+        discover_partitions(tmp_path, "csv")
+    assert str(bad) in str(info.value)
+
+
+# --------------------------------------------------------------------------- select_days
+
+PARTS = [DailyPartition(D1, ()), DailyPartition(D2, ()), DailyPartition(D3, ())]
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "expected"),
+    [
+        (None, None, [D1, D2, D3]),
+        (D2, None, [D2, D3]),
+        (None, D2, [D1, D2]),
+        (D2, D2, [D2]),
+        (D1, D3, [D1, D2, D3]),
+        (dt.date(2025, 12, 1), dt.date(2026, 1, 1), [D1]),
+        (D3, dt.date(2027, 1, 1), [D3]),
+    ],
+)
+def test_select_days_is_inclusive(start, end, expected):
+    assert [p.day for p in select_days(PARTS, start, end, "in")] == expected
+
+
+@pytest.mark.parametrize(
+    ("start", "end"),
+    [(dt.date(2026, 2, 1), None), (None, dt.date(2025, 12, 31)), (D2, D1)],
+)
+def test_select_days_empty_names_the_available_range(start, end):
+    with pytest.raises(InputError) as info:
+        select_days(PARTS, start, end, "/data/in")
+    message = str(info.value)
+    assert "/data/in" in message
+    assert "2026-01-01 to 2026-01-03" in message
+
+
+# --------------------------------------------------------------------------- public partitions
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("TERMINAL_ID\n3\n1\n3\n2\n", id="header"),
+        pytest.param("3\n1\n\n3\n2\n", id="no-header"),
+        pytest.param("  3 \n1\n3\n2\n\n", id="spaces"),
+        pytest.param("TERMINAL_ID,NAME\n3,a\n1,b\n3,c\n2,d\n", id="csv-key-first"),
+        # "a CSV with the key column": the key need not be its first column.
+        pytest.param("NAME,TERMINAL_ID\na,3\nb,1\nc,3\nd,2\n", id="csv-key-second"),
+    ],
+)
+def test_read_public_partitions(tmp_path, text):
+    path = touch(tmp_path / "keys.csv", text)
+    frame = read_public_partitions(path, "TERMINAL_ID", "int64")
+    assert list(frame.columns) == ["TERMINAL_ID"]
+    assert str(frame["TERMINAL_ID"].dtype) == "int64"
+    assert frame["TERMINAL_ID"].tolist() == [3, 1, 2]  # first occurrence kept, in file order
+
+
+def test_read_public_partitions_strings(tmp_path):
+    path = touch(tmp_path / "keys.txt", "MERCHANT\nb\na\nb\n")
+    frame = read_public_partitions(path, "MERCHANT", "string")
+    assert frame["MERCHANT"].tolist() == ["b", "a"]
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "bad"),
+    [
+        ("TERMINAL_ID\n1\n2\nx7\n", 4, "x7"),
+        ("1\n\n2.5\n", 3, "2.5"),
+        ("terminal_id\n1\n", 1, "terminal_id"),
+    ],
+)
+def test_read_public_partitions_bad_key_names_the_line(tmp_path, text, line, bad):
+    path = touch(tmp_path / "keys.csv", text)
+    with pytest.raises(InputError) as info:
+        read_public_partitions(path, "TERMINAL_ID", "int64")
+    message = str(info.value)
+    assert str(path) in message
+    assert f"line {line}:" in message
+    assert bad in message
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "TERMINAL_ID\n"])
+def test_read_public_partitions_without_keys(tmp_path, text):
+    path = touch(tmp_path / "keys.csv", text)
+    with pytest.raises(InputError, match="no keys"):
+        read_public_partitions(path, "TERMINAL_ID", "int64")
+
+
+def test_read_public_partitions_missing_file(tmp_path):
+    with pytest.raises(InputError) as info:
+        read_public_partitions(tmp_path / "keys.csv", "TERMINAL_ID", "int64")
+    assert str(tmp_path / "keys.csv") in str(info.value)
+
+
+# --------------------------------------------------------------------------- publication
+
+
+def write_release(text: str):
+    def write(folder: Path) -> None:
+        touch(folder / "data" / "part-00000.parquet", text)
+        touch(folder / "manifest.json", text)
+
+    return write
+
+
+def read_tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() for p in root.rglob("*") if p.is_file()}
+
+
+def test_publish_creates_the_release(tmp_path):
+    output = tmp_path / "releases" / "out"  # the parent is created too
+    publish_atomically(output, write_release("new"), overwrite=False)
+    assert read_tree(output) == {"data/part-00000.parquet": "new", "manifest.json": "new"}
+    assert siblings(output.parent) == ["out"]
+
+
+def test_publish_into_an_existing_empty_folder(tmp_path):
+    output = tmp_path / "out"
+    output.mkdir()
+    publish_atomically(output, write_release("new"), overwrite=False)
+    assert read_tree(output)["manifest.json"] == "new"
+    assert siblings(tmp_path) == ["out"]
+
+
+class WriteFailedError(Exception):
+    pass
+
+
+def failing_write(folder: Path) -> None:
+    touch(folder / "manifest.json", "half")
+    raise WriteFailedError("disk full")
+
+
+def test_failed_write_leaves_nothing(tmp_path):
+    output = tmp_path / "out"
+    with pytest.raises(WriteFailedError):
+        publish_atomically(output, failing_write, overwrite=False)
+    assert siblings(tmp_path) == []
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_failed_write_keeps_the_old_release(tmp_path, overwrite):
+    output = tmp_path / "out"
+    publish_atomically(output, write_release("old"), overwrite=False)
+    with pytest.raises(WriteFailedError):
+        publish_atomically(output, failing_write, overwrite=overwrite)
+    assert read_tree(output) == {"data/part-00000.parquet": "old", "manifest.json": "old"}
+    assert siblings(tmp_path) == ["out"]
+
+
+def test_overwrite_replaces_the_release(tmp_path):
+    output = tmp_path / "out"
+    publish_atomically(output, write_release("old"), overwrite=False)
+    touch(output / "stale.txt")  # a file only the old release had
+    publish_atomically(output, write_release("new"), overwrite=True)
+    assert read_tree(output) == {"data/part-00000.parquet": "new", "manifest.json": "new"}
+    assert siblings(tmp_path) == ["out"]  # no staging or retired folder left
+
+
+def test_existing_release_is_refused_without_overwrite(tmp_path):
+    output = tmp_path / "out"
+    publish_atomically(output, write_release("old"), overwrite=False)
+    with pytest.raises(OutputError) as info:
+        publish_atomically(output, write_release("new"), overwrite=False)
+    assert "--overwrite" in str(info.value)
+    assert info.value.exit_code == 1
+    assert read_tree(output)["manifest.json"] == "old"
+    assert siblings(tmp_path) == ["out"]
+
+
+def test_check_release_target(tmp_path):
+    output = tmp_path / "out"
+    assert check_release_target(output, overwrite=False) == output  # absent: fine
+    output.mkdir()
+    assert check_release_target(output, overwrite=False) == output  # empty: fine
+    touch(output / "manifest.json")
+    with pytest.raises(OutputError, match="--overwrite"):
+        check_release_target(output, overwrite=False)
+    assert check_release_target(output, overwrite=True) == output
+    file_target = touch(tmp_path / "file")
+    with pytest.raises(OutputError, match="not a folder"):
+        check_release_target(file_target, overwrite=True)
