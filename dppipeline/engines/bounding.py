@@ -35,6 +35,18 @@ class ContributionSample:
     pair_key_codes: np.ndarray
 
 
+def dense_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(codes 0..m-1, the value of each code). Integer ids in a compact range map by offset,
+    with no hashing (codes of absent values simply stay unused); anything else is factorized."""
+    if len(values) and np.issubdtype(values.dtype, np.integer):
+        low, high = int(values.min()), int(values.max())
+        if high - low < max(4 * len(values), 1 << 16):
+            codes = values.astype(np.int64) - low
+            return codes, np.arange(low, high + 1, dtype=values.dtype)
+    codes, uniques = pd.factorize(values)
+    return codes.astype(np.int64), np.asarray(uniques)
+
+
 def _first_k_per_group(sorted_group: np.ndarray, k: int) -> np.ndarray:
     """Mask of the first k entries of each run of equal values in a sorted array."""
     keep = np.ones(len(sorted_group), dtype=bool)

@@ -16,6 +16,7 @@ import polars as pl
 from dppipeline.engines.bounding import (
     aggregate_per_partition,
     aggregates_frame,
+    dense_codes,
     sample_contributions,
 )
 from dppipeline.engines.local_read import read_validated
@@ -64,21 +65,24 @@ def compute_aggregates(
     check_rejected_fraction(summary, spec.input.max_rejected_fraction)
     rows = validated.rows
     key = spec.partition_key
+    key_codes, key_values = dense_codes(rows.get_column(key).to_numpy())
+    values = clip_values(rows, spec)
+    privacy_codes, _ = dense_codes(rows.get_column(spec.privacy_unit).to_numpy())
     if public_keys is not None:
         # Before bounding, so no privacy unit spends its L0 on partitions never released.
-        rows = rows.join(pl.from_pandas(public_keys[[key]]), on=key, how="semi")
-    privacy_codes, _ = pd.factorize(rows.get_column(spec.privacy_unit).to_numpy())
-    key_codes, key_values = pd.factorize(rows.get_column(key).to_numpy())
+        listed = pd.Index(key_values).isin(public_keys[key].to_numpy())[key_codes]
+        key_codes, privacy_codes = key_codes[listed], privacy_codes[listed]
+        values = None if values is None else values[listed]
     n_keys = max(len(key_values), 1)
     sample = sample_contributions(
-        privacy_codes.astype(np.int64),
-        key_codes.astype(np.int64),
+        privacy_codes,
+        key_codes,
         n_keys=n_keys,
         max_partitions_contributed=spec.bounds.max_partitions_contributed,
         max_contributions_per_partition=spec.bounds.max_contributions_per_partition,
         rng=np.random.default_rng(seed),
     )
-    bounded = aggregate_per_partition(sample, key_codes, clip_values(rows, spec), n_keys)
+    bounded = aggregate_per_partition(sample, key_codes, values, n_keys)
     aggregates = aggregates_frame(bounded, key, key_values)
     aggregates[key] = aggregates[key].astype(transactions_schema().field(key).type)
     return EngineResult(aggregates=aggregates, rejects=summary)
