@@ -422,7 +422,7 @@ def _fmt_number(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-_NUMERIC = re.compile(r"^(-?[\d,]+(\.\d+)?x?|n/a)$")
+_NUMERIC = re.compile(r"^([-+]?[\d,]+(\.\d+)?x?|n/a)$")
 
 
 def _numeric_columns(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[bool]:
@@ -508,6 +508,8 @@ class Report:
                 _fmt_number(s["pipelinedp_mean_count"], ",.1f"),
                 f"{s['ours_bounded_exact_mean_count']:,.1f}",
                 _fmt_number(s["noise_standard_error_of_mean_count"], ",.1f"),
+                _fmt_number(s["ours_z"], "+.1f"),
+                _fmt_number(s["pipelinedp_z"], "+.1f"),
                 f"{s['duckdb_raw_mean_count']:,.1f}",
                 f"{s['ours_partitions']:,}",
                 _fmt_number(s["pipelinedp_partitions"], ",d"),
@@ -528,13 +530,16 @@ class Report:
             ),
             ("Ratios", ["rows", "PipelineDP / ours", "ours / DuckDB"], ratio_rows),
             (
-                "Sanity check (not timed): mean released count per terminal",
+                "Sanity check (not timed): mean released count per terminal; "
+                "z = (released - bounded) / noise s.e., expect |z| < 3",
                 [
                     "rows",
                     "ours",
                     "PipelineDP",
                     "bounded, before noise",
                     "noise s.e.",
+                    "ours z",
+                    "PDP z",
                     "DuckDB raw",
                     "ours partitions",
                     "PDP partitions",
@@ -654,19 +659,30 @@ def bench_size(label: str, days: int, keys: Path, args: argparse.Namespace, repo
         gc.collect()
 
     report.timings.extend([*timings, floor])
+    ours_mean = float(released["count"].mean())
+    noise_se = count_noise_se(spec)
     report.sanity.append(
         {
             "label": label,
             "rows": data.rows,
-            "ours_mean_count": float(released["count"].mean()),
+            "ours_mean_count": ours_mean,
             "pipelinedp_mean_count": pdp_mean,
             "ours_bounded_exact_mean_count": bounded_mean_count,
-            "noise_standard_error_of_mean_count": count_noise_se(spec),
+            "noise_standard_error_of_mean_count": noise_se,
+            "ours_z": _z(ours_mean, bounded_mean_count, noise_se),
+            "pipelinedp_z": _z(pdp_mean, bounded_mean_count, noise_se),
             "duckdb_raw_mean_count": float(raw["n"].sum()) / N_TERMINALS,
             "ours_partitions": len(released),
             "pipelinedp_partitions": pdp_partitions,
         }
     )
+
+
+def _z(released: float | None, exact: float, se: float | None) -> float | None:
+    """Distance from the exact bounded mean in noise standard errors; |z| < 3 is expected."""
+    if released is None or not se:
+        return None
+    return (released - exact) / se
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
