@@ -157,3 +157,11 @@ def test_noise_is_present_and_differs_between_runs():
         assert (first[metric] != {"count": 10, "sum": 500, "privacy_id_count": 5}[metric]).all()
         assert not np.array_equal(first[metric], second[metric])
         assert first[metric].std() > 0
+
+
+def test_pre_threshold_drops_partitions_below_it():
+    """At a huge epsilon, keys with >= 2 units are kept unless below the pre-threshold."""
+    plan = make_plan(epsilon=1e4, public_partitions=False, pre_threshold=40)
+    agg = aggregates([(k, 30 if k < 50 else 60, 3, 90.0) for k in range(100)])
+    out = release_partitions(agg, [KEY], plan)
+    assert out[KEY].tolist() == list(range(50, 100))
