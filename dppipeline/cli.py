@@ -102,7 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
 
     run = sub.add_parser("run", help="compute and publish a DP release")
-    run.add_argument("--engine", default="local", help="local (in-process), spark or beam")
+    run.add_argument(
+        "--engine",
+        default="local",
+        help="local (in-process), spark (local[*], or the spark-submit master) or beam",
+    )
     run.add_argument("--input", help="input folder (daily partitions)")
     run.add_argument("--output", help="release folder to create")
     run.add_argument("--format", choices=("parquet", "csv"), help="input layout")

@@ -16,13 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from dppipeline.core.budget import AggregationParams, BudgetPlan, plan_budget
 from dppipeline.core.manifest import MANIFEST_NAME, build_manifest
-from dppipeline.core.release import add_empty_public_partitions, release_partitions
+from dppipeline.engines.base import Engine, ReleaseJob
 from dppipeline.errors import UsageError
 from dppipeline.io import (
     check_release_target,
@@ -31,7 +27,7 @@ from dppipeline.io import (
     read_public_partitions,
     select_days,
 )
-from dppipeline.schemas import release_schema, transactions_schema
+from dppipeline.schemas import transactions_schema
 from dppipeline.spec import JobSpec
 
 log = logging.getLogger("dppipeline")
@@ -77,15 +73,24 @@ def default_quarantine(output: Path, run_id: str) -> Path:
     return output.parent / f"{output.name}_quarantine" / run_id
 
 
-def write_release(folder: Path, dataset: str, table: pa.Table, manifest: dict) -> None:
-    (folder / dataset).mkdir()
-    pq.write_table(table, folder / dataset / "part-00000.parquet")
-    (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+def load_engine(name: str) -> Engine:
+    """Engines import their heavy dependencies (pyspark, apache_beam) only when chosen."""
+    if name not in ENGINES:
+        raise UsageError(f"--engine: must be one of {', '.join(ENGINES)}; got {name!r}")
+    if name == "local":
+        from dppipeline.engines.local import LocalEngine  # noqa: PLC0415
+
+        return LocalEngine()
+    if name == "spark":
+        from dppipeline.engines.spark import SparkEngine  # noqa: PLC0415
+
+        return SparkEngine()
+    raise UsageError(f"--engine {name}: not available yet in this version; use local or spark")
 
 
 def run_job(
     spec: JobSpec,
-    engine: str = "local",
+    engine: str | Engine = "local",
     *,
     overwrite: bool = False,
     quarantine: Path | None = None,
@@ -94,26 +99,20 @@ def run_job(
 ) -> RunResult:
     """Runs one release and returns where it is; raises DPPipelineError on bad input."""
     say = echo or (lambda line: print(line, file=sys.stderr))
-    if engine not in ENGINES:
-        raise UsageError(f"--engine: must be one of {', '.join(ENGINES)}; got {engine!r}")
-    if engine != "local":
-        raise UsageError(
-            f"--engine {engine}: not available yet in this version; use --engine local"
-        )
+    engine_impl = load_engine(engine) if isinstance(engine, str) else engine
     if spec.input.path is None:
         raise UsageError("--input: required (or input.path in the job spec)")
     if spec.output is None:
         raise UsageError("--output: required (or output in the job spec)")
+    engine_impl.prepare()  # e.g. start the JVM while pipeline-dp plans the budget
     plan = make_plan(spec)  # before any data is read
     output = check_release_target(spec.output, overwrite)
     run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
-    quarantine = quarantine or default_quarantine(output, run_id)
     key = spec.partition_key
-    key_type = transactions_schema().field(key).type
     public_keys = None
     if spec.partition_selection.public_partitions is not None:
         public_keys = read_public_partitions(
-            spec.partition_selection.public_partitions, key, key_type
+            spec.partition_selection.public_partitions, key, transactions_schema().field(key).type
         )
     days = select_days(
         discover_partitions(spec.input.path, spec.input.format),
@@ -121,42 +120,44 @@ def run_job(
         spec.input.end_date,
         spec.input.path,
     )
+    job = ReleaseJob(
+        spec=spec,
+        plan=plan,
+        days=days,
+        public_keys=public_keys,
+        quarantine=quarantine or default_quarantine(output, run_id),
+        seed=seed,
+        progress=lambda line: say(f"[{engine_impl.name}] {line}"),
+    )
     say(
-        f"reading {len(days)} daily partitions ({days[0].day} to {days[-1].day}) "
-        f"from {spec.input.path}"
+        f"[{engine_impl.name}] reading {len(days)} daily partitions "
+        f"({days[0].day} to {days[-1].day}) from {spec.input.path}"
     )
-    from dppipeline.engines import local  # noqa: PLC0415 - engines load on demand
+    manifests: list[dict] = []
 
-    result = local.compute_aggregates(spec, days, public_keys, quarantine, seed=seed)
-    rejects = result.rejects
-    say(
-        f"read {rejects.rows_read:,} rows; rejected {rejects.rows_rejected:,}"
-        + (f" (kept aside in {rejects.quarantine})" if rejects.quarantine else "")
-    )
-    aggregates = result.aggregates
-    if public_keys is not None:
-        aggregates = add_empty_public_partitions(aggregates, [key], public_keys)
-    released = release_partitions(aggregates, [key], plan)
-    table = _to_release_table(released, key, key_type, spec)
-    manifest = build_manifest(
-        spec,
-        plan,
-        run_id=run_id,
-        engine=engine,
-        days=(days[0].day, days[-1].day),
-        input_files=sum(len(d.files) for d in days),
-        released_partitions=table.num_rows,
-        public_partitions_count=None if public_keys is None else len(public_keys),
-        dataset=spec.name,
-    )
-    publish_atomically(
-        output, lambda folder: write_release(folder, spec.name, table, manifest), overwrite
-    )
-    say(f"released {table.num_rows:,} partitions to {output}")
-    return RunResult(output, run_id, table.num_rows, manifest)
+    def write(staging: Path) -> None:
+        run = engine_impl.run(job, staging / spec.name)
+        rejects = run.rejects
+        say(
+            f"[{engine_impl.name}] read {rejects.rows_read:,} rows; rejected "
+            f"{rejects.rows_rejected:,}"
+            + (f" (kept aside in {rejects.quarantine})" if rejects.quarantine else "")
+        )
+        manifest = build_manifest(
+            spec,
+            plan,
+            run_id=run_id,
+            engine=engine_impl.name,
+            days=(days[0].day, days[-1].day),
+            input_files=sum(len(d.files) for d in days),
+            released_partitions=run.released_partitions,
+            public_partitions_count=None if public_keys is None else len(public_keys),
+            dataset=spec.name,
+        )
+        (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+        manifests.append(manifest)
 
-
-def _to_release_table(released: pd.DataFrame, key: str, key_type: str, spec: JobSpec) -> pa.Table:
-    arrow_key = pa.int64() if key_type == "int64" else pa.string()
-    schema = release_schema([(key, arrow_key)], list(spec.metrics))
-    return pa.Table.from_pandas(released[schema.names], schema=schema, preserve_index=False)
+    publish_atomically(output, write, overwrite)
+    manifest = manifests[0]
+    say(f"[{engine_impl.name}] released {manifest['released_partitions']:,} partitions to {output}")
+    return RunResult(output, run_id, manifest["released_partitions"], manifest)

@@ -12,8 +12,10 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from dppipeline.core.budget import BudgetPlan
+from dppipeline.schemas import release_schema, transactions_schema
 
 # Exact, bounded aggregates per partition that engines hand to the release.
 AGGREGATE_COLUMNS = ("privacy_id_count", "count", "sum")
@@ -90,3 +92,14 @@ def release_partitions(
         if metric in params.metrics:
             out[metric] = values[metric]
     return out
+
+
+def release_arrow_schema(key: str, metrics: Sequence[str]) -> pa.Schema:
+    """The release's schema: the key under its input name and type, then requested metrics."""
+    key_type = transactions_schema().field(key).arrow_type
+    return release_schema([(key, key_type)], list(metrics))
+
+
+def to_release_table(released: pd.DataFrame, key: str, metrics: Sequence[str]) -> pa.Table:
+    schema = release_arrow_schema(key, metrics)
+    return pa.Table.from_pandas(released[schema.names], schema=schema, preserve_index=False)

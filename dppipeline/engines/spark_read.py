@@ -1,0 +1,137 @@
+"""Spark reading and validation: the same rules as `local_read`, as DataFrame expressions.
+
+Only the selected days' files are handed to Spark (the date range prunes before any read). Each
+row gets its parsed columns and a `_bad` flag in one projection; reasons are computed for bad
+rows only. No Python runs per row: everything here compiles to JVM code.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+from pathlib import Path
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from dppipeline.errors import InputError
+from dppipeline.io import DailyPartition
+from dppipeline.schemas import Schema, spark_type_name
+
+SOURCE = "_source_file"
+ROW = "_row"
+REASON = "_reason"
+BAD = "_bad"
+
+
+def _parsed(name: str) -> str:
+    return f"_parsed_{name}"
+
+
+def read_raw(
+    spark: SparkSession, days: list[DailyPartition], fmt: str, schema: Schema
+) -> DataFrame:
+    """The selected files with the schema's columns (CSV: as text), plus file and row."""
+    files = [str(path) for day in days for path in day.files]
+    try:
+        if fmt == "csv":
+            frame = (
+                spark.read.option("header", True)
+                .option("inferSchema", False)
+                .option("mode", "PERMISSIVE")
+                .csv(files)
+            )
+            row = F.lit(None).cast("bigint")  # Spark keeps no line numbers for CSV
+        else:
+            frame = spark.read.parquet(*files)
+            row = F.col("_metadata.row_index") + 1
+    except Exception as exc:  # AnalysisException and friends: name the input
+        raise InputError(f"cannot read {fmt} input: {_first_line(exc)}") from None
+    missing = [name for name in schema.names if name not in frame.columns]
+    if missing:
+        raise InputError(
+            f"{files[0] if len(files) == 1 else 'input files'}: missing column {missing[0]} "
+            f"(required by schemas/{schema.name}.json)"
+        )
+    return frame.select(*schema.names, F.col("_metadata.file_path").alias(SOURCE), row.alias(ROW))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _parse(frame: DataFrame, name: str, target: str) -> Column:
+    """The column as its schema type: unchanged when it already is, else a lenient cast
+    (null where the text does not parse)."""
+    column = F.col(name)
+    if frame.schema[name].dataType.simpleString() == target:
+        return column
+    if frame.schema[name].dataType.simpleString() == "string":
+        column = F.trim(column)
+    return column.try_cast(target)
+
+
+def _rules(schema: Schema, value_column: str) -> list[tuple[Column, Column]]:
+    """(condition breaking a rule, reason text), in reporting order, as in local_read."""
+    rules: list[tuple[Column, Column]] = []
+    for field in schema.fields:
+        raw, parsed = F.col(field.name), F.col(_parsed(field.name))
+        if not field.nullable:
+            rules.append((raw.isNull(), F.lit(f"{field.name} is null")))
+        rules.append(
+            (
+                raw.isNotNull() & parsed.isNull(),
+                F.concat(
+                    F.lit(f"{field.name} "),
+                    F.substring(raw.cast("string"), 1, 40),
+                    F.lit(f" is not a valid {field.type}"),
+                ),
+            )
+        )
+        if field.name == value_column:
+            finite = ~F.isnan(parsed) & (F.abs(parsed) < float("inf"))
+            rules.append((parsed.isNotNull() & ~finite, F.lit(f"{field.name} is not finite")))
+    return rules
+
+
+def validate(frame: DataFrame, schema: Schema, value_column: str) -> DataFrame:
+    """Adds parsed columns and the `_bad` flag (true when any rule is broken)."""
+    parsed = frame.select(
+        "*",
+        *[_parse(frame, f.name, spark_type_name(f)).alias(_parsed(f.name)) for f in schema.fields],
+    )
+    rules = _rules(schema, value_column)
+    bad = reduce(lambda a, b: a | b, [condition for condition, _ in rules])
+    return parsed.withColumn(BAD, F.coalesce(bad, F.lit(True)))
+
+
+def reason(schema: Schema, value_column: str) -> Column:
+    """First broken rule of a (bad) row, as text."""
+    rules = _rules(schema, value_column)
+    expr = F.when(rules[0][0], rules[0][1])
+    for condition, text in rules[1:]:
+        expr = expr.when(condition, text)
+    return expr.otherwise(F.lit("invalid row"))
+
+
+def valid_rows(validated: DataFrame, schema: Schema) -> DataFrame:
+    return validated.where(~F.col(BAD)).select(
+        *[F.col(_parsed(name)).alias(name) for name in schema.names]
+    )
+
+
+def rejected_rows(validated: DataFrame, schema: Schema, value_column: str) -> DataFrame:
+    """Rejected rows as text, with file, row (Parquet) and reason: what quarantine keeps."""
+    return validated.where(F.col(BAD)).select(
+        F.col(SOURCE),
+        F.col(ROW),
+        reason(schema, value_column).alias(REASON),
+        *[F.col(name).cast("string").alias(name) for name in schema.names],
+    )
+
+
+def local_path(uri: str) -> Path:
+    """`file:/a/b` or `file:///a/b` as a local path (Spark reports input files as URIs)."""
+    if uri.startswith("file:"):
+        return Path("/" + uri[len("file:") :].lstrip("/"))
+    return Path(uri)
