@@ -66,7 +66,6 @@ ERROR_CASES = [
         [*RUN, "--metrics", "count,median"], {}, 2, ["--metrics", "median"], id="unknown-metric"
     ),
     pytest.param([*RUN, "--engine", "flink"], {}, 2, ["--engine", "flink"], id="unknown-engine"),
-    pytest.param([*RUN, "--engine", "spark"], {}, 2, ["spark", "available"], id="engine-spark"),
     pytest.param([*RUN, "--engine", "beam"], {}, 2, ["beam", "available"], id="engine-beam"),
     pytest.param([*RUN, "--epsilom", "1"], {}, 2, ["--epsilom"], id="unknown-flag"),
     pytest.param([*RUN, "--epsilon", "abc"], {}, 2, ["--epsilon", "abc"], id="flag-not-number"),
