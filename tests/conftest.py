@@ -25,3 +25,21 @@ def small_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         fmt: generate(base / fmt, fmt=fmt, start_date=START, **SMALL).output
         for fmt in ("parquet", "csv")
     }
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One SparkSession per test process (local[2], UI off, few shuffle partitions)."""
+    import shutil
+
+    if shutil.which("java") is None:
+        pytest.skip("Spark tests need Java on PATH")
+    from pyspark.sql import SparkSession
+
+    from dppipeline.engines.spark_session import get_spark
+
+    return SparkSession.getActiveSession() or get_spark(
+        app_name="dppipeline-tests",
+        master="local[2]",
+        conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"},
+    )

@@ -58,7 +58,7 @@ def oracle_release(rows: pl.DataFrame, l0, linf, epsilon, delta, public):
     return out.sort_values("TERMINAL_ID", ignore_index=True)
 
 
-def our_release(root, fmt, out, l0, linf, epsilon, delta, public_file):
+def our_release(root, fmt, out, l0, linf, epsilon, delta, public_file, engine="local"):
     overrides = {
         "input.path": str(root / fmt),
         "input.format": fmt,
@@ -72,7 +72,7 @@ def our_release(root, fmt, out, l0, linf, epsilon, delta, public_file):
         "bounds.max_value": MAX_VALUE,
         "partition_selection.public_partitions": public_file,
     }
-    result = run_job(build_spec({}, overrides), "local", echo=lambda _: None)
+    result = run_job(build_spec({}, overrides), engine, echo=lambda _: None)
     released = pd.read_parquet(result.output / "terminal_stats")
     return released.sort_values("TERMINAL_ID", ignore_index=True), result.manifest
 
@@ -114,14 +114,24 @@ def truth(rows: pl.DataFrame) -> pd.DataFrame:
     )
 
 
+@pytest.fixture(params=["local", "spark"])
+def engine(request):
+    if request.param == "spark":
+        request.getfixturevalue("spark")  # the session-wide SparkSession
+    return request.param
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
-def test_public_partitions_equal_oracle_and_truth(dataset, tmp_path, fmt):
+def test_public_partitions_equal_oracle_and_truth(dataset, tmp_path, fmt, engine):
     root, rows, l0, linf = dataset
     public = list(range(45))  # 40 terminals with data, 5 listed ones without
     key_file = tmp_path / "keys.csv"
     key_file.write_text("TERMINAL_ID\n" + "\n".join(map(str, public)) + "\n")
     epsilon = 1e6
-    ours, manifest = our_release(root, fmt, tmp_path / "rel", l0, linf, epsilon, 1e-6, key_file)
+    ours, manifest = our_release(
+        root, fmt, tmp_path / "rel", l0, linf, epsilon, 1e-6, key_file, engine
+    )
+    assert manifest["engine"] == engine
     theirs = oracle_release(rows, l0, linf, epsilon, 1e-6, public)
     assert ours["TERMINAL_ID"].tolist() == public
     compare(ours, theirs, manifest)
@@ -132,10 +142,10 @@ def test_public_partitions_equal_oracle_and_truth(dataset, tmp_path, fmt):
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
-def test_private_selection_equals_oracle(dataset, tmp_path, fmt):
+def test_private_selection_equals_oracle(dataset, tmp_path, fmt, engine):
     root, rows, l0, linf = dataset
     epsilon = 1e4  # huge, yet inside PyDP's numerically sound range for selection
-    ours, manifest = our_release(root, fmt, tmp_path / "rel", l0, linf, epsilon, 1e-6, None)
+    ours, manifest = our_release(root, fmt, tmp_path / "rel", l0, linf, epsilon, 1e-6, None, engine)
     theirs = oracle_release(rows, l0, linf, epsilon, 1e-6, None)
     # Keys released by both: every terminal with at least 2 customers (one-customer terminals
     # are released with probability <= delta / L0 each).

@@ -45,7 +45,9 @@ def check_java() -> None:
         )
 
 
-def get_spark(app_name: str = "dppipeline", master: str | None = None):
+def get_spark(
+    app_name: str = "dppipeline", master: str | None = None, conf: dict[str, str] | None = None
+):
     """The active SparkSession, or a new one.
 
     Under spark-submit (or the pyspark shell) the master and resources come from there; run
@@ -59,6 +61,8 @@ def get_spark(app_name: str = "dppipeline", master: str | None = None):
         return active
     check_java()
     builder = SparkSession.builder.appName(app_name)
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     if "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
         chosen = master or os.environ.get("DPPIPELINE_SPARK_MASTER") or "local[*]"
         builder = builder.master(chosen).config("spark.ui.showConsoleProgress", "true")
