@@ -1,4 +1,4 @@
-"""`dppipeline generate | run | plan | spec-doc`: the command line.
+"""`dppipeline generate | run | plan | budget | spec-doc`: the command line.
 
 Errors a user can fix print as one line on stderr, with no traceback: exit 2 for usage errors
 (flags, job spec), 1 for input errors. `DPPIPELINE_DEBUG=1` shows tracebacks.
@@ -38,6 +38,10 @@ FLAG_FIELDS: dict[str, str] = {
     "public_partitions": "partition_selection.public_partitions",
     "partition_selection": "partition_selection.strategy",
     "pre_threshold": "partition_selection.pre_threshold",
+    "scope": "budget.scope",
+    "cap_epsilon": "budget.cap_epsilon",
+    "cap_delta": "budget.cap_delta",
+    "window_days": "budget.window_days",
 }
 _FIELD_FLAGS = {field: "--" + flag.replace("_", "-") for flag, field in FLAG_FIELDS.items()}
 
@@ -83,6 +87,21 @@ def _add_privacy_flags(parser: argparse.ArgumentParser) -> None:
     add("--pre-threshold", type=int, help="private selection: minimum privacy units")
 
 
+def default_ledger() -> str:
+    """$DPPIPELINE_LEDGER, else ledger.sqlite in $DPPIPELINE_STATE_DIR (default ./state)."""
+    if os.environ.get("DPPIPELINE_LEDGER"):
+        return os.environ["DPPIPELINE_LEDGER"]
+    state = os.environ.get("DPPIPELINE_STATE_DIR", "state")
+    return f"sqlite:///{state}/ledger.sqlite"
+
+
+def _add_ledger_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ledger",
+        help="budget ledger, sqlite:///PATH (default $DPPIPELINE_LEDGER or state/ledger.sqlite)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="dppipeline",
@@ -115,10 +134,36 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-rejected-fraction", type=float, help="fail above this reject share")
     run.add_argument("--quarantine", help="folder for rejected rows (default <output>_quarantine)")
     run.add_argument("--overwrite", action="store_true", help="replace an existing release")
+    _add_ledger_flags(run)
+    run.add_argument("--no-ledger", action="store_true", help="run without a budget ledger")
+    run.add_argument(
+        "--new-release",
+        action="store_true",
+        help="draw new noise and spend again even if this release key was already published",
+    )
+    run.add_argument("--scope", help="ledger scope (default <input folder>/<privacy unit>)")
+    run.add_argument("--cap-epsilon", type=float, help="ledger cap on the scope's epsilon")
+    run.add_argument("--cap-delta", type=float, help="ledger cap on the scope's delta")
+    run.add_argument("--window-days", type=int, help="caps hold per rolling window of N days")
     _add_privacy_flags(run)
 
     plan = sub.add_parser("plan", help="show the budget split and noise; reads no data")
     _add_privacy_flags(plan)
+
+    budget = sub.add_parser("budget", help="the privacy-budget ledger: show, history, plot")
+    budget_sub = budget.add_subparsers(dest="budget_command", required=True, parser_class=_Parser)
+    for name, text in (
+        ("show", "spent and remaining budget per scope"),
+        ("history", "every release recorded in the ledger"),
+        ("plot", "PNG chart of cumulative epsilon per scope against its cap"),
+    ):
+        cmd = budget_sub.add_parser(name, help=text)
+        _add_ledger_flags(cmd)
+        cmd.add_argument("--scope", help="only this scope")
+        if name in ("show", "plot"):
+            cmd.add_argument("--config", help="job spec whose budget caps to show against")
+        if name == "plot":
+            cmd.add_argument("--output", required=True, help="PNG file to write")
 
     doc = sub.add_parser("spec-doc", help="list every job spec field, its default and meaning")
     doc.add_argument("--markdown", action="store_true", help="as a Markdown table")
@@ -179,8 +224,31 @@ def _cmd_run(args: argparse.Namespace) -> int:
         engine=args.engine,
         overwrite=args.overwrite,
         quarantine=Path(args.quarantine) if args.quarantine else None,
+        ledger=None if args.no_ledger else (args.ledger or default_ledger()),
+        new_release=args.new_release,
     )
     print(result.output)
+    return 0
+
+
+def _cmd_budget(args: argparse.Namespace) -> int:
+    from dppipeline import budget_report  # noqa: PLC0415
+
+    policy = None
+    if getattr(args, "config", None):
+        from dppipeline.ledger import BudgetPolicy  # noqa: PLC0415
+        from dppipeline.spec import budget_from_dict, load_raw  # noqa: PLC0415
+
+        budget = budget_from_dict(load_raw(args.config).get("budget"), source=args.config)
+        policy = BudgetPolicy(budget.cap_epsilon, budget.cap_delta, budget.window_days)
+    url = args.ledger or default_ledger()
+    if args.budget_command == "show":
+        print(budget_report.show(url, args.scope, policy))
+    elif args.budget_command == "history":
+        print(budget_report.history(url, args.scope))
+    else:
+        path = budget_report.plot(url, args.output, args.scope, policy)
+        print(path)
     return 0
 
 
@@ -208,6 +276,7 @@ def _cmd_spec_doc(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {
+    "budget": _cmd_budget,
     "generate": _cmd_generate,
     "run": _cmd_run,
     "plan": _cmd_plan,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import shutil
 import sys
 import uuid
 from collections.abc import Callable
@@ -19,13 +20,21 @@ from pathlib import Path
 from dppipeline.core.budget import AggregationParams, BudgetPlan, plan_budget
 from dppipeline.core.manifest import MANIFEST_NAME, build_manifest
 from dppipeline.engines.base import Engine, ReleaseJob
-from dppipeline.errors import UsageError
+from dppipeline.errors import InputError, UsageError
 from dppipeline.io import (
+    DailyPartition,
     check_release_target,
     discover_partitions,
     publish_atomically,
     read_public_partitions,
     select_days,
+)
+from dppipeline.ledger import (
+    BudgetPolicy,
+    Ledger,
+    LedgerRow,
+    ReleaseKey,
+    input_fingerprint,
 )
 from dppipeline.schemas import transactions_schema
 from dppipeline.spec import JobSpec
@@ -88,6 +97,32 @@ def load_engine(name: str) -> Engine:
     raise UsageError(f"--engine {name}: not available yet in this version; use local or spark")
 
 
+def default_scope(spec: JobSpec) -> str:
+    """What a cap protects unless the spec names it: the input dataset and the privacy unit."""
+    assert spec.input.path is not None
+    return spec.budget.scope or f"{Path(spec.input.path).resolve().name}/{spec.privacy_unit}"
+
+
+def budget_policy(spec: JobSpec) -> BudgetPolicy:
+    return BudgetPolicy(
+        cap_epsilon=spec.budget.cap_epsilon,
+        cap_delta=spec.budget.cap_delta,
+        window_days=spec.budget.window_days,
+    )
+
+
+def release_key(spec: JobSpec, days: list[DailyPartition]) -> ReleaseKey:
+    assert spec.input.path is not None
+    files = [path for day in days for path in day.files]
+    return ReleaseKey(
+        scope=default_scope(spec),
+        spec_hash=spec.spec_hash(),
+        input_fingerprint=input_fingerprint(files, Path(spec.input.path)),
+        start_date=days[0].day,
+        end_date=days[-1].day,
+    )
+
+
 def run_job(
     spec: JobSpec,
     engine: str | Engine = "local",
@@ -96,8 +131,15 @@ def run_job(
     quarantine: Path | None = None,
     seed: int | None = None,
     echo: Callable[[str], None] | None = None,
+    ledger: Ledger | str | Path | None = None,
+    new_release: bool = False,
 ) -> RunResult:
-    """Runs one release and returns where it is; raises DPPipelineError on bad input."""
+    """Runs one release and returns where it is; raises DPPipelineError on bad input.
+
+    With a ledger: a release already committed under the same key is returned as it is (no
+    new noise, no new spend) unless `new_release`; otherwise the budget is reserved before any
+    data is read, committed once the release is published, and aborted if the run fails.
+    """
     say = echo or (lambda line: print(line, file=sys.stderr))
     engine_impl = load_engine(engine) if isinstance(engine, str) else engine
     if spec.input.path is None:
@@ -106,20 +148,45 @@ def run_job(
         raise UsageError("--output: required (or output in the job spec)")
     engine_impl.prepare()  # e.g. start the JVM while pipeline-dp plans the budget
     plan = make_plan(spec)  # before any data is read
-    output = check_release_target(spec.output, overwrite)
-    run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
-    key = spec.partition_key
-    public_keys = None
-    if spec.partition_selection.public_partitions is not None:
-        public_keys = read_public_partitions(
-            spec.partition_selection.public_partitions, key, transactions_schema().field(key).type
-        )
     days = select_days(
         discover_partitions(spec.input.path, spec.input.format),
         spec.input.start_date,
         spec.input.end_date,
         spec.input.path,
     )
+    key_column = spec.partition_key
+    public_keys = None
+    if spec.partition_selection.public_partitions is not None:
+        public_keys = read_public_partitions(
+            spec.partition_selection.public_partitions,
+            key_column,
+            transactions_schema().field(key_column).type,
+        )
+    run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
+    book = Ledger(ledger) if isinstance(ledger, str | Path) else ledger
+    if book is not None:
+        key = release_key(spec, days)
+        for settled_run, state in book.repair(key.scope):
+            say(f"[ledger] settled interrupted run {settled_run}: {state}")
+        existing = None if new_release else book.committed(key)
+        if existing is not None:
+            return _existing_release(existing, Path(spec.output), overwrite, say)
+    output = check_release_target(spec.output, overwrite)
+    if book is not None:
+        eps_total, delta_total = plan.total_spent()
+        book.reserve(
+            key,
+            run_id=run_id,
+            job=spec.name,
+            epsilon=eps_total,
+            delta=delta_total,
+            output=str(output.resolve()),
+            policy=budget_policy(spec),
+        )
+        say(
+            f"[ledger] reserved epsilon={eps_total:g} delta={delta_total:g} in scope "
+            f"{key.scope!r} ({budget_policy(spec).describe()})"
+        )
     job = ReleaseJob(
         spec=spec,
         plan=plan,
@@ -129,6 +196,58 @@ def run_job(
         seed=seed,
         progress=lambda line: say(f"[{engine_impl.name}] {line}"),
     )
+    try:
+        result = _release(
+            job, engine_impl, run_id=run_id, output=output, overwrite=overwrite, say=say
+        )
+    except BaseException:
+        if book is not None:
+            book.abort(run_id, note="run failed before publishing")
+        raise
+    if book is not None:
+        book.commit(run_id)
+        say(f"[ledger] committed run {run_id}")
+    return result
+
+
+def _existing_release(
+    row: LedgerRow, output: Path, overwrite: bool, say: Callable[[str], None]
+) -> RunResult:
+    """The committed release with this key, at `output` (copied byte for byte if it was
+    published elsewhere). No noise is drawn and nothing is spent."""
+    published = Path(row.output)
+    manifest_path = published / MANIFEST_NAME
+    if not manifest_path.exists():
+        raise InputError(
+            f"this release (run {row.run_id}) was published to {published}, which no longer "
+            "holds it; pass --new-release to draw new noise and spend the budget again"
+        )
+    if published.resolve() != output.resolve():
+        check_release_target(output, overwrite)
+        publish_atomically(
+            output,
+            lambda staging: shutil.copytree(published, staging, dirs_exist_ok=True),
+            overwrite,
+        )
+    manifest = json.loads((output / MANIFEST_NAME).read_text())
+    say(
+        f"[ledger] release already published by run {row.run_id} ({row.reserved_at}): "
+        f"{output}; no new noise drawn, nothing spent (--new-release to draw again)"
+    )
+    return RunResult(output, row.run_id, manifest["released_partitions"], manifest)
+
+
+def _release(
+    job: ReleaseJob,
+    engine_impl: Engine,
+    *,
+    run_id: str,
+    output: Path,
+    overwrite: bool,
+    say: Callable[[str], None],
+) -> RunResult:
+    """Engine run + manifest, published atomically into `output`."""
+    spec, days = job.spec, job.days
     say(
         f"[{engine_impl.name}] reading {len(days)} daily partitions "
         f"({days[0].day} to {days[-1].day}) from {spec.input.path}"
@@ -145,13 +264,13 @@ def run_job(
         )
         manifest = build_manifest(
             spec,
-            plan,
+            job.plan,
             run_id=run_id,
             engine=engine_impl.name,
             days=(days[0].day, days[-1].day),
             input_files=sum(len(d.files) for d in days),
             released_partitions=run.released_partitions,
-            public_partitions_count=None if public_keys is None else len(public_keys),
+            public_partitions_count=None if job.public_keys is None else len(job.public_keys),
             dataset=spec.name,
         )
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")

@@ -84,7 +84,42 @@ class BudgetSpec:
         ),
     )
 
+    scope: str | None = field(
+        default=None,
+        metadata=_doc(
+            "Ledger scope: the dataset and privacy unit the cap protects (default "
+            "<input folder name>/<privacy_unit>)."
+        ),
+    )
+    cap_epsilon: float | None = field(
+        default=None, metadata=_doc("Ledger cap on the scope's total epsilon (unset: no cap).")
+    )
+    cap_delta: float | None = field(
+        default=None, metadata=_doc("Ledger cap on the scope's total delta (unset: no cap).")
+    )
+    window_days: int | None = field(
+        default=None,
+        metadata=_doc("Caps hold per rolling window of this many data days (unset: all time)."),
+    )
+
     def __post_init__(self) -> None:
+        for name in ("cap_epsilon", "cap_delta"):
+            value = getattr(self, name)
+            if value is not None:
+                number = _number(f"budget.{name}", value)
+                if number < 0:
+                    raise SpecError(f"budget.{name}", f"must be >= 0, got {value!r}")
+                object.__setattr__(self, name, number)
+        if self.window_days is not None and (
+            isinstance(self.window_days, bool)
+            or not isinstance(self.window_days, int)
+            or self.window_days < 1
+        ):
+            raise SpecError(
+                "budget.window_days", f"must be an integer >= 1, got {self.window_days!r}"
+            )
+        if self.scope is not None and (not isinstance(self.scope, str) or not self.scope):
+            raise SpecError("budget.scope", f"must be a non-empty name, got {self.scope!r}")
         eps = _number("budget.epsilon", self.epsilon)
         if not eps > 0 or math.isinf(eps):
             raise SpecError("budget.epsilon", f"must be > 0 and finite, got {self.epsilon!r}")
@@ -254,10 +289,13 @@ class JobSpec:
         return _jsonable(dataclasses.asdict(self))
 
     def spec_hash(self) -> str:
-        """sha256 of what decides the release's numbers (paths excluded), for idempotence keys."""
+        """sha256 of what decides the release's numbers (paths and ledger policy excluded), for
+        idempotence keys."""
         content = self.to_dict()
         content.pop("output", None)
         content["input"].pop("path", None)
+        for ledger_only in ("scope", "cap_epsilon", "cap_delta", "window_days"):
+            content["budget"].pop(ledger_only, None)
         blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -305,6 +343,14 @@ def _section_from_dict(name: str, cls: type, value: Any) -> Any:
             f"{name}.{unknown[0]}", f"unknown field (known: {', '.join(sorted(known))})"
         )
     return cls(**value)
+
+
+def budget_from_dict(raw: Any, source: str) -> BudgetSpec:
+    """Just the budget section of a spec (for `dppipeline budget`), validated."""
+    try:
+        return _section_from_dict("budget", BudgetSpec, raw)
+    except SpecError as exc:
+        raise SpecError(f"{source}: {exc.field}", exc.rule) from None
 
 
 def load_raw(path: str | Path) -> dict[str, Any]:

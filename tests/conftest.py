@@ -17,6 +17,13 @@ START = dt.date(2026, 1, 1)
 DAYS = [START + dt.timedelta(days=d) for d in range(SMALL["days"])]
 
 
+@pytest.fixture(autouse=True)
+def _own_state_dir(tmp_path, monkeypatch):
+    """Each test (and the CLI processes it starts) gets its own ledger and state folder."""
+    monkeypatch.setenv("DPPIPELINE_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("DPPIPELINE_LEDGER", raising=False)
+
+
 @pytest.fixture(scope="session")
 def small_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """{"parquet": folder, "csv": folder}: the same transactions in both input layouts."""
