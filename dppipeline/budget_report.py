@@ -80,8 +80,10 @@ def plot(url: str, output: str | Path, scope: str | None, policy: BudgetPolicy |
     ledger = _open(url)
     scopes = [scope] if scope else ledger.scopes()
     fig, ax = plt.subplots(figsize=(9, 4.8), dpi=110)
+    plotted: list[dt.date] = []
     for name in scopes:
         days, totals = cumulative(ledger.rows(name))
+        plotted += days
         if days:
             ax.step(days, totals, where="post", marker="o", markersize=3, label=name)
     if policy is not None and policy.cap_epsilon is not None and not policy.window_days:
@@ -96,7 +98,8 @@ def plot(url: str, output: str | Path, scope: str | None, policy: BudgetPolicy |
     import matplotlib.dates as mdates  # noqa: PLC0415
 
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%Y-%m-%d"))
-    ax.xaxis.set_major_locator(mdates.AutoDateLocator(minticks=3, maxticks=10))
+    span = (max(plotted) - min(plotted)).days if plotted else 0
+    ax.xaxis.set_major_locator(mdates.DayLocator(interval=max(1, span // 8)))  # whole days
     ax.set_ylim(bottom=0)
     ax.set_xlabel("last data day of the release")
     ax.set_ylabel("cumulative epsilon (basic composition)")
