@@ -58,7 +58,10 @@ _MIGRATIONS: dict[int, str] = {
     CREATE INDEX releases_key ON releases (release_key, state);
     """,
 }
-EPS_TOLERANCE = 1e-12  # float sums of shares: 0.1 + 0.2 must fit a cap of 0.3
+CAP_TOLERANCE = 1e-9  # relative: float sums of shares (0.1 + 0.2) must fit a cap of 0.3
+# A reservation made on another host is settled only when older than this: its process cannot
+# be checked from here, and settling a live run would free budget still in use.
+FOREIGN_RESERVATION_TTL = dt.timedelta(hours=24)
 
 
 class BudgetExceededError(DPPipelineError):
@@ -286,7 +289,8 @@ class Ledger:
         A reservation counts as spent (committed) when its release folder exists with its run
         id in the manifest: it was published and may have been read. Otherwise nothing was
         published (publication is one atomic rename), and it is aborted, freeing its budget.
-        Runs whose process is still alive on this host are left alone.
+        Runs whose process is still alive on this host are left alone, and so are runs from
+        other hosts younger than FOREIGN_RESERVATION_TTL (their process cannot be checked).
         """
         settled = []
         host = socket.gethostname()
@@ -298,6 +302,10 @@ class Ledger:
             ).fetchone()
             if record["host"] == host and _alive(record["pid"]):
                 continue
+            if record["host"] != host:
+                reserved = dt.datetime.fromisoformat(row.reserved_at)
+                if dt.datetime.now(dt.UTC) - reserved < FOREIGN_RESERVATION_TTL:
+                    continue
             published = _manifest_run_id(Path(row.output)) == row.run_id
             state = "committed" if published else "aborted"
             note = "repaired: " + ("release found" if published else "no release published")
@@ -314,10 +322,10 @@ def _check_cap(
 ) -> None:
     used_eps, used_delta = used
     problems = []
-    if policy.cap_epsilon is not None and used_eps + eps > policy.cap_epsilon + EPS_TOLERANCE:
+    if policy.cap_epsilon is not None and used_eps + eps > policy.cap_epsilon * (1 + CAP_TOLERANCE):
         left = max(policy.cap_epsilon - used_eps, 0.0)
         problems.append(f"epsilon {eps:g} needed, {left:g} left of {policy.cap_epsilon:g}")
-    if policy.cap_delta is not None and used_delta + delta > policy.cap_delta + EPS_TOLERANCE:
+    if policy.cap_delta is not None and used_delta + delta > policy.cap_delta * (1 + CAP_TOLERANCE):
         left = max(policy.cap_delta - used_delta, 0.0)
         problems.append(f"delta {delta:g} needed, {left:g} left of {policy.cap_delta:g}")
     if problems:

@@ -210,14 +210,20 @@ def run_job(
     return result
 
 
+def _manifest_run_id(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / MANIFEST_NAME).read_text()).get("run_id")
+    except (OSError, ValueError):
+        return None
+
+
 def _existing_release(
     row: LedgerRow, output: Path, overwrite: bool, say: Callable[[str], None]
 ) -> RunResult:
     """The committed release with this key, at `output` (copied byte for byte if it was
     published elsewhere). No noise is drawn and nothing is spent."""
     published = Path(row.output)
-    manifest_path = published / MANIFEST_NAME
-    if not manifest_path.exists():
+    if _manifest_run_id(published) != row.run_id:
         raise InputError(
             f"this release (run {row.run_id}) was published to {published}, which no longer "
             "holds it; pass --new-release to draw new noise and spend the budget again"
