@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+from dppipeline.errors import UsageError
 from dppipeline.ledger import BudgetPolicy, Ledger, LedgerRow
 
 SPENDING = ("reserved", "committed")
@@ -71,8 +72,25 @@ def cumulative(rows: list[LedgerRow]) -> tuple[list[dt.date], list[float]]:
     return days, totals
 
 
+def windowed(rows: list[LedgerRow], window_days: int) -> tuple[list[dt.date], list[float]]:
+    """Epsilon spent by releases touching the window of `window_days` data days that ends on
+    each release's last day: what a rolling-window cap limits."""
+    spending = [r for r in rows if r.state in SPENDING]
+    days = sorted({r.end_date for r in spending})
+    totals = []
+    for day in days:
+        start = day - dt.timedelta(days=window_days - 1)
+        totals.append(
+            sum(r.epsilon for r in spending if r.start_date <= day and r.end_date >= start)
+        )
+    return days, totals
+
+
 def plot(url: str, output: str | Path, scope: str | None, policy: BudgetPolicy | None) -> Path:
-    import matplotlib  # noqa: PLC0415
+    try:
+        import matplotlib  # noqa: PLC0415
+    except ImportError:
+        raise UsageError("budget plot needs matplotlib: pip install 'dppipeline[report]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
@@ -81,8 +99,10 @@ def plot(url: str, output: str | Path, scope: str | None, policy: BudgetPolicy |
     scopes = [scope] if scope else ledger.scopes()
     fig, ax = plt.subplots(figsize=(9, 4.8), dpi=110)
     plotted: list[dt.date] = []
+    window = policy.window_days if policy is not None else None
     for name in scopes:
-        days, totals = cumulative(ledger.rows(name))
+        rows = ledger.rows(name)
+        days, totals = windowed(rows, window) if window else cumulative(rows)
         plotted += days
         if days:
             ax.step(days, totals, where="post", marker="o", markersize=3, label=name)
@@ -102,7 +122,11 @@ def plot(url: str, output: str | Path, scope: str | None, policy: BudgetPolicy |
     ax.xaxis.set_major_locator(mdates.DayLocator(interval=max(1, span // 8)))  # whole days
     ax.set_ylim(bottom=0)
     ax.set_xlabel("last data day of the release")
-    ax.set_ylabel("cumulative epsilon (basic composition)")
+    ax.set_ylabel(
+        f"epsilon in the last {window} days of data"
+        if window
+        else "cumulative epsilon (basic composition)"
+    )
     ax.set_title("Privacy budget spent" + (f": {scope}" if scope else ""))
     ax.grid(alpha=0.3)
     if scopes:

@@ -56,12 +56,9 @@ class Schema:
 
 
 def schema_dir() -> Path:
-    """`schemas/` at the repository root (an editable install) or beside the package."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "schemas", here / "schemas"):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError("schemas/ folder not found beside the dppipeline package")
+    """`dppipeline/schemas/`, shipped inside the package (the repository's top-level
+    `schemas/` is a link to it)."""
+    return Path(__file__).resolve().parent / "schemas"
 
 
 @cache
