@@ -6,10 +6,10 @@ STAMP  := $(VENV)/.installed
 DEMO   ?= demo
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test lint bench clean check-java
+.PHONY: help setup demo test lint bench clean check-java spark-cluster spark-cluster-stop pack-env
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
 $(STAMP): requirements.lock pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11" >&2; exit 1; }
@@ -44,3 +44,15 @@ bench: setup  ## benchmarks against PipelineDP and a non-private baseline
 
 clean:  ## remove generated data and caches (keeps .venv)
 	rm -rf $(DEMO) .pytest_cache .ruff_cache bench/data
+
+# A local Spark standalone cluster and the executors' Python environment: see README.md,
+# "Submitting to a Spark cluster". SPARK_CLUSTER_DIR, SPARK_CLUSTER_PORT, ... override the
+# defaults (scripts/spark_cluster.sh --help).
+spark-cluster: setup check-java  ## start a Spark master + worker on 127.0.0.1, print the master URL
+	@scripts/spark_cluster.sh start
+
+spark-cluster-stop:  ## stop the cluster of make spark-cluster
+	@scripts/spark_cluster.sh stop
+
+pack-env: setup  ## pack dppipeline + its runtime deps for executors: build/executor-env.tar.gz
+	@scripts/pack_executor_env.sh build/executor-env.tar.gz
