@@ -1,0 +1,849 @@
+"""Spark engine vs PipelineDP SparkRDDBackend vs a non-private Spark query, on the same data.
+
+Why: the Spark engine bounds and aggregates with DataFrame operations (no Python per row), where
+PipelineDP's SparkRDDBackend pickles every row through Python workers. This benchmark times, in
+one run, on the local benchmark's generated Parquet files (plus a 20M-row set), and all on Spark
+`local[2]` with the default driver memory:
+
+1. `python -m dppipeline run --engine spark …`, with DPPIPELINE_SPARK_MASTER=local[2]: ours;
+2. `python -m bench._pipelinedp_spark …`: PipelineDP's `DPEngine` on `SparkRDDBackend` with the
+   same parameters, fed an RDD of tuples read with `spark.read.parquet`: the reference;
+3. a `python -c` script: `spark.read.parquet(folder).groupBy(TERMINAL_ID).agg(count, sum, avg)`
+   written as Parquet: the non-private floor.
+
+Each program is its own process, timed from start to exit (what a user waits for: JVM start,
+imports, read, work, write), with the peak resident memory of its whole process tree (Python
+driver, JVM, Python workers; the sum of RSS, sampled every 0.1 s from /proc). Run with
+`make bench` or `python -m bench.spark_engine [--sizes 1M,5M,20M] [--skip-pipelinedp]
+[--repeat N]`. Results go to stdout and to `bench/results/spark_engine.{md,json}`; progress to
+stderr; each program's output, with arrival times, to `bench/data/spark_logs/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bench.local_engine import (
+    DATA_DIR,
+    DELTA,
+    EPSILON,
+    KEY,
+    L0,
+    LINF,
+    MAX_VALUE,
+    MIN_VALUE,
+    N_TERMINALS,
+    POPULATION,
+    PRIVACY_UNIT,
+    RESULTS_DIR,
+    VALUE,
+    Dataset,
+    _fmt_number,
+    _fmt_ratio,
+    _quiet_imports,
+    _ratio,
+    _table_md,
+    _table_text,
+    build_job_spec,
+    count_noise_se,
+    ensure_dataset,
+    machine_facts,
+    progress,
+    write_public_keys,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+LOG_DIR = DATA_DIR / "spark_logs"
+
+# Row-count label -> days generated at 25,000 transactions a day (1M and 5M: the local benchmark's).
+SIZES: dict[str, int] = {"1M": 40, "5M": 200, "20M": 800}
+TARGET_SIZES = ("5M", "20M")  # where ours must stay within TARGET x the non-private baseline
+TARGET = 1.5
+MASTER = "local[2]"
+SAMPLE_INTERVAL_S = 0.1
+HEARTBEAT_S = 30.0
+
+OURS = "dppipeline spark"
+PIPELINEDP = "PipelineDP SparkRDDBackend"
+BASELINE = "Spark groupBy (non-private)"
+PACKAGES = ("pyspark", "py4j", "pipeline-dp", "python-dp", "apache-beam", "pyarrow", "pandas")
+
+# The non-private floor, as a user would write it: plain session (Spark defaults), the folder read
+# with partition discovery, one aggregation, Parquet out. Run with `python -c`, so that it imports
+# nothing but pyspark. Markers on stderr are timestamped by the benchmark.
+BASELINE_PROGRAM = f"""\
+import sys
+from pyspark.sql import SparkSession, functions as F
+source, target, master = sys.argv[1:4]
+spark = SparkSession.builder.master(master).appName("baseline-bench").getOrCreate()
+spark.sparkContext.setLogLevel("WARN")
+print("bench-marker: session ready", file=sys.stderr, flush=True)
+(
+    spark.read.parquet(source)
+    .groupBy("{KEY}")
+    .agg(
+        F.count(F.lit(1)).alias("count"),
+        F.sum("{VALUE}").alias("sum"),
+        F.avg("{VALUE}").alias("mean"),
+    )
+    .write.mode("overwrite")
+    .parquet(target)
+)
+print("bench-marker: output written", file=sys.stderr, flush=True)
+"""
+
+# Output lines that mark the end of each phase, per program: (phase, pattern). "ready" is when the
+# SparkSession is usable (ours: the engine starts, after planning and with the JVM started in the
+# background meanwhile), "done" when the output is written; the rest until exit is shutdown.
+MARKERS: dict[str, dict[str, re.Pattern[str]]] = {
+    OURS: {
+        "ready": re.compile(r"^\[spark\]\s+[\d.]+s Spark \S+ on "),
+        "done": re.compile(r"^\[spark\] released "),
+    },
+    PIPELINEDP: {
+        "ready": re.compile(r"^bench-marker: session ready"),
+        "done": re.compile(r"^bench-marker: output written"),
+    },
+    BASELINE: {
+        "ready": re.compile(r"^bench-marker: session ready"),
+        "done": re.compile(r"^bench-marker: output written"),
+    },
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+
+
+def ours_output(data: Dataset) -> Path:
+    return DATA_DIR / f"spark_release_{data.label}"
+
+
+def pipelinedp_output(data: Dataset) -> Path:
+    return DATA_DIR / f"spark_pipelinedp_{data.label}.parquet"
+
+
+def baseline_output(data: Dataset) -> Path:
+    return DATA_DIR / f"spark_baseline_{data.label}"
+
+
+def commands(data: Dataset, keys: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """Program -> (argv, extra environment). Every program runs this interpreter from the project
+    root, with PYSPARK_PYTHON set to it (ours sets that default itself)."""
+    python = sys.executable
+    ours = [
+        *(python, "-m", "dppipeline", "run", "--engine", "spark"),
+        *("--input", str(data.folder), "--format", "parquet", "--output", str(ours_output(data))),
+        *("--privacy-unit", PRIVACY_UNIT, "--partition-key", KEY, "--value", VALUE),
+        *("--metrics", "count,sum,mean", "--noise", "laplace"),
+        *("--epsilon", f"{EPSILON:g}", "--delta", f"{DELTA:g}"),
+        *("--max-partitions-contributed", str(L0), "--max-contributions-per-partition", str(LINF)),
+        *("--min-value", f"{MIN_VALUE:g}", "--max-value", f"{MAX_VALUE:g}"),
+        *("--public-partitions", str(keys), "--overwrite"),
+    ]
+    pipelinedp = [
+        *(python, "-m", "bench._pipelinedp_spark", "--master", MASTER),
+        *("--input", str(data.folder), "--output", str(pipelinedp_output(data))),
+        *("--privacy-unit", PRIVACY_UNIT, "--partition-key", KEY, "--value", VALUE),
+        *("--partitions", str(N_TERMINALS), "--epsilon", f"{EPSILON:g}", "--delta", f"{DELTA:g}"),
+        *("--max-partitions-contributed", str(L0), "--max-contributions-per-partition", str(LINF)),
+        *("--min-value", f"{MIN_VALUE:g}", "--max-value", f"{MAX_VALUE:g}"),
+    ]
+    baseline = [
+        python,
+        "-c",
+        BASELINE_PROGRAM,
+        str(data.folder),
+        str(baseline_output(data)),
+        MASTER,
+    ]
+    return {
+        OURS: (ours, {"DPPIPELINE_SPARK_MASTER": MASTER}),
+        PIPELINEDP: (pipelinedp, {}),
+        BASELINE: (baseline, {}),
+    }
+
+
+def shown(argv: Sequence[str], env: dict[str, str]) -> str:
+    """A command as a user would type it (the baseline's program text abbreviated)."""
+    words = ["python", *("<program>" if "\n" in w else w for w in argv[1:])]
+    return " ".join([*(f"{k}={v}" for k, v in env.items()), shlex.join(words)])
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring one process
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _busy_cpu_seconds() -> float:
+    """CPU seconds the whole machine has spent busy (not idle, not waiting for I/O) since boot."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / _TICK
+
+
+def _processes() -> dict[int, tuple[int, int, str, float]]:
+    """pid -> (parent pid, resident bytes, name, CPU seconds) of every process, from
+    /proc/<pid>/stat."""
+    table: dict[int, tuple[int, int, str, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path("/proc", entry, "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        name = text[text.find("(") + 1 : text.rfind(")")]
+        fields = text[text.rfind(")") + 2 :].split()
+        # fields[0] is field 3 of proc(5) (state): ppid is field 4, utime and stime (ticks)
+        # fields 14 and 15, rss (pages) field 24.
+        cpu = (int(fields[11]) + int(fields[12])) / _TICK
+        table[int(entry)] = (int(fields[1]), int(fields[21]) * _PAGE, name, cpu)
+    return table
+
+
+class TreeSampler(threading.Thread):
+    """Samples the summed RSS of a process and all its descendants until stopped.
+
+    The sum counts pages shared between processes (forked Python workers) once per process: an
+    upper bound of the tree's footprint, as `ps` would add it up."""
+
+    def __init__(self, root: int):
+        super().__init__(daemon=True)
+        self.root = root
+        self.peak_bytes = 0
+        self.largest: tuple[int, str] = (0, "")  # most RSS of any one process, and its name
+        self.seen: set[int] = set()
+        self.cpu: dict[int, float] = {}  # pid -> CPU seconds at its last sample
+        self._stop_event = threading.Event()
+
+    def sample(self) -> None:
+        table = _processes()
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, *_) in table.items():
+            children.setdefault(ppid, []).append(pid)
+        tree, todo = [], [self.root]
+        while todo:
+            pid = todo.pop()
+            if pid in table:
+                tree.append(pid)
+                todo.extend(children.get(pid, ()))
+        self.seen.update(tree)
+        self.peak_bytes = max(self.peak_bytes, sum(table[p][1] for p in tree))
+        for pid in tree:
+            self.cpu[pid] = table[pid][3]
+            if table[pid][1] > self.largest[0]:
+                self.largest = (table[pid][1], table[pid][2])
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            self.sample()
+            self._stop_event.wait(SAMPLE_INTERVAL_S)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+    def wait_gone(self, timeout: float) -> float:
+        """Seconds until every process of the tree has ended (the JVM outlives the Python driver
+        by its shutdown), so that the next program starts on an idle machine."""
+        start = time.perf_counter()
+        while time.perf_counter() - start < timeout:
+            if not any(Path("/proc", str(pid)).exists() for pid in self.seen):
+                break
+            time.sleep(0.05)
+        return time.perf_counter() - start
+
+
+@dataclass
+class Run:
+    """One process: wall time from start to exit, peak memory, phase marks, its log."""
+
+    seconds: float
+    peak_mb: float
+    largest_mb: float
+    largest_process: str
+    marks: dict[str, float]
+    tree_gone_s: float
+    cpu_s: float  # CPU seconds used by the program's process tree (sampled)
+    others_cpu_s: float  # CPU seconds the rest of the machine used meanwhile: disturbance
+    loadavg_1m: float  # at start
+    log: str
+
+    def phases(self) -> dict[str, float | None]:
+        """Start -> session ready -> output written -> exit, in seconds per phase."""
+        ready, done = self.marks.get("ready"), self.marks.get("done")
+        return {
+            "start": ready,
+            "work": None if ready is None or done is None else done - ready,
+            "exit": None if done is None else self.seconds - done,
+        }
+
+
+class ProgramError(RuntimeError):
+    pass
+
+
+def measure(
+    argv: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    markers: dict[str, re.Pattern[str]],
+    what: str,
+) -> Run:
+    """Runs one program; its merged stdout and stderr go to `log_path`, each line stamped with its
+    arrival time; a heartbeat goes to stderr every HEARTBEAT_S seconds."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    marks: dict[str, float] = {}
+    with log_path.open("w") as log:
+        log.write(f"$ {shown(argv, env)}\n")
+        log.flush()
+        load = os.getloadavg()[0]
+        busy = _busy_cpu_seconds()
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env={**os.environ, "PYSPARK_PYTHON": sys.executable, **env},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        )
+        sampler = TreeSampler(proc.pid)
+        sampler.start()
+
+        def read_output() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                at = time.perf_counter() - start
+                log.write(f"[{at:8.3f}] {line}")
+                for name, pattern in markers.items():
+                    if name not in marks and pattern.search(line):
+                        marks[name] = at
+
+        reader = threading.Thread(target=read_output, daemon=True)
+        reader.start()
+        while True:
+            try:
+                returncode = proc.wait(timeout=HEARTBEAT_S)
+                break
+            except subprocess.TimeoutExpired:
+                progress(f"{what}: still running, {time.perf_counter() - start:.0f} s elapsed")
+        seconds = time.perf_counter() - start
+        busy = _busy_cpu_seconds() - busy
+        sampler.stop()
+        gone = sampler.wait_gone(timeout=60.0)
+        reader.join(timeout=10.0)
+    if returncode != 0:
+        tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
+        raise ProgramError(f"{what}: exit code {returncode}; end of {log_path}:\n{tail}")
+    return Run(
+        seconds=seconds,
+        peak_mb=sampler.peak_bytes / 2**20,
+        largest_mb=sampler.largest[0] / 2**20,
+        largest_process=sampler.largest[1],
+        marks=marks,
+        tree_gone_s=gone,
+        cpu_s=sum(sampler.cpu.values()),
+        others_cpu_s=max(0.0, busy - sum(sampler.cpu.values())),
+        loadavg_1m=load,
+        log=str(log_path.relative_to(ROOT)),
+    )
+
+
+@dataclass
+class Timing:
+    """All runs of one program at one size; the tables report the median."""
+
+    label: str
+    rows: int
+    program: str
+    command: str
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(r.seconds for r in self.runs)
+
+    @property
+    def peak_mb(self) -> float:
+        return max(r.peak_mb for r in self.runs)
+
+    @property
+    def largest_mb(self) -> float:
+        return max(r.largest_mb for r in self.runs)
+
+    def median_run(self) -> Run:
+        """The run whose time is closest to the median (its phases are shown)."""
+        return min(self.runs, key=lambda r: abs(r.seconds - self.median))
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the outputs back (not timed)
+
+
+def mean_count(path: Path) -> tuple[float, int]:
+    frame = pd.read_parquet(path)
+    return float(frame["count"].mean()), len(frame)
+
+
+def bounded_reference(data: Dataset, keys: Path) -> tuple[float | None, float | None]:
+    """Mean exact bounded count per public terminal (before noise) from one local-engine
+    aggregation of the same data, and the standard error noise alone gives a released mean."""
+    try:
+        from dppipeline.engines.local import compute_aggregates
+        from dppipeline.io import discover_partitions, read_public_partitions
+        from dppipeline.schemas import transactions_schema
+
+        spec = build_job_spec(data, keys)
+        public = read_public_partitions(keys, KEY, transactions_schema().field(KEY).type)
+        days = discover_partitions(data.folder, "parquet")
+        result = compute_aggregates(spec, days, public, DATA_DIR / "spark_quarantine")
+        return float(result.aggregates["count"].sum()) / N_TERMINALS, count_noise_se(spec)
+    except Exception as exc:  # the local engine is refactored independently: do not lose the run
+        progress(f"{data.label}: no bounded reference ({type(exc).__name__}: {exc})")
+        return None, None
+
+
+def _z(released: float | None, exact: float | None, se: float | None) -> float | None:
+    if released is None or exact is None or not se:
+        return None
+    return (released - exact) / se
+
+
+# ---------------------------------------------------------------------------------------------
+# Reporting
+
+
+def java_version() -> str | None:
+    try:
+        out = subprocess.run(["java", "-version"], capture_output=True, text=True, check=False)
+    except OSError:
+        return None
+    lines = (out.stderr or out.stdout).splitlines()
+    return lines[0].strip() if lines else None
+
+
+def spark_machine_facts() -> dict[str, Any]:
+    facts = machine_facts()
+    for package in ("polars", "duckdb", "numpy"):  # the local benchmark's, unused here
+        facts.pop(package, None)
+    for package in PACKAGES:
+        try:
+            facts[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            facts[package] = None
+    facts["java"] = java_version()
+    facts["spark_master"] = MASTER
+    facts["spark_driver_memory"] = "default (1g)"
+    return facts
+
+
+def _target_text(label: str, ratio: float | None, ours: float, floor: float) -> str:
+    if label not in TARGET_SIZES or ratio is None:
+        return "-"
+    if ratio <= TARGET:
+        return "met"
+    return f"missed by {ratio - TARGET:.2f}x ({ours - TARGET * floor:.1f} s)"
+
+
+def _secs(value: float | None) -> str:
+    return _fmt_number(value, ".1f")
+
+
+@dataclass
+class Report:
+    args: dict[str, Any]
+    machine: dict[str, Any]
+    timings: list[Timing] = field(default_factory=list)
+    sanity: list[dict[str, Any]] = field(default_factory=list)
+
+    def timing(self, label: str, program: str) -> Timing | None:
+        return next((t for t in self.timings if t.label == label and t.program == program), None)
+
+    def ratios(self) -> list[dict[str, Any]]:
+        out = []
+        for label in dict.fromkeys(t.label for t in self.timings):
+            ours, pdp, floor = (self.timing(label, p) for p in (OURS, PIPELINEDP, BASELINE))
+            assert ours is not None and floor is not None
+            ratio = _ratio(ours.median, floor.median)
+            out.append(
+                {
+                    "label": label,
+                    "rows": ours.rows,
+                    "ours_over_baseline": ratio,
+                    "target": TARGET if label in TARGET_SIZES else None,
+                    "target_verdict": _target_text(label, ratio, ours.median, floor.median),
+                    "pipelinedp_over_ours": _ratio(pdp.median if pdp else None, ours.median),
+                    "ours_peak_over_baseline_peak": _ratio(ours.peak_mb, floor.peak_mb),
+                }
+            )
+        return out
+
+    def tables(self) -> list[tuple[str, list[str], list[list[str]]]]:
+        timing_rows = [
+            [
+                f"{t.rows:,}",
+                t.program,
+                f"median of {len(t.runs)}" if len(t.runs) > 1 else "1 run",
+                f"{t.median:.1f}",
+                ", ".join(f"{r.seconds:.1f}" for r in t.runs),
+                f"{t.peak_mb:,.0f}",
+                f"{t.largest_mb:,.0f}",
+            ]
+            for t in self.timings
+        ]
+        ratio_rows = [
+            [
+                f"{r['rows']:,}",
+                _fmt_ratio(r["ours_over_baseline"]),
+                r["target_verdict"],
+                _fmt_ratio(r["pipelinedp_over_ours"]),
+                _fmt_ratio(r["ours_peak_over_baseline_peak"]),
+            ]
+            for r in self.ratios()
+        ]
+        phase_rows = []
+        for t in self.timings:
+            run = t.median_run()
+            phases = run.phases()
+            phase_rows.append(
+                [
+                    f"{t.rows:,}",
+                    t.program,
+                    _secs(phases["start"]),
+                    _secs(phases["work"]),
+                    _secs(phases["exit"]),
+                    f"{run.seconds:.1f}",
+                    f"{run.cpu_s:.1f}",
+                    f"{run.others_cpu_s:.1f}",
+                    f"{run.loadavg_1m:.2f}",
+                ]
+            )
+        sanity_rows = [
+            [
+                f"{s['rows']:,}",
+                f"{s['ours_mean_count']:,.1f}",
+                _fmt_number(s["pipelinedp_mean_count"], ",.1f"),
+                _fmt_number(s["bounded_exact_mean_count"], ",.1f"),
+                _fmt_number(s["noise_standard_error_of_mean_count"], ",.1f"),
+                _fmt_number(s["ours_z"], "+.1f"),
+                _fmt_number(s["pipelinedp_z"], "+.1f"),
+                f"{s['baseline_raw_mean_count']:,.1f}",
+                f"{s['ours_partitions']:,}",
+                _fmt_number(s["pipelinedp_partitions"], ",d"),
+            ]
+            for s in self.sanity
+        ]
+        machine_rows = [[k, str(v)] for k, v in self.machine.items()]
+        return [
+            (
+                "Wall time of each process, start to exit (seconds), and peak memory (MB)",
+                [
+                    "rows",
+                    "program",
+                    "runs",
+                    "seconds",
+                    "all runs (s)",
+                    "peak MB (tree)",
+                    "largest process MB",
+                ],
+                timing_rows,
+            ),
+            (
+                f"Ratios (median seconds; target: ours / baseline <= {TARGET}x at "
+                f"{', '.join(TARGET_SIZES)})",
+                ["rows", "ours / baseline", "target", "PipelineDP / ours", "ours / baseline MB"],
+                ratio_rows,
+            ),
+            (
+                "Phases of the median run (seconds): start = process start to SparkSession "
+                "ready; work = read, compute, write; exit = output written to process exit; "
+                "CPU = CPU seconds of the program's processes; others' CPU = CPU seconds the "
+                "rest of the machine used meanwhile (disturbance)",
+                [
+                    "rows",
+                    "program",
+                    "start",
+                    "work",
+                    "exit",
+                    "total",
+                    "CPU s",
+                    "others' CPU s",
+                    "load at start",
+                ],
+                phase_rows,
+            ),
+            (
+                "Sanity check (not timed): mean released count per terminal; bounded = local "
+                "engine's exact bounded mean before noise; z = (released - bounded) / noise s.e.",
+                [
+                    "rows",
+                    "ours",
+                    "PipelineDP",
+                    "bounded, before noise",
+                    "noise s.e.",
+                    "ours z",
+                    "PDP z",
+                    "baseline raw",
+                    "ours partitions",
+                    "PDP partitions",
+                ],
+                sanity_rows,
+            ),
+            ("Machine", ["fact", "value"], machine_rows),
+        ]
+
+    def preamble(self) -> list[str]:
+        return [
+            f"Job: count, sum, mean of {VALUE} per {KEY}, privacy unit {PRIVACY_UNIT}, "
+            f"{N_TERMINALS} public partitions, L0={L0}, Linf={LINF}, "
+            f"values in [{MIN_VALUE:g}, {MAX_VALUE:g}], epsilon={EPSILON:g}, delta={DELTA:g}, "
+            "Laplace.",
+            f"Each program is its own process on Spark {MASTER}, default driver memory; seconds "
+            "are wall time from process start to exit (JVM start, imports, read, compute, write), "
+            f"median of {self.args['repeat']} run(s) after one untimed warm-up process.",
+            "Peak MB: the highest sum of RSS over the process tree (Python driver, JVM, Python "
+            f"workers), sampled every {SAMPLE_INTERVAL_S:g} s; shared pages count once per "
+            "process. Largest process MB: the most any one process held (the JVM, usually).",
+            "The baseline is non-private (no bounding, no noise): a floor, not a competitor.",
+        ]
+
+    def text(self) -> str:
+        parts = self.preamble()
+        for title, headers, rows in self.tables():
+            if rows:
+                parts += ["", title, _table_text(headers, rows)]
+        return "\n".join(parts)
+
+    def markdown(self) -> str:
+        parts = [f"# Spark engine benchmark ({self.args['finished_at']})", "", *self.preamble()]
+        parts += ["", f"Command: `{self.args['command']}`"]
+        for title, headers, rows in self.tables():
+            if rows:
+                parts += ["", f"## {title}", "", _table_md(headers, rows)]
+        commands_shown = dict.fromkeys(t.program for t in self.timings)
+        parts += ["", "## Commands (1M shown; the baseline's `<program>` is in the JSON)", ""]
+        for program in commands_shown:
+            timing = next(t for t in self.timings if t.program == program)
+            parts.append(f"- {program}: `{timing.command}`")
+        return "\n".join(parts) + "\n"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "args": self.args,
+            "machine": self.machine,
+            "parameters": {
+                "population": POPULATION,
+                "days": SIZES,
+                "epsilon": EPSILON,
+                "delta": DELTA,
+                "max_partitions_contributed": L0,
+                "max_contributions_per_partition": LINF,
+                "min_value": MIN_VALUE,
+                "max_value": MAX_VALUE,
+                "noise": "laplace",
+                "public_partitions": N_TERMINALS,
+                "spark_master": MASTER,
+            },
+            "note": (
+                "seconds: wall time of each process from start to exit; peak_mb: highest sampled "
+                "sum of RSS over the process tree"
+            ),
+            "baseline_program": BASELINE_PROGRAM,
+            "timings": [
+                {
+                    "label": t.label,
+                    "rows": t.rows,
+                    "program": t.program,
+                    "command": t.command,
+                    "median_s": t.median,
+                    "peak_mb": t.peak_mb,
+                    "largest_process_mb": t.largest_mb,
+                    "runs": [
+                        {
+                            "seconds": r.seconds,
+                            "peak_mb": r.peak_mb,
+                            "largest_process_mb": r.largest_mb,
+                            "largest_process": r.largest_process,
+                            "marks_s": r.marks,
+                            "phases_s": r.phases(),
+                            "tree_gone_after_exit_s": r.tree_gone_s,
+                            "cpu_s": r.cpu_s,
+                            "others_cpu_s": r.others_cpu_s,
+                            "loadavg_1m_at_start": r.loadavg_1m,
+                            "log": r.log,
+                        }
+                        for r in t.runs
+                    ],
+                }
+                for t in self.timings
+            ],
+            "ratios": self.ratios(),
+            "sanity": self.sanity,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+
+
+def warm_page_cache(data: Dataset) -> None:
+    """Reads every input file once, so the first program timed does not pay for the disk."""
+    for path in data.files:
+        with path.open("rb") as f:
+            while f.read(1 << 20):
+                pass
+
+
+def bench_size(label: str, keys: Path, args: argparse.Namespace, report: Report) -> None:
+    """All programs on one size, interleaved per repetition; PipelineDP last in each round."""
+    data = ensure_dataset(label, SIZES[label])
+    warm_page_cache(data)
+    programs = [OURS, BASELINE] + ([] if args.skip_pipelinedp else [PIPELINEDP])
+    cmds = commands(data, keys)
+    timings = {
+        p: Timing(label, data.rows, p, shown(*cmds[p])) for p in (OURS, PIPELINEDP, BASELINE)
+    }
+    for i in range(args.repeat):
+        for program in programs:
+            argv, env = cmds[program]
+            what = f"{label}: {program} run {i + 1}/{args.repeat}"
+            progress(f"{what}: started (load {os.getloadavg()[0]:.2f})")
+            slug = re.sub(r"[^a-z0-9]+", "_", program.lower()).strip("_")
+            log_path = LOG_DIR / f"{label}_{slug}_{i + 1}.log"
+            run = measure(argv, env, log_path, MARKERS[program], what)
+            timings[program].runs.append(run)
+            progress(
+                f"{what}: {run.seconds:.1f} s, peak {run.peak_mb:,.0f} MB "
+                f"(tree gone {run.tree_gone_s:.1f} s after exit)"
+            )
+    report.timings.extend(timings[p] for p in (OURS, PIPELINEDP, BASELINE) if timings[p].runs)
+
+    progress(f"{label}: reading the outputs back; bounded reference on the local engine")
+    ours_mean, ours_partitions = mean_count(ours_output(data) / build_job_spec(data, keys).name)
+    pdp_mean, pdp_partitions = (
+        (None, None) if args.skip_pipelinedp else mean_count(pipelinedp_output(data))
+    )
+    raw = pd.read_parquet(baseline_output(data))
+    bounded, noise_se = bounded_reference(data, keys)
+    report.sanity.append(
+        {
+            "label": label,
+            "rows": data.rows,
+            "ours_mean_count": ours_mean,
+            "pipelinedp_mean_count": pdp_mean,
+            "bounded_exact_mean_count": bounded,
+            "noise_standard_error_of_mean_count": noise_se,
+            "ours_z": _z(ours_mean, bounded, noise_se),
+            "pipelinedp_z": _z(pdp_mean, bounded, noise_se),
+            "baseline_raw_mean_count": float(raw["count"].sum()) / N_TERMINALS,
+            "ours_partitions": ours_partitions,
+            "pipelinedp_partitions": pdp_partitions,
+        }
+    )
+    print(
+        f"sanity {label}: mean released count per terminal: ours {ours_mean:,.1f}, PipelineDP "
+        f"{_fmt_number(pdp_mean, ',.1f')} (bounded before noise {_fmt_number(bounded, ',.1f')}, "
+        f"noise s.e. {_fmt_number(noise_se, ',.1f')}; raw {float(raw['count'].mean()):,.1f})",
+        flush=True,
+    )
+
+
+def warm_up(keys: Path, label: str) -> None:
+    """One untimed baseline process: JVM jars and Python modules into the OS page cache."""
+    data = ensure_dataset(label, SIZES[label])
+    argv, env = commands(data, keys)[BASELINE]
+    progress(f"warm-up: one untimed {BASELINE} process on {label}")
+    measure(argv, env, LOG_DIR / "warmup.log", MARKERS[BASELINE], "warm-up")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.spark_engine",
+        description=(
+            "Time the Spark engine against PipelineDP SparkRDDBackend and a non-private Spark "
+            f"query, each as its own process on {MASTER}."
+        ),
+    )
+    parser.add_argument(
+        "--sizes",
+        default=",".join(SIZES),
+        help=f"comma list of row counts to run, from {', '.join(SIZES)} (default: all)",
+    )
+    parser.add_argument("--skip-pipelinedp", action="store_true", help="skip the slow reference")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs of each program per size (median is kept)"
+    )
+    args = parser.parse_args(argv)
+    args.sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    unknown = [s for s in args.sizes if s not in SIZES]
+    if unknown or not args.sizes:
+        parser.error(f"--sizes: choose from {', '.join(SIZES)}; got {args.sizes}")
+    if args.repeat < 1:
+        parser.error("--repeat: must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    _quiet_imports()  # the bounded reference imports pipeline-dp
+    load = os.getloadavg()
+    if load[0] > 0.5:
+        progress(f"warning: load average {load[0]:.2f} at start; timings may be disturbed")
+    report = Report(
+        args={
+            "sizes": args.sizes,
+            "repeat": args.repeat,
+            "skip_pipelinedp": args.skip_pipelinedp,
+            "command": " ".join(
+                ["python -m bench.spark_engine", *(sys.argv[1:] if argv is None else argv)]
+            ),
+            "loadavg_at_start": [round(x, 2) for x in load],
+        },
+        machine=spark_machine_facts(),
+    )
+    keys = write_public_keys()
+    started = time.perf_counter()
+    try:
+        warm_up(keys, args.sizes[0])
+        for label in args.sizes:
+            bench_size(label, keys, args, report)
+    except ProgramError as exc:
+        print(f"bench.spark_engine: error: {exc}", file=sys.stderr)
+        return 1
+    report.args["finished_at"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    report.args["bench_wall_s"] = round(time.perf_counter() - started, 1)
+    report.args["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+
+    print(report.text())
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    (RESULTS_DIR / "spark_engine.md").write_text(report.markdown())
+    (RESULTS_DIR / "spark_engine.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    progress(f"wrote {RESULTS_DIR / 'spark_engine.md'} and {RESULTS_DIR / 'spark_engine.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
