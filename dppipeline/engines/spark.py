@@ -1,8 +1,9 @@
 """The Spark engine: bounding and aggregation as DataFrame operations, release by the core.
 
 No Python runs per row. Linf bounding collects each (privacy unit, partition) pair's values in a
-hash aggregate and keeps the first Linf of a random permutation (`shuffle`): measured 2.4x
-faster than `row_number()` over a random order, whose sort of every row dominated the run. L0
+hash aggregate and keeps the first Linf of a random permutation (`shuffle`), a uniform sample;
+at 5M rows on 2 cores it measured 8.1 s against 9.4 s for `row_number()` over a random order
+(which sorts every row) and 3.2 s for a plain groupBy of the same rows. L0
 bounding ranks the (much fewer) pairs per privacy unit with `row_number()` over `rand()`. The
 exact aggregates then go to the engine-neutral `core.release`:
 
@@ -186,7 +187,7 @@ class SparkEngine:
             spark_read.valid_rows(validated, schema), spec, job.public_keys, job.seed
         )
         # One job reads, bounds and aggregates, and brings the (small) result to the driver.
-        # No persist(): a cached plan loses adaptive execution and measured 2.5x slower here.
+        # One action; no persist(): the result is small and goes straight to the driver.
         limit = driver_release_max_partitions()
         exact = aggregates.limit(limit + 1).toPandas()
         progress(f"{len(exact):,} partitions aggregated; checking rejected rows")
