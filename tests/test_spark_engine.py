@@ -162,6 +162,7 @@ def test_rejected_rows_are_quarantined_with_their_line(small_inputs, tmp_path):
     rejected = pd.read_parquet(quarantined[0])
     assert len(rejected) == 1 and rejected["TX_AMOUNT"].iloc[0] == "abc"
     assert "not a valid float64" in rejected["_reason"].iloc[0]
+
     def keys(value):
         if isinstance(value, dict):
             return [k for k, v in value.items() for k in (k, *keys(v))]
