@@ -83,6 +83,12 @@ TARGET = 1.5
 MASTER = "local[2]"
 SAMPLE_INTERVAL_S = 0.1
 HEARTBEAT_S = 30.0
+# The box is shared: a run during which the rest of the machine used more than IDLE_CORES cores
+# on average is "disturbed", discarded and run again (up to --retries times); before each run the
+# benchmark waits (up to --idle-wait seconds) until the rest of the machine is that quiet,
+# measured over IDLE_PROBE_S seconds with nothing of the benchmark running.
+IDLE_CORES = 0.1
+IDLE_PROBE_S = 2.0
 
 OURS = "dppipeline spark"
 PIPELINEDP = "PipelineDP SparkRDDBackend"
@@ -293,6 +299,15 @@ class Run:
     others_cpu_s: float  # CPU seconds the rest of the machine used meanwhile: disturbance
     loadavg_1m: float  # at start
     log: str
+    waited_for_idle_s: float = 0.0
+
+    @property
+    def others_cores(self) -> float:
+        return self.others_cpu_s / self.seconds
+
+    @property
+    def disturbed(self) -> bool:
+        return self.others_cores > IDLE_CORES
 
     def phases(self) -> dict[str, float | None]:
         """Start -> session ready -> output written -> exit, in seconds per phase."""
@@ -389,6 +404,7 @@ class Timing:
     program: str
     command: str
     runs: list[Run] = field(default_factory=list)
+    discarded: list[Run] = field(default_factory=list)  # disturbed runs that were run again
 
     @property
     def median(self) -> float:
@@ -516,7 +532,7 @@ class Report:
                 t.program,
                 f"median of {len(t.runs)}" if len(t.runs) > 1 else "1 run",
                 f"{t.median:.1f}",
-                ", ".join(f"{r.seconds:.1f}" for r in t.runs),
+                ", ".join(f"{r.seconds:.1f}{'*' if r.disturbed else ''}" for r in t.runs),
                 f"{t.peak_mb:,.0f}",
                 f"{t.largest_mb:,.0f}",
             ]
@@ -546,6 +562,7 @@ class Report:
                     f"{run.seconds:.1f}",
                     f"{run.cpu_s:.1f}",
                     f"{run.others_cpu_s:.1f}",
+                    str(len(t.discarded)),
                     f"{run.loadavg_1m:.2f}",
                 ]
             )
@@ -589,7 +606,8 @@ class Report:
                 "Phases of the median run (seconds): start = process start to SparkSession "
                 "ready; work = read, compute, write; exit = output written to process exit; "
                 "CPU = CPU seconds of the program's processes; others' CPU = CPU seconds the "
-                "rest of the machine used meanwhile (disturbance)",
+                "rest of the machine used meanwhile (disturbance); discarded runs = disturbed "
+                "runs of this program and size that were run again",
                 [
                     "rows",
                     "program",
@@ -599,6 +617,7 @@ class Report:
                     "total",
                     "CPU s",
                     "others' CPU s",
+                    "discarded runs",
                     "load at start",
                 ],
                 phase_rows,
@@ -635,6 +654,9 @@ class Report:
             "Peak MB: the highest sum of RSS over the process tree (Python driver, JVM, Python "
             f"workers), sampled every {SAMPLE_INTERVAL_S:g} s; shared pages count once per "
             "process. Largest process MB: the most any one process held (the JVM, usually).",
+            f"A run during which the rest of the machine used more than {IDLE_CORES:g} cores "
+            f"on average is disturbed and run again (at most {self.args['retries']} times); "
+            "a * marks a disturbed run kept because no retry was left.",
             "The baseline is non-private (no bounding, no noise): a floor, not a competitor.",
         ]
 
@@ -689,22 +711,8 @@ class Report:
                     "median_s": t.median,
                     "peak_mb": t.peak_mb,
                     "largest_process_mb": t.largest_mb,
-                    "runs": [
-                        {
-                            "seconds": r.seconds,
-                            "peak_mb": r.peak_mb,
-                            "largest_process_mb": r.largest_mb,
-                            "largest_process": r.largest_process,
-                            "marks_s": r.marks,
-                            "phases_s": r.phases(),
-                            "tree_gone_after_exit_s": r.tree_gone_s,
-                            "cpu_s": r.cpu_s,
-                            "others_cpu_s": r.others_cpu_s,
-                            "loadavg_1m_at_start": r.loadavg_1m,
-                            "log": r.log,
-                        }
-                        for r in t.runs
-                    ],
+                    "runs": [_run_json(r) for r in t.runs],
+                    "discarded_runs": [_run_json(r) for r in t.discarded],
                 }
                 for t in self.timings
             ],
@@ -713,8 +721,51 @@ class Report:
         }
 
 
+def _run_json(r: Run) -> dict[str, Any]:
+    return {
+        "seconds": r.seconds,
+        "peak_mb": r.peak_mb,
+        "largest_process_mb": r.largest_mb,
+        "largest_process": r.largest_process,
+        "marks_s": r.marks,
+        "phases_s": r.phases(),
+        "tree_gone_after_exit_s": r.tree_gone_s,
+        "cpu_s": r.cpu_s,
+        "others_cpu_s": r.others_cpu_s,
+        "loadavg_1m_at_start": r.loadavg_1m,
+        "log": r.log,
+        "waited_for_idle_s": r.waited_for_idle_s,
+        "others_cores": r.others_cores,
+        "disturbed": r.disturbed,
+    }
+
+
 # ---------------------------------------------------------------------------------------------
 # Main
+
+
+def others_cores(seconds: float = IDLE_PROBE_S) -> float:
+    """Cores the rest of the machine keeps busy, over `seconds` (nothing of ours runs)."""
+    busy = _busy_cpu_seconds()
+    time.sleep(seconds)
+    return (_busy_cpu_seconds() - busy) / seconds
+
+
+def wait_for_idle(max_wait: float) -> float:
+    """Waits until the rest of the machine uses under IDLE_CORES cores, at most `max_wait`
+    seconds; returns the seconds waited."""
+    start, noted = time.perf_counter(), -HEARTBEAT_S
+    while True:
+        cores = others_cores()
+        waited = time.perf_counter() - start
+        if cores < IDLE_CORES:
+            return waited
+        if waited >= max_wait:
+            progress(f"machine still busy ({cores:.2f} cores used) after {waited:.0f} s: going on")
+            return waited
+        if waited - noted >= HEARTBEAT_S:
+            progress(f"machine busy ({cores:.2f} cores used by others): waiting ({waited:.0f} s)")
+            noted = waited
 
 
 def warm_page_cache(data: Dataset) -> None:
@@ -738,15 +789,26 @@ def bench_size(label: str, keys: Path, args: argparse.Namespace, report: Report)
         for program in programs:
             argv, env = cmds[program]
             what = f"{label}: {program} run {i + 1}/{args.repeat}"
-            progress(f"{what}: started (load {os.getloadavg()[0]:.2f})")
             slug = re.sub(r"[^a-z0-9]+", "_", program.lower()).strip("_")
-            log_path = LOG_DIR / f"{label}_{slug}_{i + 1}.log"
-            run = measure(argv, env, log_path, MARKERS[program], what)
+
+            def log_path(attempt: int, slug: str = slug, i: int = i) -> Path:
+                retry = f"_retry{attempt}" if attempt else ""
+                return LOG_DIR / f"{label}_{slug}_{i + 1}{retry}.log"
+
+            for attempt in range(args.retries + 1):
+                waited = wait_for_idle(args.idle_wait)
+                progress(f"{what}: started (load {os.getloadavg()[0]:.2f})")
+                run = measure(argv, env, log_path(attempt), MARKERS[program], what)
+                run.waited_for_idle_s = waited
+                progress(
+                    f"{what}: {run.seconds:.1f} s, peak {run.peak_mb:,.0f} MB, others used "
+                    f"{run.others_cores:.2f} cores (tree gone {run.tree_gone_s:.1f} s after exit)"
+                )
+                if not run.disturbed or attempt == args.retries:
+                    break
+                timings[program].discarded.append(run)
+                progress(f"{what}: disturbed by other work: discarded, running it again")
             timings[program].runs.append(run)
-            progress(
-                f"{what}: {run.seconds:.1f} s, peak {run.peak_mb:,.0f} MB "
-                f"(tree gone {run.tree_gone_s:.1f} s after exit)"
-            )
     report.timings.extend(timings[p] for p in (OURS, PIPELINEDP, BASELINE) if timings[p].runs)
 
     progress(f"{label}: reading the outputs back; bounded reference on the local engine")
@@ -804,6 +866,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs of each program per size (median is kept)"
     )
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help=f"reruns of a run disturbed by other work (> {IDLE_CORES:g} cores), default 2",
+    )
+    parser.add_argument(
+        "--idle-wait",
+        type=float,
+        default=600.0,
+        help="longest wait, in seconds, for the machine to be idle before each run (default 600)",
+    )
     args = parser.parse_args(argv)
     args.sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     unknown = [s for s in args.sizes if s not in SIZES]
@@ -811,6 +885,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--sizes: choose from {', '.join(SIZES)}; got {args.sizes}")
     if args.repeat < 1:
         parser.error("--repeat: must be >= 1")
+    if args.retries < 0 or args.idle_wait < 0:
+        parser.error("--retries and --idle-wait: must be >= 0")
     return args
 
 
@@ -824,6 +900,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args={
             "sizes": args.sizes,
             "repeat": args.repeat,
+            "retries": args.retries,
+            "idle_wait_s": args.idle_wait,
+            "idle_cores": IDLE_CORES,
             "skip_pipelinedp": args.skip_pipelinedp,
             "command": " ".join(
                 ["python -m bench.spark_engine", *(sys.argv[1:] if argv is None else argv)]
