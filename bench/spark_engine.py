@@ -541,7 +541,7 @@ class Report:
         ratio_rows = [
             [
                 f"{r['rows']:,}",
-                _fmt_ratio(r["ours_over_baseline"]),
+                _fmt_number(r["ours_over_baseline"], ".2f") + "x",
                 r["target_verdict"],
                 _fmt_ratio(r["pipelinedp_over_ours"]),
                 _fmt_ratio(r["ours_peak_over_baseline_peak"]),
