@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from dppipeline.core.manifest import published_run_id
 from dppipeline.errors import DPPipelineError, UsageError
 
 SCHEMA_VERSION = 1
@@ -306,7 +307,7 @@ class Ledger:
                 reserved = dt.datetime.fromisoformat(row.reserved_at)
                 if dt.datetime.now(dt.UTC) - reserved < FOREIGN_RESERVATION_TTL:
                     continue
-            published = _manifest_run_id(Path(row.output)) == row.run_id
+            published = published_run_id(Path(row.output)) == row.run_id
             state = "committed" if published else "aborted"
             note = "repaired: " + ("release found" if published else "no release published")
             try:
@@ -352,13 +353,6 @@ def _window_spend(
         sums = (sum(r.epsilon for r in inside), sum(r.delta for r in inside))
         worst = (max(worst[0], sums[0]), max(worst[1], sums[1]))
     return worst
-
-
-def _manifest_run_id(output: Path) -> str | None:
-    try:
-        return json.loads((output / "manifest.json").read_text()).get("run_id")
-    except (OSError, ValueError):
-        return None
 
 
 def _alive(pid: int | None) -> bool:

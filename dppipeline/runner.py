@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dppipeline.core.budget import AggregationParams, BudgetPlan, plan_budget
-from dppipeline.core.manifest import MANIFEST_NAME, build_manifest
+from dppipeline.core.manifest import MANIFEST_NAME, build_manifest, published_run_id
 from dppipeline.engines.base import Engine, ReleaseJob
 from dppipeline.errors import InputError, UsageError
 from dppipeline.io import (
@@ -210,20 +210,13 @@ def run_job(
     return result
 
 
-def _manifest_run_id(folder: Path) -> str | None:
-    try:
-        return json.loads((folder / MANIFEST_NAME).read_text()).get("run_id")
-    except (OSError, ValueError):
-        return None
-
-
 def _existing_release(
     row: LedgerRow, output: Path, overwrite: bool, say: Callable[[str], None]
 ) -> RunResult:
     """The committed release with this key, at `output` (copied byte for byte if it was
     published elsewhere). No noise is drawn and nothing is spent."""
     published = Path(row.output)
-    if _manifest_run_id(published) != row.run_id:
+    if published_run_id(published) != row.run_id:
         raise InputError(
             f"this release (run {row.run_id}) was published to {published}, which no longer "
             "holds it; pass --new-release to draw new noise and spend the budget again"

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.metadata
+import json
 import platform
+from pathlib import Path
 from typing import Any
 
 from dppipeline import __version__
@@ -18,6 +20,14 @@ from dppipeline.spec import JobSpec
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
+
+
+def published_run_id(release: Path) -> str | None:
+    """The run id in a release folder's manifest; None when there is no readable manifest."""
+    try:
+        return json.loads((release / MANIFEST_NAME).read_text()).get("run_id")
+    except (OSError, ValueError):
+        return None
 
 
 def _version(package: str) -> str | None:

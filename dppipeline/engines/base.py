@@ -13,8 +13,14 @@ from pathlib import Path
 from typing import Protocol
 
 import pandas as pd
+import pyarrow.parquet as pq
 
 from dppipeline.core.budget import BudgetPlan
+from dppipeline.core.release import (
+    add_empty_public_partitions,
+    release_partitions,
+    to_release_table,
+)
 from dppipeline.io import DailyPartition
 from dppipeline.spec import JobSpec
 from dppipeline.validation import RejectSummary
@@ -39,6 +45,19 @@ class EngineRun:
 
     rejects: RejectSummary
     released_partitions: int
+
+
+def release_to_dataset(exact: pd.DataFrame, job: ReleaseJob, dataset_dir: Path) -> int:
+    """Exact aggregates on this machine -> public partitions aligned, released by the core,
+    written as one Parquet file; returns the released row count."""
+    key = job.spec.partition_key
+    if job.public_keys is not None:
+        exact = add_empty_public_partitions(exact, [key], job.public_keys)
+    released = release_partitions(exact, [key], job.plan)
+    table = to_release_table(released, key, job.spec.metrics)
+    dataset_dir.mkdir(parents=True)
+    pq.write_table(table, dataset_dir / "part-00000.parquet")
+    return table.num_rows
 
 
 class Engine(Protocol):

@@ -12,14 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import polars as pl
-import pyarrow.parquet as pq
 
-from dppipeline.core.release import (
-    add_empty_public_partitions,
-    release_partitions,
-    to_release_table,
-)
-from dppipeline.engines.base import EngineRun, ReleaseJob
+from dppipeline.engines.base import EngineRun, ReleaseJob, release_to_dataset
 from dppipeline.engines.bounding import (
     aggregate_per_partition,
     aggregates_frame,
@@ -104,13 +98,6 @@ class LocalEngine:
         """Nothing to start: the local engine runs in this process."""
 
     def run(self, job: ReleaseJob, dataset_dir: Path) -> EngineRun:
-        spec, key = job.spec, job.spec.partition_key
-        result = compute_aggregates(spec, job.days, job.public_keys, job.quarantine, job.seed)
-        aggregates = result.aggregates
-        if job.public_keys is not None:
-            aggregates = add_empty_public_partitions(aggregates, [key], job.public_keys)
-        released = release_partitions(aggregates, [key], job.plan)
-        table = to_release_table(released, key, spec.metrics)
-        dataset_dir.mkdir(parents=True)
-        pq.write_table(table, dataset_dir / "part-00000.parquet")
-        return EngineRun(rejects=result.rejects, released_partitions=table.num_rows)
+        result = compute_aggregates(job.spec, job.days, job.public_keys, job.quarantine, job.seed)
+        released = release_to_dataset(result.aggregates, job, dataset_dir)
+        return EngineRun(rejects=result.rejects, released_partitions=released)

@@ -104,7 +104,7 @@ def _validate_file(path: Path, fmt: str, schema: Schema, value_column: str) -> p
     try:
         file_schema = frame.collect_schema()
     except (pl.exceptions.PolarsError, OSError) as exc:
-        raise InputError(f"{path}: cannot read as {fmt}: {_first_line(exc)}") from None
+        raise InputError(f"{path}: cannot read as {fmt}: {first_line(exc)}") from None
     missing = [f.name for f in schema.fields if f.name not in file_schema]
     if missing:
         raise InputError(
@@ -122,7 +122,8 @@ def _validate_file(path: Path, fmt: str, schema: Schema, value_column: str) -> p
     )
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of an error message, for one-line user errors."""
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
@@ -134,7 +135,7 @@ def _raise_for_unreadable_file(files: list[Path], frames: list[pl.LazyFrame], fm
         except pl.exceptions.PolarsError as exc:
             where = _ragged_csv_line(path) if fmt == "csv" else None
             detail = f" line {where}: wrong number of fields" if where else ""
-            raise InputError(f"{path}{detail}: cannot read as {fmt}: {_first_line(exc)}") from None
+            raise InputError(f"{path}{detail}: cannot read as {fmt}: {first_line(exc)}") from None
 
 
 def _ragged_csv_line(path: Path) -> int | None:

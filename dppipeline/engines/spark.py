@@ -29,13 +29,11 @@ from pyspark.sql.types import StructType
 
 from dppipeline.core.budget import BudgetPlan
 from dppipeline.core.release import (
-    add_empty_public_partitions,
     release_arrow_schema,
     release_partitions,
-    to_release_table,
 )
 from dppipeline.engines import spark_read
-from dppipeline.engines.base import EngineRun, ReleaseJob
+from dppipeline.engines.base import EngineRun, ReleaseJob, release_to_dataset
 from dppipeline.engines.local_read import read_validated
 from dppipeline.engines.spark_session import get_spark, shuffle_partitions
 from dppipeline.io import DailyPartition
@@ -218,14 +216,9 @@ class SparkEngine:
         return summary
 
     def _release_on_driver(self, exact: pd.DataFrame, job: ReleaseJob, dataset_dir: Path) -> int:
-        spec, key = job.spec, job.spec.partition_key
+        key = job.spec.partition_key
         exact[key] = exact[key].astype(transactions_schema().field(key).type)
-        if job.public_keys is not None:
-            exact = add_empty_public_partitions(exact, [key], job.public_keys)
-        table = to_release_table(release_partitions(exact, [key], job.plan), key, spec.metrics)
-        dataset_dir.mkdir(parents=True)
-        pq.write_table(table, dataset_dir / "part-00000.parquet")
-        return table.num_rows
+        return release_to_dataset(exact, job, dataset_dir)
 
     def _release_on_executors(
         self, aggregates: DataFrame, job: ReleaseJob, dataset_dir: Path

@@ -13,6 +13,7 @@ from pathlib import Path
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from dppipeline.engines.local_read import first_line
 from dppipeline.errors import InputError
 from dppipeline.io import DailyPartition
 from dppipeline.schemas import Schema, spark_type_name
@@ -45,7 +46,7 @@ def read_raw(
             frame = spark.read.parquet(*files)
             row = F.col("_metadata.row_index") + 1
     except Exception as exc:  # AnalysisException and friends: name the input
-        raise InputError(f"cannot read {fmt} input: {_first_line(exc)}") from None
+        raise InputError(f"cannot read {fmt} input: {first_line(exc)}") from None
     missing = [name for name in schema.names if name not in frame.columns]
     if missing:
         raise InputError(
@@ -53,11 +54,6 @@ def read_raw(
             f"(required by schemas/{schema.name}.json)"
         )
     return frame.select(*schema.names, F.col("_metadata.file_path").alias(SOURCE), row.alias(ROW))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _parse(frame: DataFrame, name: str, target: str) -> Column:
