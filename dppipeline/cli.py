@@ -120,11 +120,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--tx-per-day", type=int, default=25000)
     gen.add_argument("--seed", type=int, default=0)
 
-    run = sub.add_parser("run", help="compute and publish a DP release")
+    run = sub.add_parser(
+        "run",
+        help="compute and publish a DP release",
+        description="Compute and publish a DP release. With --engine beam, arguments this "
+        "command does not define are Beam pipeline options (--runner, --direct_num_workers, "
+        "--direct_running_mode, --setup_file, ...).",
+        allow_abbrev=False,  # a Beam option must never be taken for an abbreviated flag
+    )
     run.add_argument(
         "--engine",
         default="local",
-        help="local (in-process), spark (local[*], or the spark-submit master) or beam",
+        help="local (in-process), spark (local[*], or the spark-submit master) or beam "
+        "(DirectRunner unless --runner says otherwise)",
     )
     run.add_argument("--input", help="input folder (daily partitions)")
     run.add_argument("--output", help="release folder to create")
@@ -216,12 +224,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path  # noqa: PLC0415
 
-    from dppipeline.runner import run_job  # noqa: PLC0415
+    from dppipeline.runner import load_engine, run_job  # noqa: PLC0415
 
     spec = _spec_from_args(args)
     result = run_job(
         spec,
-        engine=args.engine,
+        engine=load_engine(args.engine, args.engine_options),
         overwrite=args.overwrite,
         quarantine=Path(args.quarantine) if args.quarantine else None,
         ledger=None if args.no_ledger else (args.ledger or default_ledger()),
@@ -285,17 +293,25 @@ COMMANDS = {
 
 
 def _skip_unused_pipeline_dp_imports(args: argparse.Namespace) -> None:
-    """pipeline-dp imports apache_beam and dp_accounting's PLD code whenever they are installed,
-    about 1.3 s per process, though only its Beam backend and PLD accountant use them. A CLI
-    run that uses neither marks them absent; pipeline-dp guards both imports."""
-    if args.command not in ("run", "plan") or getattr(args, "engine", "local") == "beam":
+    """pipeline-dp imports apache_beam and dp_accounting's PLD code (scipy) whenever they are
+    installed, about 1.3 s per process, though only its Beam backend and PLD accountant use
+    them. A CLI run marks absent what it does not use (apache_beam stays for the Beam
+    engine); pipeline-dp guards both imports."""
+    if args.command not in ("run", "plan"):
         return
-    for name in ("apache_beam", "dp_accounting.pld"):
+    unused = ["dp_accounting.pld"]
+    if getattr(args, "engine", "local") != "beam":
+        unused.append("apache_beam")
+    for name in unused:
         sys.modules.setdefault(name, None)  # type: ignore[arg-type]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "run":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.engine_options = extra  # Beam pipeline options; other engines refuse them
     _skip_unused_pipeline_dp_imports(args)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
@@ -305,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger().addFilter(lambda record: "apitools" not in record.getMessage())
     try:
         return COMMANDS[args.command](args)
-    except DPPipelineError as exc:
+    except DPPipelineError as exc:  # includes a refused engine option (UsageError, exit 2)
         if os.environ.get("DPPIPELINE_DEBUG"):
             raise
         print(f"dppipeline {args.command}: error: {exc}", file=sys.stderr)

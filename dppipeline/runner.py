@@ -13,7 +13,7 @@ import logging
 import shutil
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,10 +82,13 @@ def default_quarantine(output: Path, run_id: str) -> Path:
     return output.parent / f"{output.name}_quarantine" / run_id
 
 
-def load_engine(name: str) -> Engine:
-    """Engines import their heavy dependencies (pyspark, apache_beam) only when chosen."""
+def load_engine(name: str, options: Sequence[str] = ()) -> Engine:
+    """Engines import their heavy dependencies (pyspark, apache_beam) only when chosen.
+    `options`: the engine's own command-line options (Beam pipeline options)."""
     if name not in ENGINES:
         raise UsageError(f"--engine: must be one of {', '.join(ENGINES)}; got {name!r}")
+    if options and name != "beam":
+        raise UsageError(f"unrecognized arguments: {' '.join(options)}")
     if name == "local":
         from dppipeline.engines.local import LocalEngine  # noqa: PLC0415
 
@@ -94,7 +97,9 @@ def load_engine(name: str) -> Engine:
         from dppipeline.engines.spark import SparkEngine  # noqa: PLC0415
 
         return SparkEngine()
-    raise UsageError(f"--engine {name}: not available yet in this version; use local or spark")
+    from dppipeline.engines.beam import BeamEngine  # noqa: PLC0415
+
+    return BeamEngine(options)
 
 
 def default_scope(spec: JobSpec) -> str:

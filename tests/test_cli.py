@@ -66,7 +66,16 @@ ERROR_CASES = [
         [*RUN, "--metrics", "count,median"], {}, 2, ["--metrics", "median"], id="unknown-metric"
     ),
     pytest.param([*RUN, "--engine", "flink"], {}, 2, ["--engine", "flink"], id="unknown-engine"),
-    pytest.param([*RUN, "--engine", "beam"], {}, 2, ["beam", "available"], id="engine-beam"),
+    pytest.param(
+        [*RUN, "--engine", "beam", "--direct_num_wrkers=2"],
+        {},
+        2,
+        ["Beam pipeline option", "--direct_num_wrkers"],
+        id="beam-unknown-option",
+    ),
+    pytest.param(
+        [*RUN, "--runner=DirectRunner"], {}, 2, ["unrecognized", "--runner"], id="local-beam-option"
+    ),
     pytest.param([*RUN, "--epsilom", "1"], {}, 2, ["--epsilom"], id="unknown-flag"),
     pytest.param([*RUN, "--epsilon", "abc"], {}, 2, ["--epsilon", "abc"], id="flag-not-number"),
     pytest.param([*RUN, "--noise", "cauchy"], {}, 2, ["--noise"], id="flag-bad-choice"),

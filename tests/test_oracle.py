@@ -114,7 +114,7 @@ def truth(rows: pl.DataFrame) -> pd.DataFrame:
     )
 
 
-@pytest.fixture(params=["local", "spark"])
+@pytest.fixture(params=["local", "spark", "beam"])
 def engine(request):
     if request.param == "spark":
         request.getfixturevalue("spark")  # the session-wide SparkSession

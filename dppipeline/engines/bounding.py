@@ -148,3 +148,20 @@ def aggregates_frame(
             "sum": bounded.sum,
         }
     )
+
+
+def bottom_k_per_group(group: np.ndarray, priority: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the k lowest-priority entries of each group (all of a smaller group).
+
+    With independent uniform priorities this is a uniform sample of min(n, k) entries per
+    group, and it composes: the bottom k of a union is the bottom k of the parts' bottom k.
+    That is what lets a Beam combiner sample before the shuffle, one bundle at a time.
+    """
+    order = np.lexsort((priority, group))
+    return order[_first_k_per_group(group[order], k)]
+
+
+def stable_shard(values: np.ndarray, shards: int) -> np.ndarray:
+    """Shard number of each value, the same in every process (Python's `hash` of a str is
+    salted per process, so it cannot route rows between workers)."""
+    return (pd.util.hash_array(np.asarray(values)) % np.uint64(shards)).astype(np.int64)

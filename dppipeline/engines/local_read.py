@@ -7,6 +7,7 @@ failed gets a reason, instead of one bad cell failing the whole file.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,17 +100,20 @@ def _scan(path: Path, fmt: str) -> pl.LazyFrame:
     return pl.scan_parquet(path)
 
 
-def _validate_file(path: Path, fmt: str, schema: Schema, value_column: str) -> pl.LazyFrame:
-    frame = _scan(path, fmt)
-    try:
-        file_schema = frame.collect_schema()
-    except (pl.exceptions.PolarsError, OSError) as exc:
-        raise InputError(f"{path}: cannot read as {fmt}: {first_line(exc)}") from None
-    missing = [f.name for f in schema.fields if f.name not in file_schema]
-    if missing:
-        raise InputError(
-            f"{path}: missing column {missing[0]} (required by schemas/{schema.name}.json)"
-        )
+def missing_column_error(names: list[str], source: str, schema: Schema) -> InputError | None:
+    """The error for a file that lacks a schema column, or None."""
+    missing = [f.name for f in schema.fields if f.name not in names]
+    if not missing:
+        return None
+    return InputError(
+        f"{source}: missing column {missing[0]} (required by schemas/{schema.name}.json)"
+    )
+
+
+def parse_and_flag(
+    frame: pl.LazyFrame, file_schema: pl.Schema, schema: Schema, value_column: str
+) -> pl.LazyFrame:
+    """Schema columns, each parsed into its type beside the original, and one bad-row flag."""
     rules = _rules(schema, value_column)
     return (
         frame.select(schema.names)
@@ -119,6 +123,41 @@ def _validate_file(path: Path, fmt: str, schema: Schema, value_column: str) -> p
         )
         # One cheap boolean per row; reasons are worked out later, for bad rows only.
         .with_columns(pl.any_horizontal([condition for condition, _ in rules]).alias(_BAD))
+    )
+
+
+def _validate_file(path: Path, fmt: str, schema: Schema, value_column: str) -> pl.LazyFrame:
+    frame = _scan(path, fmt)
+    try:
+        file_schema = frame.collect_schema()
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise InputError(f"{path}: cannot read as {fmt}: {first_line(exc)}") from None
+    error = missing_column_error(file_schema.names(), str(path), schema)
+    if error:
+        raise error
+    return parse_and_flag(frame, file_schema, schema, value_column)
+
+
+def validate_batch(
+    frame: pl.DataFrame,
+    source: str,
+    fmt: str,
+    schema: Schema,
+    value_column: str,
+    *,
+    row_numbers: bool = True,
+) -> tuple[pl.DataFrame, pl.DataFrame | None]:
+    """Validates rows already in memory (e.g. a Beam element): the same rules as a file.
+
+    `row_numbers=False` for a batch that does not start at the file's first row (a Parquet
+    row group): its rejected rows then carry no row number rather than a wrong one.
+    """
+    error = missing_column_error(frame.columns, source, schema)
+    if error:
+        raise error
+    flagged = parse_and_flag(frame.lazy(), frame.schema, schema, value_column).collect()
+    return split_rows(
+        flagged, source, fmt, schema, _rules(schema, value_column), row_numbers=row_numbers
     )
 
 
@@ -139,20 +178,30 @@ def _raise_for_unreadable_file(files: list[Path], frames: list[pl.LazyFrame], fm
 
 
 def _ragged_csv_line(path: Path) -> int | None:
+    with path.open(newline="") as handle:
+        return ragged_csv_line(handle)
+
+
+def ragged_csv_line(lines: Iterable[str]) -> int | None:
     """First line whose field count differs from the header's (error path only)."""
     import csv  # noqa: PLC0415
 
-    with path.open(newline="") as handle:
-        reader = csv.reader(handle)
-        header = next(reader, [])
-        for row in reader:
-            if row and len(row) != len(header):
-                return reader.line_num
+    reader = csv.reader(lines)
+    header = next(reader, [])
+    for row in reader:
+        if row and len(row) != len(header):
+            return reader.line_num
     return None
 
 
-def _split_file(
-    frame: pl.DataFrame, path: Path, fmt: str, schema: Schema, rules: list[tuple[pl.Expr, pl.Expr]]
+def split_rows(
+    frame: pl.DataFrame,
+    source: str,
+    fmt: str,
+    schema: Schema,
+    rules: list[tuple[pl.Expr, pl.Expr]],
+    *,
+    row_numbers: bool = True,
 ) -> tuple[pl.DataFrame, pl.DataFrame | None]:
     """(valid rows with schema types, rejected rows as text with file, row and reason)."""
     first_row = 2 if fmt == "csv" else 1  # CSV: the header is line 1
@@ -165,10 +214,12 @@ def _split_file(
     rejected = None
     if bad.any():
         frame = frame.rechunk()  # polars can panic filtering a multi-chunk frame by a mask
-        if ROW not in frame.columns:
+        if not row_numbers:
+            frame = frame.with_columns(pl.lit(None, pl.UInt32).alias(ROW))
+        elif ROW not in frame.columns:
             frame = frame.with_row_index(ROW, offset=first_row)
         rejected = frame.filter(bad.rechunk()).select(
-            pl.lit(str(path)).alias(SOURCE),
+            pl.lit(source).alias(SOURCE),
             ROW,
             _reason_expr(rules).alias(REASON),
             *[pl.col(n).cast(pl.String) for n in schema.names],
@@ -191,7 +242,7 @@ def read_validated(
     rules = _rules(schema, value_column)
     valid_parts, rejected_parts = [], []
     for path, frame in zip(files, collected, strict=True):
-        valid, rejected = _split_file(frame, path, fmt, schema, rules)
+        valid, rejected = split_rows(frame, str(path), fmt, schema, rules)
         valid_parts.append(valid)
         if rejected is not None:
             rejected_parts.append(rejected)
@@ -209,3 +260,13 @@ def read_validated(
         rows_read=rows.height + rejected.height, rows_rejected=rejected.height, first=first
     )
     return ValidatedInput(rows=rows, rejected=rejected, summary=summary)
+
+
+def first_rejected_row(
+    path: Path, days: list[DailyPartition], fmt: str, schema: Schema, value_column: str
+) -> RejectedRow | None:
+    """The first bad row of one file, with its line or row: re-validated here, for engines
+    that keep no positions (Spark's CSV reader, Beam's Parquet row groups)."""
+    day = next(d for d in days if any(p.resolve() == path.resolve() for p in d.files))
+    one = DailyPartition(day.day, (path,))
+    return read_validated([one], fmt, schema, value_column).summary.first

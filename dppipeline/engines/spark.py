@@ -34,9 +34,8 @@ from dppipeline.core.release import (
 )
 from dppipeline.engines import spark_read
 from dppipeline.engines.base import EngineRun, ReleaseJob, release_to_dataset
-from dppipeline.engines.local_read import read_validated
+from dppipeline.engines.local_read import first_rejected_row
 from dppipeline.engines.spark_session import get_spark, shuffle_partitions
-from dppipeline.io import DailyPartition
 from dppipeline.schemas import transactions_schema
 from dppipeline.spec import JobSpec
 from dppipeline.validation import RejectSummary, check_rejected_fraction
@@ -210,7 +209,10 @@ class SparkEngine:
         bad = spark_read.rejected_rows(validated, schema, job.spec.value)
         bad.write.mode("overwrite").parquet(str(quarantine))
         first_file = bad.select(F.min(spark_read.SOURCE)).first()[0]
-        first = _first_rejected_row(spark_read.local_path(first_file), job, schema)
+        first = first_rejected_row(
+            spark_read.local_path(first_file), job.days, job.spec.input.format, schema,
+            job.spec.value,
+        )
         summary = RejectSummary(rows, rejected, first, quarantine)
         check_rejected_fraction(summary, job.spec.input.max_rejected_fraction)
         return summary
@@ -237,11 +239,3 @@ class SparkEngine:
         return sum(
             pq.ParquetFile(p).metadata.num_rows for p in sorted(dataset_dir.glob("*.parquet"))
         )
-
-
-def _first_rejected_row(path: Path, job: ReleaseJob, schema) -> object:
-    """The first bad row of a file, with its line: re-validated locally (one daily file),
-    because Spark keeps no line numbers for CSV."""
-    day = next(d for d in job.days if any(p.resolve() == path.resolve() for p in d.files))
-    one = DailyPartition(day.day, (path,))
-    return read_validated([one], job.spec.input.format, schema, job.spec.value).summary.first

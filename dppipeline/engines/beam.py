@@ -1,0 +1,720 @@
+"""The Beam engine: composite transforms that parallelise on any runner; DirectRunner locally.
+
+    ReadTransactions -> ValidateTransactions -> BoundContributions -> AggregatePerPartition
+        -> ReleaseDP -> WriteRelease          (rejected rows -> WriteRejected, quarantine)
+
+Elements are batches, never single rows: a Parquet row group (read by Beam's Parquet source,
+split by row group), a whole CSV file, or the rows of one shard. Per-row work is numpy and
+Polars inside a DoFn, the way Beam's own batched IO works, so the runner's per-element cost is
+paid per batch (PipelineDP's BeamBackend pays it per row, several times).
+
+Bounding is exact whatever the bundles are:
+
+- Rows are routed to `unit_shards` shards by a stable hash of the privacy unit, so all of a
+  unit's rows meet in one shard.
+- Linf: every row gets a uniform random priority and a combiner keeps, per (privacy unit,
+  partition) pair, the `max_contributions_per_partition` lowest. Bottom-k of random priorities
+  is a uniform sample and composes across bundles, so the combiner cuts data before the
+  shuffle (a customer with 100,000 rows at one terminal ships 10 of them).
+- L0: per shard, `bounding.sample_contributions` (the local engine's code) keeps a uniform
+  sample of `max_partitions_contributed` partitions per unit and aggregates them.
+- Per-partition partial aggregates are routed to `partition_shards` shards by a stable hash of
+  the key, summed by a combiner, aligned with the public partitions (a PCollection joined by
+  CoGroupByKey) and released by `core.release` in a DoFn: one batch per shard.
+
+Public partitions also reach the first step as a side input, to drop unlisted rows before
+bounding (no unit spends its L0 on a partition that is never released).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import tempfile
+import time
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import apache_beam as beam
+import numpy as np
+import pandas as pd
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io import fileio
+from apache_beam.io.parquetio import ReadAllFromParquetBatched, WriteToParquetBatched
+from apache_beam.metrics.metric import Metrics, MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.typehints import KV, Any
+
+from dppipeline.core.budget import BudgetPlan
+from dppipeline.core.release import (
+    add_empty_public_partitions,
+    release_arrow_schema,
+    release_partitions,
+    to_release_table,
+)
+from dppipeline.engines.base import EngineRun, ReleaseJob
+from dppipeline.engines.bounding import (
+    aggregate_per_partition,
+    aggregates_frame,
+    bottom_k_per_group,
+    sample_contributions,
+    stable_shard,
+)
+from dppipeline.engines.local_read import (
+    REASON,
+    ROW,
+    SOURCE,
+    first_line,
+    first_rejected_row,
+    ragged_csv_line,
+    validate_batch,
+)
+from dppipeline.errors import InputError, UsageError
+from dppipeline.schemas import Schema, transactions_schema
+from dppipeline.spec import JobSpec
+from dppipeline.validation import RejectSummary, check_rejected_fraction
+
+log = logging.getLogger("dppipeline.beam")
+
+METRICS_NAMESPACE = "dppipeline"
+# Rows per shard the defaults aim at: enough to amortise a DoFn call, small enough for a worker.
+ROWS_PER_SHARD = 4_000_000
+BYTES_PER_ROW_ESTIMATE = 12  # compressed Parquet / CSV bytes per transaction, roughly
+MIN_SHARDS, MAX_SHARDS = 4, 4096
+COMPACT_EVERY = 16  # combiner: compact an accumulator after this many added blocks
+PUBLIC_CHUNK = 100_000
+AGGREGATE_DTYPES = {"privacy_id_count": "int64", "count": "int64", "sum": "float64"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Elements
+
+
+@dataclass(frozen=True)
+class RawBatch:
+    """Rows as read, before validation: a Parquet row group or a whole CSV file."""
+
+    source: str
+    fmt: str
+    frame: pl.DataFrame | None
+    whole_file: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ContributionBlock:
+    """Clipped contributions, column-wise, each with its uniform random priority."""
+
+    unit: np.ndarray
+    key: np.ndarray
+    priority: np.ndarray
+    value: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.unit)
+
+    def take(self, positions: np.ndarray) -> ContributionBlock:
+        return ContributionBlock(
+            self.unit[positions],
+            self.key[positions],
+            self.priority[positions],
+            self.value[positions],
+        )
+
+    @staticmethod
+    def concat(blocks: Sequence[ContributionBlock]) -> ContributionBlock:
+        if len(blocks) == 1:
+            return blocks[0]
+        return ContributionBlock(
+            *(np.concatenate([getattr(b, f) for b in blocks]) for f in _BLOCK_FIELDS)
+        )
+
+    def pair_codes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(unit codes, key codes, key values, pair codes) for the rows of this block."""
+        unit_codes, _ = pd.factorize(self.unit)
+        key_codes, key_values = pd.factorize(self.key)
+        n_keys = max(len(key_values), 1)
+        pair = unit_codes.astype(np.int64) * n_keys + key_codes
+        return unit_codes, key_codes.astype(np.int64), np.asarray(key_values), pair
+
+    def bottom_k_per_pair(self, k: int) -> ContributionBlock:
+        """The k lowest-priority rows of each (privacy unit, partition) pair."""
+        if len(self) <= k:
+            return self
+        _, _, _, pair = self.pair_codes()
+        return self.take(bottom_k_per_group(pair, self.priority, k))
+
+
+_BLOCK_FIELDS = ("unit", "key", "priority", "value")
+
+
+def _rng(seed: int | None, *parts: object) -> np.random.Generator:
+    """Fresh entropy, or (tests) a generator derived from the seed and the element."""
+    if seed is None:
+        return np.random.default_rng()
+    return np.random.default_rng([seed, *(zlib.crc32(str(p).encode()) for p in parts)])
+
+
+def _empty_aggregates(key: str, key_type: str) -> pd.DataFrame:
+    frame = pd.DataFrame({key: pd.Series([], dtype="object" if key_type == "string" else "int64")})
+    for column, dtype in AGGREGATE_DTYPES.items():
+        frame[column] = pd.Series([], dtype=dtype)
+    return frame
+
+
+# ---------------------------------------------------------------------------------------------
+# Read and validate
+
+
+class _ParseCsvFile(beam.DoFn):
+    """One CSV file (a `fileio.ReadableFile`) -> one batch of text columns."""
+
+    def process(self, readable) -> list[RawBatch]:
+        path = readable.metadata.path
+        data = readable.read()
+        try:
+            frame = pl.read_csv(data, infer_schema=False)
+        except pl.exceptions.PolarsError as exc:
+            line = ragged_csv_line(data.decode(errors="replace").splitlines())
+            where = f" line {line}: wrong number of fields" if line else ""
+            message = f"{path}{where}: cannot read as csv: {first_line(exc)}"
+            return [RawBatch(path, "csv", None, True, message)]
+        return [RawBatch(path, "csv", frame, True)]
+
+
+class ReadTransactions(beam.PTransform):
+    """The selected daily files -> RawBatch elements. Parquet through Beam's Parquet source
+    (splittable by row group); CSV through `fileio` (one element per file)."""
+
+    def __init__(self, files: Sequence[str], fmt: str, schema: Schema):
+        super().__init__()
+        self._files, self._fmt, self._schema = list(files), fmt, schema
+
+    def expand(self, pbegin):
+        files = pbegin | "ListSelectedFiles" >> beam.Create(self._files)
+        if self._fmt == "parquet":
+            return (
+                files
+                | "ReadParquetRowGroups"
+                >> ReadAllFromParquetBatched(columns=self._schema.names, with_filename=True)
+                | "ToBatches"
+                >> beam.MapTuple(
+                    lambda path, table: RawBatch(
+                        path, "parquet", pl.from_arrow(table), whole_file=False
+                    )
+                )
+            )
+        return (
+            files
+            | "MatchFiles" >> fileio.MatchAll()
+            | "OpenFiles" >> fileio.ReadMatches()
+            | "ParseCsv" >> beam.ParDo(_ParseCsvFile())
+        )
+
+
+class _ValidateBatch(beam.DoFn):
+    REJECTED, UNREADABLE = "rejected", "unreadable"
+
+    def __init__(self, schema: Schema, value_column: str):
+        self._schema, self._value = schema, value_column
+        self._rows_read = Metrics.counter(METRICS_NAMESPACE, "rows_read")
+        self._rows_rejected = Metrics.counter(METRICS_NAMESPACE, "rows_rejected")
+
+    def process(self, batch: RawBatch) -> list:
+        if batch.error is not None or batch.frame is None:
+            return [beam.pvalue.TaggedOutput(self.UNREADABLE, batch.error)]
+        try:
+            valid, rejected = validate_batch(
+                batch.frame,
+                batch.source,
+                batch.fmt,
+                self._schema,
+                self._value,
+                row_numbers=batch.whole_file,
+            )
+        except InputError as exc:
+            return [beam.pvalue.TaggedOutput(self.UNREADABLE, str(exc))]
+        outputs: list = []
+        n_rejected = 0 if rejected is None else rejected.height
+        self._rows_read.inc(valid.height + n_rejected)
+        if rejected is not None:
+            self._rows_rejected.inc(n_rejected)
+            text = rejected.to_arrow().cast(rejected_arrow_schema(self._schema))
+            outputs.append(beam.pvalue.TaggedOutput(self.REJECTED, text))
+        if valid.height:
+            outputs.append((batch.source, valid))
+        return outputs
+
+
+def rejected_arrow_schema(schema: Schema) -> pa.Schema:
+    """Quarantine rows: where, why, and every column as the text that was read."""
+    return pa.schema(
+        [(SOURCE, pa.string()), (ROW, pa.uint32()), (REASON, pa.string())]
+        + [(name, pa.string()) for name in schema.names]
+    )
+
+
+class ValidateTransactions(beam.PTransform):
+    """RawBatch -> (source, valid rows) main output; 'rejected' rows (Arrow, as text) and
+    'unreadable' file messages as tagged outputs. Counts go to Beam metrics."""
+
+    def __init__(self, schema: Schema, value_column: str):
+        super().__init__()
+        self._schema, self._value = schema, value_column
+
+    def expand(self, batches):
+        return batches | "CheckRules" >> beam.ParDo(
+            _ValidateBatch(self._schema, self._value)
+        ).with_outputs(_ValidateBatch.REJECTED, _ValidateBatch.UNREADABLE, main="valid")
+
+
+# ---------------------------------------------------------------------------------------------
+# Bound contributions
+
+
+class _ClipAndShard(beam.DoFn):
+    """Valid rows -> (unit shard, ContributionBlock): clipped, public-filtered, prioritised."""
+
+    def __init__(self, spec: JobSpec, unit_shards: int, seed: int | None):
+        self._unit, self._key, self._value = spec.privacy_unit, spec.partition_key, spec.value
+        bounds = spec.bounds
+        self._clip = (bounds.min_value, bounds.max_value) if spec.needs_value_bounds else None
+        self._shards, self._seed = unit_shards, seed
+        self._public_index: tuple[int, pd.Index] | None = None
+
+    def _listed(self, keys: np.ndarray, public: np.ndarray) -> np.ndarray:
+        # The side input is one array; its hash index is built once per worker, not per batch.
+        if self._public_index is None or self._public_index[0] != id(public):
+            self._public_index = (id(public), pd.Index(public))
+        return self._public_index[1].get_indexer(keys) >= 0
+
+    def process(self, element, public: np.ndarray | None = None) -> list:
+        source, rows = element
+        units = rows.get_column(self._unit).to_numpy()
+        keys = rows.get_column(self._key).to_numpy()
+        if self._clip is None:
+            values = np.zeros(len(units))
+        else:
+            values = rows.get_column(self._value).clip(*self._clip).to_numpy().astype(np.float64)
+        if public is not None:
+            listed = self._listed(keys, public)
+            units, keys, values = units[listed], keys[listed], values[listed]
+        if len(units) == 0:
+            return []
+        rng = _rng(self._seed, source, len(units), units[0], keys[-1])
+        block = ContributionBlock(units, keys, rng.random(len(units)), values)
+        shard = stable_shard(units, self._shards)
+        order = np.argsort(shard, kind="stable")
+        bounds = np.flatnonzero(np.diff(shard[order])) + 1
+        return [
+            (int(shard[positions[0]]), block.take(positions))
+            for positions in np.split(order, bounds)
+        ]
+
+
+class _SampleRowsPerPair(beam.CombineFn):
+    """Linf: the lowest-priority `k` rows of each (privacy unit, partition) pair (uniform)."""
+
+    def __init__(self, k: int):
+        self._k = k
+
+    def create_accumulator(self) -> list[ContributionBlock]:
+        return []
+
+    def _compact(self, blocks: list[ContributionBlock]) -> list[ContributionBlock]:
+        return [ContributionBlock.concat(blocks).bottom_k_per_pair(self._k)] if blocks else []
+
+    def add_input(self, blocks, block):
+        blocks.append(block)
+        return self._compact(blocks) if len(blocks) >= COMPACT_EVERY else blocks
+
+    def merge_accumulators(self, accumulators):
+        return self._compact([block for blocks in accumulators for block in blocks])
+
+    def compact(self, blocks):
+        return self._compact(blocks)
+
+    def extract_output(self, blocks) -> ContributionBlock | None:
+        compacted = self._compact(blocks)
+        return compacted[0] if compacted else None
+
+
+class _SamplePartitionsPerUnit(beam.DoFn):
+    """L0 + aggregation within a unit shard -> (partition shard, partial aggregates)."""
+
+    def __init__(self, spec: JobSpec, partition_shards: int, seed: int | None):
+        self._key = spec.partition_key
+        self._l0 = spec.bounds.max_partitions_contributed
+        self._linf = spec.bounds.max_contributions_per_partition
+        self._shards, self._seed = partition_shards, seed
+        self._pairs = Metrics.counter(METRICS_NAMESPACE, "pairs_after_linf")
+
+    def process(self, element) -> list:
+        shard, block = element
+        if block is None or len(block) == 0:
+            return []
+        unit_codes, key_codes, key_values, _ = block.pair_codes()
+        n_keys = max(len(key_values), 1)
+        # The rows are already <= Linf per pair; sample_contributions keeps them all and
+        # samples L0 partitions per unit, uniformly, exactly as the local engine does.
+        sample = sample_contributions(
+            unit_codes.astype(np.int64),
+            key_codes,
+            n_keys=n_keys,
+            max_partitions_contributed=self._l0,
+            max_contributions_per_partition=self._linf,
+            rng=_rng(self._seed, "l0", shard),
+        )
+        self._pairs.inc(len(sample.pair_key_codes))
+        bounded = aggregate_per_partition(sample, key_codes, block.value, n_keys)
+        partial = aggregates_frame(bounded, self._key, key_values)
+        target = stable_shard(partial[self._key].to_numpy(), self._shards)
+        return [
+            (int(target_shard), part.reset_index(drop=True))
+            for target_shard, part in partial.groupby(target, sort=False)
+        ]
+
+
+class BoundContributions(beam.PTransform):
+    """(source, valid rows) -> (partition shard, partial aggregates): Linf then L0, uniform."""
+
+    def __init__(
+        self, spec: JobSpec, public, unit_shards: int, partition_shards: int, seed: int | None
+    ):
+        super().__init__()
+        self._spec, self._public, self._seed = spec, public, seed
+        self._unit_shards, self._partition_shards = unit_shards, partition_shards
+
+    def expand(self, valid):
+        side = {} if self._public is None else {"public": beam.pvalue.AsSingleton(self._public)}
+        return (
+            valid
+            | "ClipAndShardByPrivacyUnit"
+            >> beam.ParDo(
+                _ClipAndShard(self._spec, self._unit_shards, self._seed), **side
+            ).with_output_types(KV[int, Any])
+            | "SampleRowsPerPartition"
+            >> beam.CombinePerKey(
+                _SampleRowsPerPair(self._spec.bounds.max_contributions_per_partition)
+            )
+            | "SamplePartitionsPerUnit"
+            >> beam.ParDo(
+                _SamplePartitionsPerUnit(self._spec, self._partition_shards, self._seed)
+            ).with_output_types(KV[int, Any])
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Aggregate, release, write
+
+
+class _SumPerPartition(beam.CombineFn):
+    """Partial aggregates of one partition shard -> their sum per partition key."""
+
+    def __init__(self, key: str):
+        self._key = key
+
+    def create_accumulator(self) -> list[pd.DataFrame]:
+        return []
+
+    def _compact(self, frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
+        if len(frames) <= 1:
+            return frames
+        merged = pd.concat(frames, ignore_index=True)
+        return [merged.groupby(self._key, sort=False, as_index=False)[list(AGGREGATE_DTYPES)].sum()]
+
+    def add_input(self, frames, frame):
+        frames.append(frame)
+        return self._compact(frames) if len(frames) >= COMPACT_EVERY else frames
+
+    def merge_accumulators(self, accumulators):
+        return self._compact([frame for frames in accumulators for frame in frames])
+
+    def compact(self, frames):
+        return self._compact(frames)
+
+    def extract_output(self, frames) -> pd.DataFrame | None:
+        compacted = self._compact(frames)
+        return compacted[0] if compacted else None
+
+
+class AggregatePerPartition(beam.PTransform):
+    """(partition shard, partial aggregates) -> (partition shard, exact bounded aggregates)."""
+
+    def __init__(self, key: str):
+        super().__init__()
+        self._key = key
+
+    def expand(self, partials):
+        return partials | "SumPerPartition" >> beam.CombinePerKey(_SumPerPartition(self._key))
+
+
+class _Release(beam.DoFn):
+    """One partition shard's exact aggregates -> its released rows, by `core.release`."""
+
+    def __init__(self, plan: BudgetPlan, key: str, key_type: str, metrics: tuple[str, ...]):
+        self._plan, self._key, self._key_type, self._metrics = plan, key, key_type, metrics
+        self._released = Metrics.counter(METRICS_NAMESPACE, "partitions_released")
+
+    def process(self, element) -> list:
+        _, grouped = element
+        if isinstance(grouped, dict):  # public partitions: joined by CoGroupByKey
+            frames = [f for f in grouped["aggregates"] if f is not None]
+            public_keys = list(grouped["public"])
+            if not public_keys:
+                return []  # unlisted keys were dropped before bounding: none arrive here
+            public = pd.DataFrame({self._key: np.concatenate(public_keys)})
+        else:
+            frames, public = [grouped] if grouped is not None else [], None
+        exact = (
+            pd.concat(frames, ignore_index=True)
+            if frames
+            else _empty_aggregates(self._key, self._key_type)
+        )
+        if public is not None:
+            exact = add_empty_public_partitions(exact, [self._key], public)
+        released = release_partitions(exact, [self._key], self._plan)
+        table = to_release_table(released, self._key, self._metrics)
+        self._released.inc(table.num_rows)
+        return [table] if table.num_rows else []
+
+
+class ReleaseDP(beam.PTransform):
+    """Exact aggregates per partition shard -> released Arrow tables (selection + noise)."""
+
+    def __init__(self, plan: BudgetPlan, spec: JobSpec, public_by_shard=None):
+        super().__init__()
+        self._plan, self._spec, self._public = plan, spec, public_by_shard
+
+    def expand(self, aggregates):
+        key = self._spec.partition_key
+        release = _Release(
+            self._plan, key, transactions_schema().field(key).type, self._spec.metrics
+        )
+        if self._public is None:
+            return aggregates | "SelectAndNoise" >> beam.ParDo(release)
+        return (
+            {"aggregates": aggregates, "public": self._public}
+            | "AlignToPublicPartitions" >> beam.CoGroupByKey()
+            | "SelectAndNoise" >> beam.ParDo(release)
+        )
+
+
+class WriteRelease(beam.PTransform):
+    """Released tables -> Parquet files `part-SSSSS-of-NNNNN.parquet` in the dataset folder.
+    The folder is inside the runner's staging area, published by rename only on success."""
+
+    def __init__(self, dataset_dir: Path, schema: pa.Schema):
+        super().__init__()
+        self._dir, self._schema = dataset_dir, schema
+
+    def expand(self, tables):
+        return tables | "WriteParquet" >> WriteToParquetBatched(
+            str(self._dir / "part"), schema=self._schema, file_name_suffix=".parquet"
+        )
+
+
+def _public_chunks(public_keys: pd.DataFrame, key: str) -> list[np.ndarray]:
+    keys = public_keys[key].to_numpy()
+    return np.array_split(keys, max(1, math.ceil(len(keys) / PUBLIC_CHUNK)))
+
+
+def _split_by_shard(keys: np.ndarray, shards: int) -> Iterator[tuple[int, np.ndarray]]:
+    target = stable_shard(keys, shards)
+    for shard in np.unique(target):
+        yield int(shard), keys[target == shard]
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine
+
+
+def default_shards(input_bytes: int) -> int:
+    """Shards for the data size: about ROWS_PER_SHARD rows each, within [4, 4096]."""
+    rows = input_bytes / BYTES_PER_ROW_ESTIMATE
+    return int(min(MAX_SHARDS, max(MIN_SHARDS, math.ceil(rows / ROWS_PER_SHARD))))
+
+
+def check_pipeline_options(args: Sequence[str]) -> PipelineOptions:
+    """Beam's PipelineOptions from command-line flags; an unknown flag is a usage error
+    (Beam itself only logs and drops it, so a typo would silently change the run)."""
+    from apache_beam.options.pipeline_options import _BeamArgumentParser  # noqa: PLC0415
+
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
+        cls._add_argparse_args(parser)
+    _, unknown = parser.parse_known_args(list(args))
+    if unknown:
+        raise UsageError(f"unknown Beam pipeline option {unknown[0]!r} (see PipelineOptions)")
+    return PipelineOptions(list(args))
+
+
+def preflight(files: Iterable[Path], fmt: str, schema: Schema) -> None:
+    """Parquet footers read on the driver, so a corrupt file or a missing column fails fast
+    with the file's name instead of deep inside a worker."""
+    if fmt != "parquet":
+        return
+    for path in files:
+        try:
+            names = pq.read_schema(path).names
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"{path}: cannot read as parquet: {first_line(exc)}") from None
+        missing = [name for name in schema.names if name not in names]
+        if missing:
+            raise InputError(
+                f"{path}: missing column {missing[0]} (required by schemas/{schema.name}.json)"
+            )
+
+
+class BeamEngine:
+    """Beam engine: DirectRunner by default; any runner through standard pipeline options."""
+
+    name = "beam"
+
+    def __init__(
+        self,
+        pipeline_args: Sequence[str] = (),
+        unit_shards: int | None = None,
+        partition_shards: int | None = None,
+    ):
+        self._args = list(pipeline_args)
+        self._options = check_pipeline_options(self._args)
+        self._unit_shards, self._partition_shards = unit_shards, partition_shards
+
+    def prepare(self) -> None:
+        """Nothing to start: the runner starts when the pipeline runs."""
+
+    def run(self, job: ReleaseJob, dataset_dir: Path) -> EngineRun:
+        started = time.monotonic()
+
+        def progress(step: str) -> None:
+            job.progress(f"{time.monotonic() - started:6.1f}s {step}")
+
+        spec, schema = job.spec, transactions_schema()
+        files = [path for day in job.days for path in day.files]
+        preflight(files, spec.input.format, schema)
+        input_bytes = sum(path.stat().st_size for path in files)
+        unit_shards = self._unit_shards or default_shards(input_bytes)
+        partition_shards = self._partition_shards or unit_shards
+        scratch = Path(tempfile.mkdtemp(prefix="dppipeline-beam-"))
+        try:
+            pipeline = beam.Pipeline(options=self._options)
+            self._build(
+                pipeline,
+                job,
+                dataset_dir=dataset_dir,
+                scratch=scratch,
+                unit_shards=unit_shards,
+                partition_shards=partition_shards,
+            )
+            runner = self._options.get_all_options().get("runner") or "DirectRunner"
+            progress(
+                f"Beam {beam.__version__} on {runner}: {len(files)} files, "
+                f"{unit_shards} privacy-unit shards, {partition_shards} partition shards"
+            )
+            result = pipeline.run()
+            result.wait_until_finish()
+            counters = _counters(result)
+            progress(
+                f"pipeline done: {counters.get('rows_read', 0):,} rows read, "
+                f"{counters.get('pairs_after_linf', 0):,} (unit, partition) pairs kept"
+            )
+            rejects = self._check_input(counters, job, scratch, schema)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        released = sum(
+            pq.ParquetFile(p).metadata.num_rows for p in sorted(dataset_dir.glob("*.parquet"))
+        )
+        return EngineRun(rejects=rejects, released_partitions=released)
+
+    def _build(
+        self,
+        pipeline: beam.Pipeline,
+        job: ReleaseJob,
+        *,
+        dataset_dir: Path,
+        scratch: Path,
+        unit_shards: int,
+        partition_shards: int,
+    ) -> None:
+        spec, schema, key = job.spec, transactions_schema(), job.spec.partition_key
+        files = [str(path) for day in job.days for path in day.files]
+        batches = pipeline | "ReadTransactions" >> ReadTransactions(
+            files, spec.input.format, schema
+        )
+        checked = batches | "ValidateTransactions" >> ValidateTransactions(schema, spec.value)
+        _ = checked[_ValidateBatch.REJECTED] | "WriteRejected" >> WriteToParquetBatched(
+            str(scratch / "rejected" / "part"),
+            schema=rejected_arrow_schema(schema),
+            file_name_suffix=".parquet",
+        )
+        _ = checked[_ValidateBatch.UNREADABLE] | "WriteUnreadable" >> beam.io.WriteToText(
+            str(scratch / "unreadable" / "part"), file_name_suffix=".txt"
+        )
+        public_all = public_by_shard = None
+        if job.public_keys is not None:
+            keys = job.public_keys[key].to_numpy()
+            public_all = pipeline | "PublicPartitionList" >> beam.Create([keys])
+            public_by_shard = (
+                pipeline
+                | "PublicPartitions" >> beam.Create(_public_chunks(job.public_keys, key))
+                | "ShardPublicPartitions"
+                >> beam.FlatMap(_split_by_shard, shards=partition_shards).with_output_types(
+                    KV[int, Any]
+                )
+            )
+        _ = (
+            checked.valid
+            | "BoundContributions"
+            >> BoundContributions(spec, public_all, unit_shards, partition_shards, job.seed)
+            | "AggregatePerPartition" >> AggregatePerPartition(key)
+            | "ReleaseDP" >> ReleaseDP(job.plan, spec, public_by_shard)
+            | "WriteRelease" >> WriteRelease(dataset_dir, release_arrow_schema(key, spec.metrics))
+        )
+
+    def _check_input(
+        self, counters: dict[str, int], job: ReleaseJob, scratch: Path, schema: Schema
+    ) -> RejectSummary:
+        """Unreadable files fail the run; rejected rows go to the quarantine, and above
+        max_rejected_fraction fail it, naming the first bad file and row."""
+        messages = sorted(
+            line
+            for path in (scratch / "unreadable").glob("part*")
+            for line in path.read_text().splitlines()
+            if line
+        )
+        if messages:
+            raise InputError(messages[0])
+        rows, rejected = counters.get("rows_read", 0), counters.get("rows_rejected", 0)
+        if rejected == 0:
+            summary = RejectSummary(rows, 0, None)
+            check_rejected_fraction(summary, job.spec.input.max_rejected_fraction)
+            return summary
+        quarantine = job.quarantine / "rejected.parquet"
+        quarantine.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(scratch / "rejected"), quarantine)
+        sources = pa.concat_tables(
+            pq.read_table(p, columns=[SOURCE]) for p in sorted(quarantine.glob("*.parquet"))
+        ).column(SOURCE)
+        first_file = Path(min(sources.to_pylist()))
+        first = first_rejected_row(
+            first_file, job.days, job.spec.input.format, schema, job.spec.value
+        )
+        summary = RejectSummary(rows, rejected, first, quarantine)
+        check_rejected_fraction(summary, job.spec.input.max_rejected_fraction)
+        return summary
+
+
+def _counters(result) -> dict[str, int]:
+    """This run's dppipeline counters (committed where the runner reports them)."""
+    query = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))
+    counters: dict[str, int] = {}
+    for counter in query["counters"]:
+        value = counter.committed if counter.committed is not None else counter.attempted
+        counters[counter.key.metric.name] = counters.get(counter.key.metric.name, 0) + int(value)
+    return counters
