@@ -210,7 +210,10 @@ class SparkEngine:
         bad.write.mode("overwrite").parquet(str(quarantine))
         first_file = bad.select(F.min(spark_read.SOURCE)).first()[0]
         first = first_rejected_row(
-            spark_read.local_path(first_file), job.days, job.spec.input.format, schema,
+            spark_read.local_path(first_file),
+            job.days,
+            job.spec.input.format,
+            schema,
             job.spec.value,
         )
         summary = RejectSummary(rows, rejected, first, quarantine)
