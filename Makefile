@@ -41,6 +41,7 @@ lint: setup  ## ruff
 bench: setup  ## benchmarks against PipelineDP and a non-private baseline
 	$(PY) -m bench.local_engine
 	$(PY) -m bench.spark_engine
+	$(PY) -m bench.beam_engine
 
 clean:  ## remove generated data and caches (keeps .venv)
 	rm -rf $(DEMO) .pytest_cache .ruff_cache bench/data

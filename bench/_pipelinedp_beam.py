@@ -1,0 +1,113 @@
+"""PipelineDP's DPEngine on BeamBackend: the reference program timed by bench.beam_engine.
+
+    python -m bench._pipelinedp_beam --input bench/data/rows_1M --output /tmp/pdp_beam
+
+What a PipelineDP Beam user writes: a Beam pipeline (DirectRunner unless told otherwise) that
+reads the daily Parquet files with `beam.io.ReadFromParquet`, maps each row to a
+(customer, terminal, amount) tuple, runs `DPEngine.aggregate` with public partitions on
+`BeamBackend`, and writes the released rows with `beam.io.WriteToParquet`. The defaults are
+the benchmark's parameters; `bench.beam_engine` passes them explicitly. Arguments this program
+does not know are Beam pipeline options (`--direct_num_workers=2`, ...).
+
+Progress markers go to stderr. This file imports only apache_beam, pipeline_dp and pyarrow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from operator import itemgetter
+
+import pyarrow as pa
+
+# pipeline_dp imports apache_beam, which logs a GCP warning on the root logger.
+logging.getLogger().addFilter(lambda record: "apitools" not in record.getMessage())
+
+import apache_beam as beam  # noqa: E402
+import pipeline_dp  # noqa: E402
+from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
+
+
+def mark(text: str) -> None:
+    print(f"bench-marker: {text}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="python -m bench._pipelinedp_beam")
+    add = parser.add_argument
+    add("--input", required=True, help="Parquet folder (daily date=… subfolders)")
+    add("--output", required=True, help="folder to write the released rows to")
+    add("--privacy-unit", default="CUSTOMER_ID")
+    add("--partition-key", default="TERMINAL_ID")
+    add("--value", default="TX_AMOUNT")
+    add("--partitions", type=int, default=1000, help="public partitions are 0..N-1")
+    add("--epsilon", type=float, default=1.0)
+    add("--delta", type=float, default=1e-6)
+    add("--max-partitions-contributed", type=int, default=20)
+    add("--max-contributions-per-partition", type=int, default=10)
+    add("--min-value", type=float, default=0.0)
+    add("--max-value", type=float, default=200.0)
+    return parser.parse_known_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, beam_args = parse_args(argv)
+    columns = [args.privacy_unit, args.partition_key, args.value]
+    accountant = pipeline_dp.NaiveBudgetAccountant(
+        total_epsilon=args.epsilon, total_delta=args.delta
+    )
+    engine = pipeline_dp.DPEngine(accountant, pipeline_dp.BeamBackend())
+    params = pipeline_dp.AggregateParams(
+        metrics=[pipeline_dp.Metrics.COUNT, pipeline_dp.Metrics.SUM, pipeline_dp.Metrics.MEAN],
+        noise_kind=pipeline_dp.NoiseKind.LAPLACE,
+        max_partitions_contributed=args.max_partitions_contributed,
+        max_contributions_per_partition=args.max_contributions_per_partition,
+        min_value=args.min_value,
+        max_value=args.max_value,
+    )
+    extractors = pipeline_dp.DataExtractors(
+        privacy_id_extractor=itemgetter(0),
+        partition_extractor=itemgetter(1),
+        value_extractor=itemgetter(2),
+    )
+    schema = pa.schema(
+        [
+            (args.partition_key, pa.int64()),
+            ("count", pa.float64()),
+            ("sum", pa.float64()),
+            ("mean", pa.float64()),
+        ]
+    )
+    pattern = f"{args.input}/date=*/*.parquet"
+    with beam.Pipeline(options=PipelineOptions(beam_args)) as pipeline:
+        rows = (
+            pipeline
+            | "Read" >> beam.io.ReadFromParquet(pattern, columns=columns)
+            | "ToTuples" >> beam.Map(lambda row: tuple(row[c] for c in columns))
+        )
+        released = engine.aggregate(
+            rows, params, extractors, public_partitions=list(range(args.partitions))
+        )
+        accountant.compute_budgets()
+        _ = (
+            released
+            | "ToDicts"
+            >> beam.Map(
+                lambda kv: {
+                    args.partition_key: kv[0],
+                    "count": kv[1].count,
+                    "sum": kv[1].sum,
+                    "mean": kv[1].mean,
+                }
+            )
+            | "Write"
+            >> beam.io.WriteToParquet(f"{args.output}/part", schema, file_name_suffix=".parquet")
+        )
+    mark("pipeline finished")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
