@@ -583,6 +583,9 @@ class BeamEngine:
         partition_shards: int | None = None,
     ):
         self._args = list(pipeline_args)
+        if not any(arg.startswith("--default_sdk_harness_log_level") for arg in self._args):
+            # Quiet workers by default (multi_processing workers log every bundle at INFO).
+            self._args.append("--default_sdk_harness_log_level=WARNING")
         self._options = check_pipeline_options(self._args)
         self._unit_shards, self._partition_shards = unit_shards, partition_shards
 
