@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 DEMO   ?= demo
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test lint bench clean check-java spark-cluster spark-cluster-stop pack-env
+.PHONY: help setup demo test lint bench clean check-java spark-cluster spark-cluster-stop pack-env airflow-setup airflow-demo airflow-test
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -21,6 +21,25 @@ $(STAMP): requirements.lock pyproject.toml
 
 setup: $(STAMP)  ## create .venv with the pinned dependencies
 
+# Airflow lives in its own virtualenv (its pins clash with nothing of ours, and .venv stays lean);
+# its tasks run the jobs with .venv's Python.
+AIRFLOW_VENV  ?= .venv-airflow
+AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed
+
+$(AIRFLOW_STAMP): requirements-airflow.lock
+	$(PYTHON) -m venv $(AIRFLOW_VENV)
+	$(AIRFLOW_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(AIRFLOW_VENV)/bin/python -m pip install --quiet -r requirements-airflow.lock
+	@touch $(AIRFLOW_STAMP)
+
+airflow-setup: $(AIRFLOW_STAMP)  ## create .venv-airflow (Airflow 3 + Spark/Beam providers, pinned)
+
+airflow-test: setup airflow-setup check-java  ## the DAG tests on a real Airflow (dag.test)
+	cd tests_airflow && ../$(AIRFLOW_VENV)/bin/python -m pytest -q -p no:cacheprovider .
+
+airflow-demo: setup airflow-setup check-java  ## run the Spark DAG for 3 generated days, print the releases
+	$(AIRFLOW_VENV)/bin/python scripts/airflow_demo.py
+
 check-java:
 	@command -v java >/dev/null || { echo "error: Java not found: Spark needs a JDK 17 or newer on PATH (or JAVA_HOME set)" >&2; exit 1; }
 
@@ -30,13 +49,14 @@ demo: setup  ## generate sample data and run the default job on the local engine
 	    --input $(DEMO)/transactions --output $(DEMO)/release --overwrite
 	@echo "release written to $(DEMO)/release (read it with: pandas.read_parquet('$(DEMO)/release/terminal_stats'))"
 
-test: setup  ## lint, then the whole test suite
-	$(VENV)/bin/ruff check dppipeline tests bench jobs
+test: setup airflow-setup  ## lint, then the whole test suite (then the Airflow DAG tests)
+	$(VENV)/bin/ruff check dppipeline tests bench jobs airflow_dags tests_airflow scripts
 	$(PY) -m pytest -n 2 -q
+	$(MAKE) --no-print-directory airflow-test
 
 lint: setup  ## ruff
-	$(VENV)/bin/ruff check dppipeline tests bench jobs
-	$(VENV)/bin/ruff format --check dppipeline tests bench jobs
+	$(VENV)/bin/ruff check dppipeline tests bench jobs airflow_dags tests_airflow scripts
+	$(VENV)/bin/ruff format --check dppipeline tests bench jobs airflow_dags tests_airflow scripts
 
 bench: setup  ## benchmarks against PipelineDP and a non-private baseline
 	$(PY) -m bench.local_engine

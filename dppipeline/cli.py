@@ -1,4 +1,4 @@
-"""`dppipeline generate | run | plan | budget | spec-doc`: the command line.
+"""`dppipeline generate | run | plan | budget | check-release | spec-doc`: the command line.
 
 Errors a user can fix print as one line on stderr, with no traceback: exit 2 for usage errors
 (flags, job spec), 1 for input errors. `DPPIPELINE_DEBUG=1` shows tracebacks.
@@ -145,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ledger_flags(run)
     run.add_argument("--no-ledger", action="store_true", help="run without a budget ledger")
     run.add_argument(
+        "--check-budget",
+        action="store_true",
+        help="only check that the ledger would accept this release (or already has it): "
+        "reads no data, spends nothing; exit 3 when the budget is exhausted",
+    )
+    run.add_argument(
         "--new-release",
         action="store_true",
         help="draw new noise and spend again even if this release key was already published",
@@ -172,6 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--config", help="job spec whose budget caps to show against")
         if name == "plot":
             cmd.add_argument("--output", required=True, help="PNG file to write")
+
+    check = sub.add_parser(
+        "check-release", help="check a published release: manifest, schema, ledger committed"
+    )
+    check.add_argument("release", help="the release folder (holds manifest.json)")
+    _add_ledger_flags(check)
+    check.add_argument("--no-ledger", action="store_true", help="skip the ledger check")
 
     doc = sub.add_parser("spec-doc", help="list every job spec field, its default and meaning")
     doc.add_argument("--markdown", action="store_true", help="as a Markdown table")
@@ -224,9 +237,14 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path  # noqa: PLC0415
 
-    from dppipeline.runner import load_engine, run_job  # noqa: PLC0415
+    from dppipeline.runner import check_budget, load_engine, run_job  # noqa: PLC0415
 
     spec = _spec_from_args(args)
+    if args.check_budget:
+        if args.no_ledger:
+            raise UsageError("--check-budget needs a ledger (drop --no-ledger)")
+        print(check_budget(spec, args.ledger or default_ledger()))
+        return 0
     result = run_job(
         spec,
         engine=load_engine(args.engine, args.engine_options),
@@ -269,6 +287,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_check_release(args: argparse.Namespace) -> int:
+    from dppipeline.release_check import check_release  # noqa: PLC0415
+
+    ledger = None if args.no_ledger else (args.ledger or default_ledger())
+    print(check_release(args.release, ledger))
+    return 0
+
+
 def _cmd_spec_doc(args: argparse.Namespace) -> int:
     from dppipeline.spec import describe_fields  # noqa: PLC0415
 
@@ -285,6 +311,7 @@ def _cmd_spec_doc(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "budget": _cmd_budget,
+    "check-release": _cmd_check_release,
     "generate": _cmd_generate,
     "run": _cmd_run,
     "plan": _cmd_plan,
@@ -306,8 +333,30 @@ def _skip_unused_pipeline_dp_imports(args: argparse.Namespace) -> None:
         sys.modules.setdefault(name, None)  # type: ignore[arg-type]
 
 
+def _dashed_flags(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
+    """`--start_date=D` -> `--start-date=D` for this CLI's own flags: schedulers that build
+    Beam-style options (Airflow's Beam operator snake-cases every key) can pass job flags too.
+    Beam's options use underscores and none has a dashed twin here, so nothing is taken."""
+    known = {
+        option
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for sub in action.choices.values()
+        for sub_action in sub._actions
+        for option in sub_action.option_strings
+    }
+    out = []
+    for token in argv:
+        flag, eq, value = token.partition("=")
+        dashed = flag.replace("_", "-")
+        renamed = flag.startswith("--") and "_" in flag and dashed in known
+        out.append(dashed + eq + value if renamed else token)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = _dashed_flags(sys.argv[1:] if argv is None else argv, parser)
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "run":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

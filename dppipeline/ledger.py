@@ -224,6 +224,12 @@ class Ledger:
 
     # -- the release protocol -----------------------------------------------------------------
 
+    def check(self, key: ReleaseKey, *, epsilon: float, delta: float, policy: BudgetPolicy) -> None:
+        """Raises BudgetExceededError if `reserve` would refuse this spend now; writes nothing
+        (a scheduler's fail-fast check; `reserve` still decides atomically)."""
+        used = self.spent(key.scope, policy, key.start_date, key.end_date)
+        _check_cap(key.scope, policy, used, epsilon, delta)
+
     def reserve(
         self,
         key: ReleaseKey,

@@ -128,6 +128,35 @@ def release_key(spec: JobSpec, days: list[DailyPartition]) -> ReleaseKey:
     )
 
 
+def check_budget(spec: JobSpec, ledger: Ledger | str | Path) -> str:
+    """Would the ledger accept this release now? Reads no data and writes nothing: returns a
+    line saying the release is already published or the budget is available, or raises
+    BudgetExceededError (exit 3) like `run` would."""
+    if spec.input.path is None:
+        raise UsageError("--input: required (or input.path in the job spec)")
+    plan = make_plan(spec)
+    days = select_days(
+        discover_partitions(spec.input.path, spec.input.format),
+        spec.input.start_date,
+        spec.input.end_date,
+        spec.input.path,
+    )
+    book = Ledger(ledger) if isinstance(ledger, str | Path) else ledger
+    key = release_key(spec, days)
+    existing = book.committed(key)
+    if existing is not None:
+        return (
+            f"already published by run {existing.run_id} to {existing.output}: "
+            "a rerun spends nothing"
+        )
+    eps, delta = plan.total_spent()
+    book.check(key, epsilon=eps, delta=delta, policy=budget_policy(spec))
+    return (
+        f"budget available: epsilon={eps:g} delta={delta:g} in scope {key.scope!r} "
+        f"({budget_policy(spec).describe()})"
+    )
+
+
 def run_job(
     spec: JobSpec,
     engine: str | Engine = "local",
