@@ -10,36 +10,31 @@ pair, computes count, sum and mean per terminal with one `CombinePerKey` of a tu
 writes them with `beam.io.WriteToParquet`. Arguments this program does not know are Beam
 pipeline options (`--direct_num_workers=2`, ...).
 
-Progress markers go to stderr. This file imports only apache_beam and pyarrow.
+Progress markers go to stderr. This file imports only apache_beam, pyarrow and bench._programs
+(standard library only), nothing of the benchmark, whose imports would be charged to it.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 from collections.abc import Sequence
 
 import pyarrow as pa
 
-# apache_beam logs a GCP warning on the root logger when imported without its GCP extras.
-logging.getLogger().addFilter(lambda record: "apitools" not in record.getMessage())
+from bench._programs import mark, program_parser, quiet_gcp_warning
+
+quiet_gcp_warning()
 
 import apache_beam as beam  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 
-def mark(text: str) -> None:
-    print(f"bench-marker: {text}", file=sys.stderr, flush=True)
-
-
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(prog="python -m bench._beam_baseline")
-    add = parser.add_argument
-    add("--input", required=True, help="Parquet folder (daily date=… subfolders)")
-    add("--output", required=True, help="folder to write the per-key aggregates to")
-    add("--partition-key", default="TERMINAL_ID")
-    add("--value", default="TX_AMOUNT")
+    parser = program_parser(
+        "python -m bench._beam_baseline", "folder to write the per-key aggregates to"
+    )
+    parser.add_argument("--partition-key", default="TERMINAL_ID")
+    parser.add_argument("--value", default="TX_AMOUNT")
     return parser.parse_known_args(argv)
 
 

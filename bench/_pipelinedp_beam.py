@@ -9,46 +9,33 @@ reads the daily Parquet files with `beam.io.ReadFromParquet`, maps each row to a
 the benchmark's parameters; `bench.beam_engine` passes them explicitly. Arguments this program
 does not know are Beam pipeline options (`--direct_num_workers=2`, ...).
 
-Progress markers go to stderr. This file imports only apache_beam, pipeline_dp and pyarrow.
+Progress markers go to stderr. This file imports only apache_beam, pipeline_dp, pyarrow and
+bench._programs (standard library only), nothing of the benchmark, whose imports would be charged
+to it.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 from collections.abc import Sequence
 from operator import itemgetter
 
 import pyarrow as pa
 
-# pipeline_dp imports apache_beam, which logs a GCP warning on the root logger.
-logging.getLogger().addFilter(lambda record: "apitools" not in record.getMessage())
+from bench._programs import add_job_flags, mark, program_parser, quiet_gcp_warning
+
+quiet_gcp_warning()  # pipeline_dp imports apache_beam
 
 import apache_beam as beam  # noqa: E402
 import pipeline_dp  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 
-def mark(text: str) -> None:
-    print(f"bench-marker: {text}", file=sys.stderr, flush=True)
-
-
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(prog="python -m bench._pipelinedp_beam")
-    add = parser.add_argument
-    add("--input", required=True, help="Parquet folder (daily date=… subfolders)")
-    add("--output", required=True, help="folder to write the released rows to")
-    add("--privacy-unit", default="CUSTOMER_ID")
-    add("--partition-key", default="TERMINAL_ID")
-    add("--value", default="TX_AMOUNT")
-    add("--partitions", type=int, default=1000, help="public partitions are 0..N-1")
-    add("--epsilon", type=float, default=1.0)
-    add("--delta", type=float, default=1e-6)
-    add("--max-partitions-contributed", type=int, default=20)
-    add("--max-contributions-per-partition", type=int, default=10)
-    add("--min-value", type=float, default=0.0)
-    add("--max-value", type=float, default=200.0)
+    parser = program_parser(
+        "python -m bench._pipelinedp_beam", "folder to write the released rows to"
+    )
+    add_job_flags(parser)
     return parser.parse_known_args(argv)
 
 

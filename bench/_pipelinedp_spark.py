@@ -8,7 +8,8 @@ an RDD of (customer, terminal, amount) tuples, `DPEngine.aggregate` with public 
 done. The defaults are the benchmark's parameters; `bench.spark_engine` passes them explicitly.
 
 Progress markers go to stderr (the benchmark timestamps them on arrival). This file imports only
-pyspark, pipeline_dp and pandas, nothing of the benchmark, whose imports would be charged to it.
+pyspark, pipeline_dp, pandas and bench._programs (standard library only), nothing of the
+benchmark, whose imports would be charged to it.
 The session is not stopped explicitly: like `dppipeline run`, the process exits and the JVM
 shuts down when its stdin closes.
 """
@@ -16,7 +17,6 @@ shuts down when its stdin closes.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -24,33 +24,20 @@ from operator import itemgetter
 
 import pandas as pd
 
-# pipeline_dp imports apache_beam when installed, which logs a GCP warning on the root logger.
-logging.getLogger().addFilter(lambda record: "apitools" not in record.getMessage())
+from bench._programs import add_job_flags, mark, program_parser, quiet_gcp_warning
+
+quiet_gcp_warning()  # pipeline_dp imports apache_beam when installed
 
 import pipeline_dp  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 
-def mark(text: str) -> None:
-    print(f"bench-marker: {text}", file=sys.stderr, flush=True)
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench._pipelinedp_spark")
-    add = parser.add_argument
-    add("--input", required=True, help="Parquet folder (daily date=… subfolders)")
-    add("--output", required=True, help="Parquet file to write the released rows to")
-    add("--master", default="local[2]")
-    add("--privacy-unit", default="CUSTOMER_ID")
-    add("--partition-key", default="TERMINAL_ID")
-    add("--value", default="TX_AMOUNT")
-    add("--partitions", type=int, default=1000, help="public partitions are 0..N-1")
-    add("--epsilon", type=float, default=1.0)
-    add("--delta", type=float, default=1e-6)
-    add("--max-partitions-contributed", type=int, default=20)
-    add("--max-contributions-per-partition", type=int, default=10)
-    add("--min-value", type=float, default=0.0)
-    add("--max-value", type=float, default=200.0)
+    parser = program_parser(
+        "python -m bench._pipelinedp_spark", "Parquet file to write the released rows to"
+    )
+    parser.add_argument("--master", default="local[2]")
+    add_job_flags(parser)
     return parser.parse_args(argv)
 
 

@@ -18,55 +18,46 @@ Each program is its own process, timed from start to exit (what a user waits for
 pipeline construction, read, work, write), with the peak resident memory of its whole process
 tree (the sum of RSS, sampled every 0.1 s from /proc; with multi_processing, the SDK workers
 too). The measuring machinery (disturbance detection, retries, memory sampling, phases) is
-`bench.spark_engine`'s. Run with `make bench` or `python -m bench.beam_engine [--sizes 1M,5M]
-[--repeat N] [--repeat-pipelinedp N] [--skip-pipelinedp]`. Results go to stdout and to
-`bench/results/beam_engine.{md,json}`; progress to stderr; each program's output, with arrival
-times, to `bench/data/beam_logs/`.
+`bench.spark_engine`'s, the report's `bench._report`'s. Run with `make bench` or
+`python -m bench.beam_engine [--sizes 1M,5M] [--repeat N] [--repeat-pipelinedp N]
+[--skip-pipelinedp]`. Results go to stdout and to `bench/results/beam_engine.{md,json}`; progress
+to stderr; each program's output, with arrival times, to `bench/data/beam_logs/`.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import importlib.metadata
-import json
-import os
 import re
 import shutil
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from bench._report import (
+    ProcessReport,
+    bench_parser,
+    machine_facts_with,
+    parse_bench_args,
+    start_args,
+)
 from bench.local_engine import (
     DATA_DIR,
-    DELTA,
-    EPSILON,
     KEY,
-    L0,
-    LINF,
-    MAX_VALUE,
-    MIN_VALUE,
     N_TERMINALS,
-    POPULATION,
-    PRIVACY_UNIT,
-    RESULTS_DIR,
     SIZES,
     VALUE,
     Dataset,
+    Table,
     _fmt_number,
     _fmt_ratio,
-    _quiet_imports,
     _ratio,
-    _table_md,
-    _table_text,
     build_job_spec,
     ensure_dataset,
-    machine_facts,
     progress,
     write_public_keys,
 )
@@ -75,14 +66,15 @@ from bench.spark_engine import (
     SAMPLE_INTERVAL_S,
     ProgramError,
     Timing,
-    _run_json,
-    _secs,
     _z,
     bounded_reference,
+    log_stem,
     mean_count,
-    measure,
+    ours_command,
+    pipelinedp_command,
+    run_timed,
     shown,
-    wait_for_idle,
+    untimed,
     warm_page_cache,
 )
 
@@ -139,38 +131,18 @@ def commands(data: Dataset, keys: Path) -> dict[str, tuple[list[str], dict[str, 
     """Program -> (argv, extra environment). Every program runs this interpreter from the project
     root; ours is invoked with the same flags as in bench.spark_engine."""
     python, out = sys.executable, outputs(data)
-
-    def ours(output: Path, *beam_options: str) -> list[str]:
-        return [
-            *(python, "-m", "dppipeline", "run", "--engine", "beam"),
-            *("--input", str(data.folder), "--format", "parquet", "--output", str(output)),
-            *("--privacy-unit", PRIVACY_UNIT, "--partition-key", KEY, "--value", VALUE),
-            *("--metrics", "count,sum,mean", "--noise", "laplace"),
-            *("--epsilon", f"{EPSILON:g}", "--delta", f"{DELTA:g}"),
-            *("--max-partitions-contributed", str(L0)),
-            *("--max-contributions-per-partition", str(LINF)),
-            *("--min-value", f"{MIN_VALUE:g}", "--max-value", f"{MAX_VALUE:g}"),
-            *("--public-partitions", str(keys), "--overwrite"),
-            *("--ledger", f"sqlite:///{LEDGER}", "--new-release"),
-            *beam_options,
-        ]
-
-    pipelinedp = [
-        *(python, "-m", "bench._pipelinedp_beam"),
-        *("--input", str(data.folder), "--output", str(out[PIPELINEDP])),
-        *("--privacy-unit", PRIVACY_UNIT, "--partition-key", KEY, "--value", VALUE),
-        *("--partitions", str(N_TERMINALS), "--epsilon", f"{EPSILON:g}", "--delta", f"{DELTA:g}"),
-        *("--max-partitions-contributed", str(L0), "--max-contributions-per-partition", str(LINF)),
-        *("--min-value", f"{MIN_VALUE:g}", "--max-value", f"{MAX_VALUE:g}"),
-    ]
+    pipelinedp = pipelinedp_command("bench._pipelinedp_beam", data, out[PIPELINEDP])
     baseline = [
         *(python, "-m", "bench._beam_baseline"),
         *("--input", str(data.folder), "--output", str(out[BASELINE])),
         *("--partition-key", KEY, "--value", VALUE),
     ]
     return {
-        OURS: (ours(out[OURS]), {}),
-        OURS_2P: (ours(out[OURS_2P], *MULTI_PROCESS_OPTIONS), {}),
+        OURS: (ours_command("beam", data, keys, out[OURS], LEDGER), {}),
+        OURS_2P: (
+            ours_command("beam", data, keys, out[OURS_2P], LEDGER, *MULTI_PROCESS_OPTIONS),
+            {},
+        ),
         PIPELINEDP: (pipelinedp, {}),
         BASELINE: (baseline, {}),
     }
@@ -192,36 +164,12 @@ class BeamTiming(Timing):
         return min(r.seconds for r in self.runs)
 
 
-def run_program(
-    program: str,
-    argv: list[str],
-    env: dict[str, str],
-    what: str,
-    log_name: str,
-    args: argparse.Namespace,
-    timing: BeamTiming,
-    output: Path,
-) -> None:
-    """One timed run, run again (at most --retries times) while others disturbed it; a disturbed
-    run kept for lack of retries is marked in the tables."""
-    for attempt in range(args.retries + 1):
-        if program in (PIPELINEDP, BASELINE):
-            # Beam's sinks name shards part-NNNNN-of-MMMMM: a previous run's shards could remain.
-            shutil.rmtree(output, ignore_errors=True)
-        waited = wait_for_idle(args.idle_wait)
-        progress(f"{what}: started (load {os.getloadavg()[0]:.2f})")
-        retry = f"_retry{attempt}" if attempt else ""
-        run = measure(argv, env, LOG_DIR / f"{log_name}{retry}.log", MARKERS[program], what)
-        run.waited_for_idle_s = waited
-        progress(
-            f"{what}: {run.seconds:.2f} s, peak {run.peak_mb:,.0f} MB, others used "
-            f"{run.others_cores:.2f} cores (tree gone {run.tree_gone_s:.1f} s after exit)"
-        )
-        if not run.disturbed or attempt == args.retries:
-            break
-        timing.discarded.append(run)
-        progress(f"{what}: disturbed by other work: discarded, running it again")
-    timing.runs.append(run)
+def _clear_shards(program: str, output: Path) -> Callable[[], None] | None:
+    """Before each run of a program writing with Beam's sinks: removes its output folder (they
+    name shards part-NNNNN-of-MMMMM: a previous run's shards could remain)."""
+    if program not in (PIPELINEDP, BASELINE):
+        return None
+    return lambda: shutil.rmtree(output, ignore_errors=True)
 
 
 def bench_size(label: str, keys: Path, args: argparse.Namespace, report: Report) -> None:
@@ -239,10 +187,18 @@ def bench_size(label: str, keys: Path, args: argparse.Namespace, report: Report)
                 continue
             argv, env = cmds[program]
             what = f"{label}: {program} run {i + 1}/{repeats[program]}"
-            slug = re.sub(r"[^a-z0-9]+", "_", program.lower()).strip("_")
+            log = log_stem(LOG_DIR, label, program, i)
             try:
-                run_program(
-                    program, argv, env, what, f"{label}_{slug}_{i + 1}", args, timing, out[program]
+                run_timed(
+                    argv,
+                    env,
+                    what,
+                    log,
+                    MARKERS[program],
+                    args,
+                    timing,
+                    prepare=_clear_shards(program, out[program]),
+                    seconds_format=".2f",
                 )
             except ProgramError as exc:
                 timing.failure = str(exc)
@@ -300,24 +256,16 @@ def bench_size(label: str, keys: Path, args: argparse.Namespace, report: Report)
 def warm_up(keys: Path, label: str) -> None:
     """One untimed baseline process: apache_beam's modules into the OS page cache."""
     data = ensure_dataset(label, SIZES[label])
-    argv, env = commands(data, keys)[BASELINE]
     shutil.rmtree(outputs(data)[BASELINE], ignore_errors=True)
-    progress(f"warm-up: one untimed {BASELINE} process on {label}")
-    measure(argv, env, LOG_DIR / "warmup.log", MARKERS[BASELINE], "warm-up")
+    untimed(commands(data, keys)[BASELINE], BASELINE, label, LOG_DIR, MARKERS[BASELINE])
 
 
 # ---------------------------------------------------------------------------------------------
-# Reporting
+# Reporting (the shared parts: bench._report)
 
 
 def beam_machine_facts() -> dict[str, Any]:
-    facts = machine_facts()
-    facts.pop("duckdb", None)  # the local benchmark's, unused here
-    for package in PACKAGES:
-        try:
-            facts[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            facts[package] = None
+    facts = machine_facts_with(PACKAGES, unused=("duckdb",))  # the local benchmark's
     facts["beam_runner"] = "DirectRunner (in_memory; ours also multi_processing, 2 workers)"
     return facts
 
@@ -341,27 +289,19 @@ def _run_cells(t: BeamTiming) -> list[str]:
     ]
 
 
-@dataclass
-class Report:
-    args: dict[str, Any]
-    machine: dict[str, Any]
-    timings: list[BeamTiming] = field(default_factory=list)
-    sanity: list[dict[str, Any]] = field(default_factory=list)
-
-    def timing(self, label: str, program: str) -> BeamTiming | None:
-        """The program's timing at that size, if it has runs."""
-        return next(
-            (t for t in self.timings if t.label == label and t.program == program and t.runs),
-            None,
-        )
-
-    def median(self, label: str, program: str) -> float | None:
-        t = self.timing(label, program)
-        return None if t is None else t.median
+class Report(ProcessReport):
+    NAME = "beam_engine"
+    TITLE = "Beam engine benchmark"
+    DAYS = SIZES
+    PHASES = (
+        "start = process start to pipeline built (ours: after planning; PipelineDP: not "
+        "marked); work = running the pipeline (read, compute, write; ours: also the manifest "
+        "and the publish)"
+    )
 
     def ratios(self) -> list[dict[str, Any]]:
         out = []
-        for label in dict.fromkeys(t.label for t in self.timings):
+        for label in self.labels():
             ours, ours2, pdp, floor = (self.median(label, p) for p in PROGRAMS)
             ours_t, floor_t = self.timing(label, OURS), self.timing(label, BASELINE)
             pdp_over_ours = _ratio(pdp, ours)
@@ -382,27 +322,21 @@ class Report:
             )
         return out
 
-    def tables(self) -> list[tuple[str, list[str], list[list[str]]]]:
+    def timing_tables(self) -> list[Table]:
+        headers = ["program", "runs", "best s", "median s", "all runs (s)"]
+        headers += ["peak MB (tree)", "largest process MB"]
         tables = []
-        for label in dict.fromkeys(t.label for t in self.timings):
+        for label in self.labels():
             rows = [t for t in self.timings if t.label == label]
-            tables.append(
-                (
-                    f"{label} ({rows[0].rows:,} rows): wall time of each process, start to exit "
-                    "(seconds), and peak memory (MB)",
-                    [
-                        "program",
-                        "runs",
-                        "best s",
-                        "median s",
-                        "all runs (s)",
-                        "peak MB (tree)",
-                        "largest process MB",
-                    ],
-                    [[t.program, *_run_cells(t)] for t in rows],
-                )
+            title = (
+                f"{label} ({rows[0].rows:,} rows): wall time of each process, start to exit "
+                "(seconds), and peak memory (MB)"
             )
-        ratio_rows = [
+            tables.append((title, headers, [[t.program, *_run_cells(t)] for t in rows]))
+        return tables
+
+    def ratio_table(self) -> Table:
+        rows = [
             [
                 f"{r['rows']:,}",
                 _fmt_ratio(r["pipelinedp_over_ours"]),
@@ -414,27 +348,17 @@ class Report:
             ]
             for r in self.ratios()
         ]
-        phase_rows = []
-        for t in self.timings:
-            if not t.runs:
-                continue
-            run = t.median_run()
-            phases = run.phases()
-            phase_rows.append(
-                [
-                    f"{t.rows:,}",
-                    t.program,
-                    _secs(phases["start"]),
-                    _secs(phases["work"]),
-                    _secs(phases["exit"]),
-                    f"{run.seconds:.1f}",
-                    f"{run.cpu_s:.1f}",
-                    f"{run.others_cpu_s:.1f}",
-                    str(len(t.discarded)),
-                    f"{run.loadavg_1m:.2f}",
-                ]
-            )
-        sanity_rows = [
+        headers = ["rows", "PipelineDP / ours", "target", "PipelineDP / ours (2 proc)"]
+        headers += ["ours / baseline", "ours (2 proc) / baseline", "ours / baseline MB"]
+        return (
+            "Ratios (median seconds; the issue's target: PipelineDP / ours >= "
+            f"{PIPELINEDP_TARGET:g}x at {', '.join(TARGET_SIZES)})",
+            headers,
+            rows,
+        )
+
+    def sanity_table(self) -> Table:
+        rows = [
             [
                 f"{s['rows']:,}",
                 _fmt_number(s["ours_mean_count"], ",.1f"),
@@ -451,83 +375,28 @@ class Report:
             ]
             for s in self.sanity
         ]
+        headers = ["rows", "ours", "ours (2 proc)", "PipelineDP", "bounded, before noise"]
+        headers += ["noise s.e.", "ours z", "ours (2 proc) z", "PDP z", "baseline raw"]
+        headers += ["ours partitions", "PDP partitions"]
+        return (
+            "Sanity check (not timed): mean released count per terminal (last run); bounded "
+            "= local engine's exact bounded mean before noise; z = (released - bounded) / "
+            "noise s.e., expect |z| < 3",
+            headers,
+            rows,
+        )
+
+    def other_tables(self) -> list[Table]:
         failures = [
             [f"{t.rows:,}", t.program, (t.failure or "").splitlines()[0]]
             for t in self.timings
             if t.failure
         ]
-        machine_rows = [[k, str(v)] for k, v in self.machine.items()]
-        return [
-            *tables,
-            (
-                "Ratios (median seconds; the issue's target: PipelineDP / ours >= "
-                f"{PIPELINEDP_TARGET:g}x at {', '.join(TARGET_SIZES)})",
-                [
-                    "rows",
-                    "PipelineDP / ours",
-                    "target",
-                    "PipelineDP / ours (2 proc)",
-                    "ours / baseline",
-                    "ours (2 proc) / baseline",
-                    "ours / baseline MB",
-                ],
-                ratio_rows,
-            ),
-            (
-                "Phases of the median run (seconds): start = process start to pipeline built "
-                "(ours: after planning; PipelineDP: not marked); work = running the pipeline "
-                "(read, compute, write; ours: also the manifest and the publish); exit = output "
-                "written to process exit; CPU = CPU seconds of the program's processes; others' "
-                "CPU = CPU seconds the rest of the machine used meanwhile (disturbance); "
-                "discarded runs = disturbed runs of this program and size that were run again",
-                [
-                    "rows",
-                    "program",
-                    "start",
-                    "work",
-                    "exit",
-                    "total",
-                    "CPU s",
-                    "others' CPU s",
-                    "discarded runs",
-                    "load at start",
-                ],
-                phase_rows,
-            ),
-            (
-                "Sanity check (not timed): mean released count per terminal (last run); bounded "
-                "= local engine's exact bounded mean before noise; z = (released - bounded) / "
-                "noise s.e., expect |z| < 3",
-                [
-                    "rows",
-                    "ours",
-                    "ours (2 proc)",
-                    "PipelineDP",
-                    "bounded, before noise",
-                    "noise s.e.",
-                    "ours z",
-                    "ours (2 proc) z",
-                    "PDP z",
-                    "baseline raw",
-                    "ours partitions",
-                    "PDP partitions",
-                ],
-                sanity_rows,
-            ),
-            (
-                "Failed programs (see the log named in the message)",
-                ["rows", "program", "error"],
-                failures,
-            ),
-            ("Machine", ["fact", "value"], machine_rows),
-        ]
+        title = "Failed programs (see the log named in the message)"
+        return [(title, ["rows", "program", "error"], failures)]
 
-    def preamble(self) -> list[str]:
+    def how_run(self) -> list[str]:
         return [
-            f"Job: count, sum, mean of {VALUE} per {KEY}, privacy unit {PRIVACY_UNIT}, "
-            f"{N_TERMINALS} public partitions, L0={L0}, Linf={LINF}, "
-            f"values in [{MIN_VALUE:g}, {MAX_VALUE:g}], epsilon={EPSILON:g}, delta={DELTA:g}, "
-            "Laplace.",
             "Each program is its own process on Beam's DirectRunner (in_memory; '2 processes': "
             f"{' '.join(MULTI_PROCESS_OPTIONS)}); seconds are wall time from process start to "
             "exit (imports, pipeline construction, read, compute, write), best and median of "
@@ -536,71 +405,24 @@ class Report:
             "Peak MB: the highest sum of RSS over the process tree (with multi_processing, the "
             f"SDK workers too), sampled every {SAMPLE_INTERVAL_S:g} s; shared pages count once "
             "per process. Largest process MB: the most any one process held.",
-            f"A run during which the rest of the machine used more than {IDLE_CORES:g} cores "
-            f"on average is disturbed and run again (at most {self.args['retries']} times); "
-            "a * marks a disturbed run kept because no retry was left.",
-            "The baseline is non-private (no bounding, no noise): a floor, not a competitor.",
         ]
 
-    def text(self) -> str:
-        parts = self.preamble()
-        for title, headers, rows in self.tables():
-            if rows:
-                parts += ["", title, _table_text(headers, rows)]
-        return "\n".join(parts)
+    def engine_parameters(self) -> dict[str, Any]:
+        return {"beam_runner": "DirectRunner", "multi_process_options": list(MULTI_PROCESS_OPTIONS)}
 
-    def markdown(self) -> str:
-        parts = [f"# Beam engine benchmark ({self.args['finished_at']})", "", *self.preamble()]
-        parts += ["", f"Command: `{self.args['command']}`"]
-        for title, headers, rows in self.tables():
-            if rows:
-                parts += ["", f"## {title}", "", _table_md(headers, rows)]
-        first = self.timings[0].label if self.timings else None
-        parts += ["", f"## Commands ({first} shown)", ""]
-        parts += [f"- {t.program}: `{t.command}`" for t in self.timings if t.label == first]
-        return "\n".join(parts) + "\n"
-
-    def to_json(self) -> dict[str, Any]:
+    def timing_figures(self, t: BeamTiming) -> dict[str, Any]:
         return {
-            "args": self.args,
-            "machine": self.machine,
-            "parameters": {
-                "population": POPULATION,
-                "days": SIZES,
-                "epsilon": EPSILON,
-                "delta": DELTA,
-                "max_partitions_contributed": L0,
-                "max_contributions_per_partition": LINF,
-                "min_value": MIN_VALUE,
-                "max_value": MAX_VALUE,
-                "noise": "laplace",
-                "public_partitions": N_TERMINALS,
-                "beam_runner": "DirectRunner",
-                "multi_process_options": list(MULTI_PROCESS_OPTIONS),
-            },
-            "note": (
-                "seconds: wall time of each process from start to exit; peak_mb: highest sampled "
-                "sum of RSS over the process tree"
-            ),
-            "timings": [
-                {
-                    "label": t.label,
-                    "rows": t.rows,
-                    "program": t.program,
-                    "command": t.command,
-                    "best_s": t.best if t.runs else None,
-                    "median_s": t.median if t.runs else None,
-                    "peak_mb": t.peak_mb if t.runs else None,
-                    "largest_process_mb": t.largest_mb if t.runs else None,
-                    "failure": t.failure,
-                    "runs": [_run_json(r) for r in t.runs],
-                    "discarded_runs": [_run_json(r) for r in t.discarded],
-                }
-                for t in self.timings
-            ],
-            "ratios": self.ratios(),
-            "sanity": self.sanity,
+            "best_s": t.best if t.runs else None,
+            "median_s": t.median if t.runs else None,
+            "peak_mb": t.peak_mb if t.runs else None,
+            "largest_process_mb": t.largest_mb if t.runs else None,
+            "failure": t.failure,
         }
+
+    def commands_section(self) -> list[str]:
+        first = self.timings[0].label if self.timings else None
+        lines = [f"## Commands ({first} shown)", ""]
+        return lines + [f"- {t.program}: `{t.command}`" for t in self.timings if t.label == first]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -608,19 +430,13 @@ class Report:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.beam_engine",
-        description=(
-            "Time the Beam engine against PipelineDP BeamBackend and a non-private Beam "
-            "pipeline, each as its own process on the DirectRunner."
-        ),
+    parser = bench_parser(
+        "python -m bench.beam_engine",
+        "Time the Beam engine against PipelineDP BeamBackend and a non-private Beam pipeline, "
+        "each as its own process on the DirectRunner.",
+        SIZES,
+        default_sizes=["1M"],
     )
-    parser.add_argument(
-        "--sizes",
-        default="1M",
-        help=f"comma list of row counts to run, from {', '.join(SIZES)} (default: 1M)",
-    )
-    parser.add_argument("--skip-pipelinedp", action="store_true", help="skip the slow reference")
     parser.add_argument(
         "--repeat",
         type=int,
@@ -630,50 +446,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--repeat-pipelinedp", type=int, default=1, help="runs of PipelineDP per size (default 1)"
     )
-    parser.add_argument(
-        "--retries",
-        type=int,
-        default=2,
-        help=f"reruns of a run disturbed by other work (> {IDLE_CORES:g} cores), default 2",
-    )
-    parser.add_argument(
-        "--idle-wait",
-        type=float,
-        default=600.0,
-        help="longest wait, in seconds, for the machine to be idle before each run (default 600)",
-    )
-    args = parser.parse_args(argv)
-    args.sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
-    unknown = [s for s in args.sizes if s not in SIZES]
-    if unknown or not args.sizes:
-        parser.error(f"--sizes: choose from {', '.join(SIZES)}; got {args.sizes}")
-    if args.repeat < 1 or args.repeat_pipelinedp < 1:
-        parser.error("--repeat and --repeat-pipelinedp: must be >= 1")
-    if args.retries < 0 or args.idle_wait < 0:
-        parser.error("--retries and --idle-wait: must be >= 0")
-    return args
+    return parse_bench_args(parser, argv, SIZES, IDLE_CORES, ("repeat", "repeat_pipelinedp"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    _quiet_imports()  # the bounded reference imports pipeline-dp
-    load = os.getloadavg()
-    if load[0] > 0.5:
-        progress(f"warning: load average {load[0]:.2f} at start; timings may be disturbed")
     report = Report(
-        args={
-            "sizes": args.sizes,
-            "repeat": args.repeat,
-            "repeat_pipelinedp": 0 if args.skip_pipelinedp else args.repeat_pipelinedp,
-            "retries": args.retries,
-            "idle_wait_s": args.idle_wait,
-            "idle_cores": IDLE_CORES,
-            "skip_pipelinedp": args.skip_pipelinedp,
-            "command": " ".join(
-                ["python -m bench.beam_engine", *(sys.argv[1:] if argv is None else argv)]
-            ),
-            "loadavg_at_start": [round(x, 2) for x in load],
-        },
+        args=start_args(
+            args,
+            "python -m bench.beam_engine",
+            argv,
+            IDLE_CORES,
+            repeat_pipelinedp=0 if args.skip_pipelinedp else args.repeat_pipelinedp,
+        ),
         machine=beam_machine_facts(),
     )
     keys = write_public_keys()
@@ -685,15 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     for label in args.sizes:
         bench_size(label, keys, args, report)
-    report.args["finished_at"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    report.args["bench_wall_s"] = round(time.perf_counter() - started, 1)
-    report.args["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-
-    print(report.text())
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / "beam_engine.md").write_text(report.markdown())
-    (RESULTS_DIR / "beam_engine.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
-    progress(f"wrote {RESULTS_DIR / 'beam_engine.md'} and {RESULTS_DIR / 'beam_engine.json'}")
+    report.finish(started)
     failed = [f"{t.label} {t.program}" for t in report.timings if t.failure]
     if failed:
         print(f"bench.beam_engine: error: failed: {', '.join(failed)}", file=sys.stderr)

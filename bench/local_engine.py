@@ -65,6 +65,23 @@ EPSILON, DELTA = 1.0, 1e-6
 L0, LINF = 20, 10
 MIN_VALUE, MAX_VALUE = 0.0, 200.0
 N_TERMINALS = POPULATION["terminals"]
+# The job's parameters as the JSON results record them, after the population.
+JOB_PARAMETERS: dict[str, Any] = {
+    "epsilon": EPSILON,
+    "delta": DELTA,
+    "max_partitions_contributed": L0,
+    "max_contributions_per_partition": LINF,
+    "min_value": MIN_VALUE,
+    "max_value": MAX_VALUE,
+    "noise": "laplace",
+    "public_partitions": N_TERMINALS,
+}
+# The job in one sentence: the first line of every benchmark's report.
+JOB_SUMMARY = (
+    f"Job: count, sum, mean of {VALUE} per {KEY}, privacy unit {PRIVACY_UNIT}, "
+    f"{N_TERMINALS} public partitions, L0={L0}, Linf={LINF}, "
+    f"values in [{MIN_VALUE:g}, {MAX_VALUE:g}], epsilon={EPSILON:g}, delta={DELTA:g}, Laplace."
+)
 
 OURS = "dppipeline local"
 PIPELINEDP = "PipelineDP LocalBackend"
@@ -400,12 +417,19 @@ def machine_facts() -> dict[str, Any]:
             if line.startswith("MemTotal"):
                 facts["memory_gib"] = round(int(line.split()[1]) / 2**20, 1)
                 break
-    for package in PACKAGES:
-        try:
-            facts[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            facts[package] = None
+    facts.update(package_versions(PACKAGES))
     return facts
+
+
+def package_versions(packages: Sequence[str]) -> dict[str, str | None]:
+    """Installed version of each package, None when it is not installed."""
+    versions: dict[str, str | None] = {}
+    for package in packages:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return versions
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -450,6 +474,30 @@ def _table_md(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([head, rule, *("| " + " | ".join(r) + " |" for r in rows)])
 
 
+# (title, headers, rows): one table of a report; a table without rows is not shown.
+Table = tuple[str, list[str], list[list[str]]]
+
+
+def _report_text(preamble: Sequence[str], tables: Sequence[Table]) -> str:
+    """A report for the terminal: the preamble, then each table under its title."""
+    parts = list(preamble)
+    for title, headers, rows in tables:
+        if rows:
+            parts += ["", title, _table_text(headers, rows)]
+    return "\n".join(parts)
+
+
+def _report_markdown(
+    heading: str, preamble: Sequence[str], command: str, tables: Sequence[Table]
+) -> list[str]:
+    """A report's Markdown lines: heading, preamble, command, then each table as a section."""
+    parts = [f"# {heading}", "", *preamble, "", f"Command: `{command}`"]
+    for title, headers, rows in tables:
+        if rows:
+            parts += ["", f"## {title}", "", _table_md(headers, rows)]
+    return parts
+
+
 @dataclass
 class Report:
     """Everything measured, renderable as text, Markdown and JSON from one set of tables."""
@@ -480,7 +528,7 @@ class Report:
             )
         return out
 
-    def tables(self) -> list[tuple[str, list[str], list[list[str]]]]:
+    def tables(self) -> list[Table]:
         """(title, headers, rows) of every table, in print order."""
         timing_rows = [
             [
@@ -557,10 +605,7 @@ class Report:
     def preamble(self) -> list[str]:
         repeat = self.args["repeat"]
         return [
-            f"Job: count, sum, mean of {VALUE} per {KEY}, privacy unit {PRIVACY_UNIT}, "
-            f"{N_TERMINALS} public partitions, L0={L0}, Linf={LINF}, "
-            f"values in [{MIN_VALUE:g}, {MAX_VALUE:g}], epsilon={EPSILON:g}, delta={DELTA:g}, "
-            "Laplace.",
+            JOB_SUMMARY,
             "Each timing is wall time including reading the Parquet input "
             f"(OS page cache warm). Ours and DuckDB: 1 warm-up, then best of {repeat}; "
             "PipelineDP: 1 run.",
@@ -570,36 +615,18 @@ class Report:
         ]
 
     def text(self) -> str:
-        parts = self.preamble()
-        for title, headers, rows in self.tables():
-            if rows:
-                parts += ["", title, _table_text(headers, rows)]
-        return "\n".join(parts)
+        return _report_text(self.preamble(), self.tables())
 
     def markdown(self) -> str:
-        when = self.args["finished_at"]
-        parts = [f"# Local engine benchmark ({when})", "", *self.preamble()]
-        parts += ["", f"Command: `{self.args['command']}`"]
-        for title, headers, rows in self.tables():
-            if rows:
-                parts += ["", f"## {title}", "", _table_md(headers, rows)]
+        heading = f"Local engine benchmark ({self.args['finished_at']})"
+        parts = _report_markdown(heading, self.preamble(), self.args["command"], self.tables())
         return "\n".join(parts) + "\n"
 
     def to_json(self) -> dict[str, Any]:
         return {
             "args": self.args,
             "machine": self.machine,
-            "parameters": {
-                "population": POPULATION,
-                "epsilon": EPSILON,
-                "delta": DELTA,
-                "max_partitions_contributed": L0,
-                "max_contributions_per_partition": LINF,
-                "min_value": MIN_VALUE,
-                "max_value": MAX_VALUE,
-                "noise": "laplace",
-                "public_partitions": N_TERMINALS,
-            },
+            "parameters": {"population": POPULATION, **JOB_PARAMETERS},
             "note": "wall time in seconds including reading the Parquet input",
             "timings": [
                 {

@@ -22,9 +22,6 @@ stderr; each program's output, with arrival times, to `bench/data/spark_logs/`.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import importlib.metadata
-import json
 import os
 import re
 import shlex
@@ -33,13 +30,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from bench._report import (
+    ProcessReport,
+    bench_parser,
+    machine_facts_with,
+    parse_bench_args,
+    start_args,
+)
 from bench.local_engine import (
     DATA_DIR,
     DELTA,
@@ -50,21 +54,16 @@ from bench.local_engine import (
     MAX_VALUE,
     MIN_VALUE,
     N_TERMINALS,
-    POPULATION,
     PRIVACY_UNIT,
-    RESULTS_DIR,
     VALUE,
     Dataset,
+    Table,
     _fmt_number,
     _fmt_ratio,
-    _quiet_imports,
     _ratio,
-    _table_md,
-    _table_text,
     build_job_spec,
     count_noise_se,
     ensure_dataset,
-    machine_facts,
     progress,
     write_public_keys,
 )
@@ -154,29 +153,52 @@ def baseline_output(data: Dataset) -> Path:
     return DATA_DIR / f"spark_baseline_{data.label}"
 
 
+# The job's parameters as flags, in the order both ours and PipelineDP's programs are given them:
+# the columns first, then (after what differs) the budget and the bounds.
+COLUMN_FLAGS = ("--privacy-unit", PRIVACY_UNIT, "--partition-key", KEY, "--value", VALUE)
+BOUND_FLAGS = (
+    *("--epsilon", f"{EPSILON:g}", "--delta", f"{DELTA:g}"),
+    *("--max-partitions-contributed", str(L0), "--max-contributions-per-partition", str(LINF)),
+    *("--min-value", f"{MIN_VALUE:g}", "--max-value", f"{MAX_VALUE:g}"),
+)
+
+
+def ours_command(
+    engine: str, data: Dataset, keys: Path, output: Path, ledger: Path, *options: str
+) -> list[str]:
+    """`dppipeline run` of the job on `engine`, with its own ledger and a new release each time;
+    `options` last (Beam pipeline options, passed through)."""
+    return [
+        *(sys.executable, "-m", "dppipeline", "run", "--engine", engine),
+        *("--input", str(data.folder), "--format", "parquet", "--output", str(output)),
+        *COLUMN_FLAGS,
+        *("--metrics", "count,sum,mean", "--noise", "laplace"),
+        *BOUND_FLAGS,
+        *("--public-partitions", str(keys), "--overwrite"),
+        *("--ledger", f"sqlite:///{ledger}", "--new-release"),
+        *options,
+    ]
+
+
+def pipelinedp_command(module: str, data: Dataset, output: Path, *options: str) -> list[str]:
+    """PipelineDP's program `module` on the job; `options` first (the Spark master)."""
+    return [
+        *(sys.executable, "-m", module, *options),
+        *("--input", str(data.folder), "--output", str(output)),
+        *COLUMN_FLAGS,
+        *("--partitions", str(N_TERMINALS)),
+        *BOUND_FLAGS,
+    ]
+
+
 def commands(data: Dataset, keys: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
     """Program -> (argv, extra environment). Every program runs this interpreter from the project
     root, with PYSPARK_PYTHON set to it (ours sets that default itself)."""
     python = sys.executable
-    ours = [
-        *(python, "-m", "dppipeline", "run", "--engine", "spark"),
-        *("--input", str(data.folder), "--format", "parquet", "--output", str(ours_output(data))),
-        *("--privacy-unit", PRIVACY_UNIT, "--partition-key", KEY, "--value", VALUE),
-        *("--metrics", "count,sum,mean", "--noise", "laplace"),
-        *("--epsilon", f"{EPSILON:g}", "--delta", f"{DELTA:g}"),
-        *("--max-partitions-contributed", str(L0), "--max-contributions-per-partition", str(LINF)),
-        *("--min-value", f"{MIN_VALUE:g}", "--max-value", f"{MAX_VALUE:g}"),
-        *("--public-partitions", str(keys), "--overwrite"),
-        *("--ledger", f"sqlite:///{LEDGER}", "--new-release"),
-    ]
-    pipelinedp = [
-        *(python, "-m", "bench._pipelinedp_spark", "--master", MASTER),
-        *("--input", str(data.folder), "--output", str(pipelinedp_output(data))),
-        *("--privacy-unit", PRIVACY_UNIT, "--partition-key", KEY, "--value", VALUE),
-        *("--partitions", str(N_TERMINALS), "--epsilon", f"{EPSILON:g}", "--delta", f"{DELTA:g}"),
-        *("--max-partitions-contributed", str(L0), "--max-contributions-per-partition", str(LINF)),
-        *("--min-value", f"{MIN_VALUE:g}", "--max-value", f"{MAX_VALUE:g}"),
-    ]
+    ours = ours_command("spark", data, keys, ours_output(data), LEDGER)
+    pipelinedp = pipelinedp_command(
+        "bench._pipelinedp_spark", data, pipelinedp_output(data), "--master", MASTER
+    )
     baseline = [
         python,
         "-c",
@@ -457,7 +479,7 @@ def _z(released: float | None, exact: float | None, se: float | None) -> float |
 
 
 # ---------------------------------------------------------------------------------------------
-# Reporting
+# Reporting (the shared parts: bench._report)
 
 
 def java_version() -> str | None:
@@ -470,14 +492,8 @@ def java_version() -> str | None:
 
 
 def spark_machine_facts() -> dict[str, Any]:
-    facts = machine_facts()
-    for package in ("polars", "duckdb", "numpy"):  # the local benchmark's, unused here
-        facts.pop(package, None)
-    for package in PACKAGES:
-        try:
-            facts[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            facts[package] = None
+    # polars, duckdb, numpy: the local benchmark's, unused here
+    facts = machine_facts_with(PACKAGES, unused=("polars", "duckdb", "numpy"))
     facts["java"] = java_version()
     facts["spark_master"] = MASTER
     facts["spark_driver_memory"] = "default (1g)"
@@ -492,23 +508,15 @@ def _target_text(label: str, ratio: float | None, ours: float, floor: float) -> 
     return f"missed by {ratio - TARGET:.2f}x ({ours - TARGET * floor:.1f} s)"
 
 
-def _secs(value: float | None) -> str:
-    return _fmt_number(value, ".1f")
-
-
-@dataclass
-class Report:
-    args: dict[str, Any]
-    machine: dict[str, Any]
-    timings: list[Timing] = field(default_factory=list)
-    sanity: list[dict[str, Any]] = field(default_factory=list)
-
-    def timing(self, label: str, program: str) -> Timing | None:
-        return next((t for t in self.timings if t.label == label and t.program == program), None)
+class Report(ProcessReport):
+    NAME = "spark_engine"
+    TITLE = "Spark engine benchmark"
+    DAYS = SIZES
+    PHASES = "start = process start to SparkSession ready; work = read, compute, write"
 
     def ratios(self) -> list[dict[str, Any]]:
         out = []
-        for label in dict.fromkeys(t.label for t in self.timings):
+        for label in self.labels():
             ours, pdp, floor = (self.timing(label, p) for p in (OURS, PIPELINEDP, BASELINE))
             assert ours is not None and floor is not None
             ratio = _ratio(ours.median, floor.median)
@@ -525,8 +533,8 @@ class Report:
             )
         return out
 
-    def tables(self) -> list[tuple[str, list[str], list[list[str]]]]:
-        timing_rows = [
+    def timing_tables(self) -> list[Table]:
+        rows = [
             [
                 f"{t.rows:,}",
                 t.program,
@@ -538,7 +546,13 @@ class Report:
             ]
             for t in self.timings
         ]
-        ratio_rows = [
+        headers = ["rows", "program", "runs", "seconds", "all runs (s)"]
+        headers += ["peak MB (tree)", "largest process MB"]
+        title = "Wall time of each process, start to exit (seconds), and peak memory (MB)"
+        return [(title, headers, rows)]
+
+    def ratio_table(self) -> Table:
+        rows = [
             [
                 f"{r['rows']:,}",
                 _fmt_number(r["ours_over_baseline"], ".2f") + "x",
@@ -548,25 +562,15 @@ class Report:
             ]
             for r in self.ratios()
         ]
-        phase_rows = []
-        for t in self.timings:
-            run = t.median_run()
-            phases = run.phases()
-            phase_rows.append(
-                [
-                    f"{t.rows:,}",
-                    t.program,
-                    _secs(phases["start"]),
-                    _secs(phases["work"]),
-                    _secs(phases["exit"]),
-                    f"{run.seconds:.1f}",
-                    f"{run.cpu_s:.1f}",
-                    f"{run.others_cpu_s:.1f}",
-                    str(len(t.discarded)),
-                    f"{run.loadavg_1m:.2f}",
-                ]
-            )
-        sanity_rows = [
+        return (
+            f"Ratios (median seconds; target: ours / baseline <= {TARGET}x at "
+            f"{', '.join(TARGET_SIZES)})",
+            ["rows", "ours / baseline", "target", "PipelineDP / ours", "ours / baseline MB"],
+            rows,
+        )
+
+    def sanity_table(self) -> Table:
+        rows = [
             [
                 f"{s['rows']:,}",
                 f"{s['ours_mean_count']:,.1f}",
@@ -581,163 +585,37 @@ class Report:
             ]
             for s in self.sanity
         ]
-        machine_rows = [[k, str(v)] for k, v in self.machine.items()]
-        return [
-            (
-                "Wall time of each process, start to exit (seconds), and peak memory (MB)",
-                [
-                    "rows",
-                    "program",
-                    "runs",
-                    "seconds",
-                    "all runs (s)",
-                    "peak MB (tree)",
-                    "largest process MB",
-                ],
-                timing_rows,
-            ),
-            (
-                f"Ratios (median seconds; target: ours / baseline <= {TARGET}x at "
-                f"{', '.join(TARGET_SIZES)})",
-                ["rows", "ours / baseline", "target", "PipelineDP / ours", "ours / baseline MB"],
-                ratio_rows,
-            ),
-            (
-                "Phases of the median run (seconds): start = process start to SparkSession "
-                "ready; work = read, compute, write; exit = output written to process exit; "
-                "CPU = CPU seconds of the program's processes; others' CPU = CPU seconds the "
-                "rest of the machine used meanwhile (disturbance); discarded runs = disturbed "
-                "runs of this program and size that were run again",
-                [
-                    "rows",
-                    "program",
-                    "start",
-                    "work",
-                    "exit",
-                    "total",
-                    "CPU s",
-                    "others' CPU s",
-                    "discarded runs",
-                    "load at start",
-                ],
-                phase_rows,
-            ),
-            (
-                "Sanity check (not timed): mean released count per terminal; bounded = local "
-                "engine's exact bounded mean before noise; z = (released - bounded) / noise s.e.",
-                [
-                    "rows",
-                    "ours",
-                    "PipelineDP",
-                    "bounded, before noise",
-                    "noise s.e.",
-                    "ours z",
-                    "PDP z",
-                    "baseline raw",
-                    "ours partitions",
-                    "PDP partitions",
-                ],
-                sanity_rows,
-            ),
-            ("Machine", ["fact", "value"], machine_rows),
-        ]
+        headers = ["rows", "ours", "PipelineDP", "bounded, before noise", "noise s.e.", "ours z"]
+        headers += ["PDP z", "baseline raw", "ours partitions", "PDP partitions"]
+        return (
+            "Sanity check (not timed): mean released count per terminal; bounded = local "
+            "engine's exact bounded mean before noise; z = (released - bounded) / noise s.e.",
+            headers,
+            rows,
+        )
 
-    def preamble(self) -> list[str]:
+    def how_run(self) -> list[str]:
         return [
-            f"Job: count, sum, mean of {VALUE} per {KEY}, privacy unit {PRIVACY_UNIT}, "
-            f"{N_TERMINALS} public partitions, L0={L0}, Linf={LINF}, "
-            f"values in [{MIN_VALUE:g}, {MAX_VALUE:g}], epsilon={EPSILON:g}, delta={DELTA:g}, "
-            "Laplace.",
             f"Each program is its own process on Spark {MASTER}, default driver memory; seconds "
             "are wall time from process start to exit (JVM start, imports, read, compute, write), "
             f"median of {self.args['repeat']} run(s) after one untimed warm-up process.",
             "Peak MB: the highest sum of RSS over the process tree (Python driver, JVM, Python "
             f"workers), sampled every {SAMPLE_INTERVAL_S:g} s; shared pages count once per "
             "process. Largest process MB: the most any one process held (the JVM, usually).",
-            f"A run during which the rest of the machine used more than {IDLE_CORES:g} cores "
-            f"on average is disturbed and run again (at most {self.args['retries']} times); "
-            "a * marks a disturbed run kept because no retry was left.",
-            "The baseline is non-private (no bounding, no noise): a floor, not a competitor.",
         ]
 
-    def text(self) -> str:
-        parts = self.preamble()
-        for title, headers, rows in self.tables():
-            if rows:
-                parts += ["", title, _table_text(headers, rows)]
-        return "\n".join(parts)
+    def engine_parameters(self) -> dict[str, Any]:
+        return {"spark_master": MASTER}
 
-    def markdown(self) -> str:
-        parts = [f"# Spark engine benchmark ({self.args['finished_at']})", "", *self.preamble()]
-        parts += ["", f"Command: `{self.args['command']}`"]
-        for title, headers, rows in self.tables():
-            if rows:
-                parts += ["", f"## {title}", "", _table_md(headers, rows)]
-        commands_shown = dict.fromkeys(t.program for t in self.timings)
-        parts += ["", "## Commands (1M shown; the baseline's `<program>` is in the JSON)", ""]
-        for program in commands_shown:
+    def other_json(self) -> dict[str, Any]:
+        return {"baseline_program": BASELINE_PROGRAM}
+
+    def commands_section(self) -> list[str]:
+        lines = ["## Commands (1M shown; the baseline's `<program>` is in the JSON)", ""]
+        for program in dict.fromkeys(t.program for t in self.timings):
             timing = next(t for t in self.timings if t.program == program)
-            parts.append(f"- {program}: `{timing.command}`")
-        return "\n".join(parts) + "\n"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "args": self.args,
-            "machine": self.machine,
-            "parameters": {
-                "population": POPULATION,
-                "days": SIZES,
-                "epsilon": EPSILON,
-                "delta": DELTA,
-                "max_partitions_contributed": L0,
-                "max_contributions_per_partition": LINF,
-                "min_value": MIN_VALUE,
-                "max_value": MAX_VALUE,
-                "noise": "laplace",
-                "public_partitions": N_TERMINALS,
-                "spark_master": MASTER,
-            },
-            "note": (
-                "seconds: wall time of each process from start to exit; peak_mb: highest sampled "
-                "sum of RSS over the process tree"
-            ),
-            "baseline_program": BASELINE_PROGRAM,
-            "timings": [
-                {
-                    "label": t.label,
-                    "rows": t.rows,
-                    "program": t.program,
-                    "command": t.command,
-                    "median_s": t.median,
-                    "peak_mb": t.peak_mb,
-                    "largest_process_mb": t.largest_mb,
-                    "runs": [_run_json(r) for r in t.runs],
-                    "discarded_runs": [_run_json(r) for r in t.discarded],
-                }
-                for t in self.timings
-            ],
-            "ratios": self.ratios(),
-            "sanity": self.sanity,
-        }
-
-
-def _run_json(r: Run) -> dict[str, Any]:
-    return {
-        "seconds": r.seconds,
-        "peak_mb": r.peak_mb,
-        "largest_process_mb": r.largest_mb,
-        "largest_process": r.largest_process,
-        "marks_s": r.marks,
-        "phases_s": r.phases(),
-        "tree_gone_after_exit_s": r.tree_gone_s,
-        "cpu_s": r.cpu_s,
-        "others_cpu_s": r.others_cpu_s,
-        "loadavg_1m_at_start": r.loadavg_1m,
-        "log": r.log,
-        "waited_for_idle_s": r.waited_for_idle_s,
-        "others_cores": r.others_cores,
-        "disturbed": r.disturbed,
-    }
+            lines.append(f"- {program}: `{timing.command}`")
+        return lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -768,6 +646,45 @@ def wait_for_idle(max_wait: float) -> float:
             noted = waited
 
 
+def log_stem(log_dir: Path, label: str, program: str, i: int) -> Path:
+    """Where run `i` (from 0) of a program at a size logs, without `_retry<n>.log`."""
+    slug = re.sub(r"[^a-z0-9]+", "_", program.lower()).strip("_")
+    return log_dir / f"{label}_{slug}_{i + 1}"
+
+
+def run_timed(
+    argv: list[str],
+    env: dict[str, str],
+    what: str,
+    log: Path,
+    markers: dict[str, re.Pattern[str]],
+    args: argparse.Namespace,
+    timing: Timing,
+    prepare: Callable[[], None] | None = None,
+    seconds_format: str = ".1f",
+) -> None:
+    """One timed run, after waiting for an idle machine, run again (at most --retries times)
+    while others disturbed it; a disturbed run kept for lack of retries is marked in the tables.
+    `prepare` runs before each attempt; `seconds_format` is that of the progress line."""
+    for attempt in range(args.retries + 1):
+        if prepare is not None:
+            prepare()
+        waited = wait_for_idle(args.idle_wait)
+        progress(f"{what}: started (load {os.getloadavg()[0]:.2f})")
+        retry = f"_retry{attempt}" if attempt else ""
+        run = measure(argv, env, log.with_name(f"{log.name}{retry}.log"), markers, what)
+        run.waited_for_idle_s = waited
+        progress(
+            f"{what}: {run.seconds:{seconds_format}} s, peak {run.peak_mb:,.0f} MB, others used "
+            f"{run.others_cores:.2f} cores (tree gone {run.tree_gone_s:.1f} s after exit)"
+        )
+        if not run.disturbed or attempt == args.retries:
+            break
+        timing.discarded.append(run)
+        progress(f"{what}: disturbed by other work: discarded, running it again")
+    timing.runs.append(run)
+
+
 def warm_page_cache(data: Dataset) -> None:
     """Reads every input file once, so the first program timed does not pay for the disk."""
     for path in data.files:
@@ -789,26 +706,8 @@ def bench_size(label: str, keys: Path, args: argparse.Namespace, report: Report)
         for program in programs:
             argv, env = cmds[program]
             what = f"{label}: {program} run {i + 1}/{args.repeat}"
-            slug = re.sub(r"[^a-z0-9]+", "_", program.lower()).strip("_")
-
-            def log_path(attempt: int, slug: str = slug, i: int = i) -> Path:
-                retry = f"_retry{attempt}" if attempt else ""
-                return LOG_DIR / f"{label}_{slug}_{i + 1}{retry}.log"
-
-            for attempt in range(args.retries + 1):
-                waited = wait_for_idle(args.idle_wait)
-                progress(f"{what}: started (load {os.getloadavg()[0]:.2f})")
-                run = measure(argv, env, log_path(attempt), MARKERS[program], what)
-                run.waited_for_idle_s = waited
-                progress(
-                    f"{what}: {run.seconds:.1f} s, peak {run.peak_mb:,.0f} MB, others used "
-                    f"{run.others_cores:.2f} cores (tree gone {run.tree_gone_s:.1f} s after exit)"
-                )
-                if not run.disturbed or attempt == args.retries:
-                    break
-                timings[program].discarded.append(run)
-                progress(f"{what}: disturbed by other work: discarded, running it again")
-            timings[program].runs.append(run)
+            log = log_stem(LOG_DIR, label, program, i)
+            run_timed(argv, env, what, log, MARKERS[program], args, timings[program])
     report.timings.extend(timings[p] for p in (OURS, PIPELINEDP, BASELINE) if timings[p].runs)
 
     progress(f"{label}: reading the outputs back; bounded reference on the local engine")
@@ -841,74 +740,42 @@ def bench_size(label: str, keys: Path, args: argparse.Namespace, report: Report)
     )
 
 
+def untimed(
+    command: tuple[list[str], dict[str, str]],
+    program: str,
+    label: str,
+    log_dir: Path,
+    markers: dict[str, re.Pattern[str]],
+) -> None:
+    """One untimed process of a program (a warm-up), logged to `log_dir`/warmup.log."""
+    progress(f"warm-up: one untimed {program} process on {label}")
+    measure(*command, log_dir / "warmup.log", markers, "warm-up")
+
+
 def warm_up(keys: Path, label: str) -> None:
     """One untimed baseline process: JVM jars and Python modules into the OS page cache."""
     data = ensure_dataset(label, SIZES[label])
-    argv, env = commands(data, keys)[BASELINE]
-    progress(f"warm-up: one untimed {BASELINE} process on {label}")
-    measure(argv, env, LOG_DIR / "warmup.log", MARKERS[BASELINE], "warm-up")
+    untimed(commands(data, keys)[BASELINE], BASELINE, label, LOG_DIR, MARKERS[BASELINE])
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.spark_engine",
-        description=(
-            "Time the Spark engine against PipelineDP SparkRDDBackend and a non-private Spark "
-            f"query, each as its own process on {MASTER}."
-        ),
+    parser = bench_parser(
+        "python -m bench.spark_engine",
+        "Time the Spark engine against PipelineDP SparkRDDBackend and a non-private Spark query, "
+        f"each as its own process on {MASTER}.",
+        SIZES,
+        default_sizes=SIZES,
     )
-    parser.add_argument(
-        "--sizes",
-        default=",".join(SIZES),
-        help=f"comma list of row counts to run, from {', '.join(SIZES)} (default: all)",
-    )
-    parser.add_argument("--skip-pipelinedp", action="store_true", help="skip the slow reference")
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs of each program per size (median is kept)"
     )
-    parser.add_argument(
-        "--retries",
-        type=int,
-        default=2,
-        help=f"reruns of a run disturbed by other work (> {IDLE_CORES:g} cores), default 2",
-    )
-    parser.add_argument(
-        "--idle-wait",
-        type=float,
-        default=600.0,
-        help="longest wait, in seconds, for the machine to be idle before each run (default 600)",
-    )
-    args = parser.parse_args(argv)
-    args.sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
-    unknown = [s for s in args.sizes if s not in SIZES]
-    if unknown or not args.sizes:
-        parser.error(f"--sizes: choose from {', '.join(SIZES)}; got {args.sizes}")
-    if args.repeat < 1:
-        parser.error("--repeat: must be >= 1")
-    if args.retries < 0 or args.idle_wait < 0:
-        parser.error("--retries and --idle-wait: must be >= 0")
-    return args
+    return parse_bench_args(parser, argv, SIZES, IDLE_CORES)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    _quiet_imports()  # the bounded reference imports pipeline-dp
-    load = os.getloadavg()
-    if load[0] > 0.5:
-        progress(f"warning: load average {load[0]:.2f} at start; timings may be disturbed")
     report = Report(
-        args={
-            "sizes": args.sizes,
-            "repeat": args.repeat,
-            "retries": args.retries,
-            "idle_wait_s": args.idle_wait,
-            "idle_cores": IDLE_CORES,
-            "skip_pipelinedp": args.skip_pipelinedp,
-            "command": " ".join(
-                ["python -m bench.spark_engine", *(sys.argv[1:] if argv is None else argv)]
-            ),
-            "loadavg_at_start": [round(x, 2) for x in load],
-        },
+        args=start_args(args, "python -m bench.spark_engine", argv, IDLE_CORES),
         machine=spark_machine_facts(),
     )
     keys = write_public_keys()
@@ -920,15 +787,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ProgramError as exc:
         print(f"bench.spark_engine: error: {exc}", file=sys.stderr)
         return 1
-    report.args["finished_at"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    report.args["bench_wall_s"] = round(time.perf_counter() - started, 1)
-    report.args["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-
-    print(report.text())
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / "spark_engine.md").write_text(report.markdown())
-    (RESULTS_DIR / "spark_engine.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
-    progress(f"wrote {RESULTS_DIR / 'spark_engine.md'} and {RESULTS_DIR / 'spark_engine.json'}")
+    report.finish(started)
     return 0
 
 
