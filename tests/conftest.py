@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from dppipeline.synth import generate
@@ -50,3 +51,29 @@ def spark():
         master="local[2]",
         conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"},
     )
+
+
+def release_small(inputs: dict[str, Path], out: Path, engine, fmt: str = "parquet", **overrides):
+    """One release of `inputs` into `out/release` with loose bounds and public terminals
+    0..59 (50 with data, 10 empty); returns (released rows sorted by key, manifest)."""
+    from dppipeline.runner import run_job
+    from dppipeline.spec import build_spec
+
+    out.mkdir(parents=True, exist_ok=True)
+    keys = out / "keys.csv"
+    keys.write_text("TERMINAL_ID\n" + "\n".join(str(k) for k in range(60)) + "\n")
+    base = {
+        "input.path": str(inputs[fmt]),
+        "input.format": fmt,
+        "output": str(out / "release"),
+        "metrics": ["count", "sum", "mean", "privacy_id_count"],
+        "bounds.max_partitions_contributed": 50,
+        "bounds.max_contributions_per_partition": 100,
+        "bounds.min_value": 0.0,
+        "bounds.max_value": 150.0,
+        "partition_selection.public_partitions": str(keys),
+    }
+    base.update(overrides)
+    result = run_job(build_spec({}, base), engine, echo=lambda _: None)
+    released = pd.read_parquet(result.output / "terminal_stats")
+    return released.sort_values("TERMINAL_ID", ignore_index=True), result.manifest

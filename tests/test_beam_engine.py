@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
+from conftest import release_small
 from scipy.stats import norm
 
 from dppipeline.cli import main
@@ -31,7 +32,6 @@ from dppipeline.engines.beam import (
     WriteRelease,
 )
 from dppipeline.errors import InputError, UsageError
-from dppipeline.runner import run_job
 from dppipeline.schemas import transactions_schema
 from dppipeline.spec import build_spec
 
@@ -269,24 +269,7 @@ def test_write_release_writes_the_release_schema(tmp_path):
 
 
 def release(inputs, out: Path, fmt="parquet", engine=None, **overrides):
-    out.mkdir(parents=True, exist_ok=True)
-    keys = out / "keys.csv"
-    keys.write_text("TERMINAL_ID\n" + "\n".join(str(k) for k in range(60)) + "\n")
-    base = {
-        "input.path": str(inputs[fmt]),
-        "input.format": fmt,
-        "output": str(out / "release"),
-        "metrics": ["count", "sum", "mean", "privacy_id_count"],
-        "bounds.max_partitions_contributed": 50,
-        "bounds.max_contributions_per_partition": 100,
-        "bounds.min_value": 0.0,
-        "bounds.max_value": 150.0,
-        "partition_selection.public_partitions": str(keys),
-    }
-    base.update(overrides)
-    result = run_job(build_spec({}, base), engine or BeamEngine(), echo=lambda _: None)
-    released = pd.read_parquet(result.output / "terminal_stats")
-    return released.sort_values("TERMINAL_ID", ignore_index=True), result.manifest
+    return release_small(inputs, out, engine or BeamEngine(), fmt, **overrides)
 
 
 def test_noise_std_matches_manifest(small_inputs, tmp_path):

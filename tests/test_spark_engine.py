@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import release_small
 from scipy.stats import norm
 
 from dppipeline.engines.spark import bound_and_aggregate
 from dppipeline.errors import InputError
-from dppipeline.runner import run_job
 from dppipeline.spec import build_spec
 
 pytestmark = pytest.mark.usefixtures("spark")
@@ -88,24 +88,7 @@ def test_linf_sampling_is_uniform(spark):
 
 
 def release(small_inputs, tmp_path, fmt="parquet", **overrides):
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    keys = tmp_path / "keys.csv"
-    keys.write_text("TERMINAL_ID\n" + "\n".join(str(k) for k in range(60)) + "\n")
-    base = {
-        "input.path": str(small_inputs[fmt]),
-        "input.format": fmt,
-        "output": str(tmp_path / "release"),
-        "metrics": ["count", "sum", "mean", "privacy_id_count"],
-        "bounds.max_partitions_contributed": 50,
-        "bounds.max_contributions_per_partition": 100,
-        "bounds.min_value": 0.0,
-        "bounds.max_value": 150.0,
-        "partition_selection.public_partitions": str(keys),
-    }
-    base.update(overrides)
-    result = run_job(build_spec({}, base), "spark", echo=lambda _: None)
-    out = pd.read_parquet(result.output / "terminal_stats")
-    return out.sort_values("TERMINAL_ID", ignore_index=True), result.manifest
+    return release_small(small_inputs, tmp_path, "spark", fmt, **overrides)
 
 
 def test_release_on_executors_equals_release_on_driver(small_inputs, tmp_path, monkeypatch):

@@ -71,6 +71,7 @@ from dppipeline.engines.local_read import (
     SOURCE,
     first_line,
     first_rejected_row,
+    missing_column_error,
     ragged_csv_line,
     validate_batch,
 )
@@ -564,11 +565,9 @@ def preflight(files: Iterable[Path], fmt: str, schema: Schema) -> None:
             names = pq.read_schema(path).names
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"{path}: cannot read as parquet: {first_line(exc)}") from None
-        missing = [name for name in schema.names if name not in names]
-        if missing:
-            raise InputError(
-                f"{path}: missing column {missing[0]} (required by schemas/{schema.name}.json)"
-            )
+        error = missing_column_error(names, str(path), schema)
+        if error:
+            raise error
 
 
 class BeamEngine:
