@@ -5,8 +5,8 @@ Everything printed derives from public parameters only, so planning spends no bu
 
 from __future__ import annotations
 
-from dppipeline.core.budget import BudgetPlan, privacy_units_needed
-from dppipeline.spec import JobSpec
+from dppipeline.core.budget import BudgetPlan, JobPlan, privacy_units_needed
+from dppipeline.spec import JobSpec, QuerySpec, percentile_of
 
 
 def _num(value: float | None) -> str:
@@ -19,61 +19,109 @@ def _num(value: float | None) -> str:
     return f"{value:,.4g}"
 
 
-def render_plan(spec: JobSpec, plan: BudgetPlan) -> str:
-    params = plan.params
-    b = spec.bounds
+def render_plan(spec: JobSpec, plan: JobPlan) -> str:
+    """The whole job: budget, then per query its mechanisms, noise and selection."""
+    eps_total, delta_total = plan.total_spent()
     lines = [
-        f"job {spec.name}: {', '.join(params.metrics)} of {spec.value} per {spec.partition_key}, "
+        f"job {spec.name}: {len(plan.queries)} quer{'y' if len(plan.queries) == 1 else 'ies'}, "
         f"privacy unit {spec.privacy_unit}",
-        f"budget: epsilon={_num(plan.epsilon)} delta={_num(plan.delta)}, {params.noise} noise, "
+        f"budget: epsilon={_num(plan.epsilon)} delta={_num(plan.delta)}, {spec.noise} noise, "
         "split by pipeline-dp NaiveBudgetAccountant (basic composition)",
-        f"bounds: L0 (max_partitions_contributed)={b.max_partitions_contributed}, "
-        f"Linf (max_contributions_per_partition)={b.max_contributions_per_partition}"
+    ]
+    for query in spec.query_specs:
+        lines += ["", *_render_query(spec, query, plan)]
+    if plan.selections and spec.is_multi_query:
+        lines += ["", "partition selections (each shared by the queries listed):"]
+        for group in plan.selections:
+            m = group.mechanism
+            lines.append(
+                f"  {group.name:20} {m.kind:22} {_num(m.epsilon):>10} {_num(m.delta):>10}   "
+                f"{', '.join(group.queries)}"
+            )
+    lines += [
+        "",
+        f"total spent by the job: epsilon={_num(eps_total)} delta={_num(delta_total)}"
+        " (the ledger charges this)",
+    ]
+    return "\n".join(lines)
+
+
+def _render_query(spec: JobSpec, query: QuerySpec, job_plan: JobPlan) -> list[str]:
+    query_plan = job_plan.query(query.name)
+    plan = query_plan.plan
+    params = plan.params
+    keys = ", ".join(query.partition_by)
+    eps, delta = query_plan.spent()
+    lines = [
+        f"query {query.name}: {', '.join(params.metrics)} of {query.value} "
+        + (f"per {keys}" if keys else "as one global total")
+        + (f" where {query.filter}" if query.filter else ""),
+        f"  share: epsilon={_num(eps)} delta={_num(delta)} (weight {query.budget_weight:g})"
+        + (" + its partition selection" if query_plan.selection_group else ""),
+        f"  bounds: L0 (max_partitions_contributed)={params.max_partitions_contributed}, "
+        f"Linf (max_contributions_per_partition)={params.max_contributions_per_partition}"
         + (
-            f", values clipped to [{_num(b.min_value)}, {_num(b.max_value)}]"
-            if b.min_value is not None
+            f", values clipped to [{_num(params.min_value)}, {_num(params.max_value)}]"
+            if params.min_value is not None
             else ""
         ),
-        "",
-        f"  {'mechanism':20} {'kind':22} {'epsilon':>10} {'delta':>10} {'noise std':>12}",
+        f"  {'mechanism':24} {'kind':22} {'epsilon':>10} {'delta':>10} {'noise std':>12}",
     ]
     for m in plan.mechanisms:
         lines.append(
-            f"  {m.name:20} {m.kind:22} {_num(m.epsilon):>10} {_num(m.delta):>10} "
+            f"  {m.name:24} {m.kind:22} {_num(m.epsilon):>10} {_num(m.delta):>10} "
             f"{_num(m.noise_stddev):>12}"
         )
-    eps_total, delta_total = plan.total_spent()
-    lines += [f"  {'total':20} {'':22} {_num(eps_total):>10} {_num(delta_total):>10}", ""]
-    lines.append("released metrics (noise on each released value):")
+    lines.append("  released metrics (noise on each released value):")
     for metric in params.metrics:
-        if metric == "mean":
-            count_std = plan.mechanism("count").noise_stddev or 0.0
-            centred_std = plan.mechanism("centred_sum").noise_stddev or 0.0
-            lines.append(
-                f"  mean              std ~ {_num(centred_std)} / n for a partition of n rows "
-                f"(n >> {_num(count_std)}); clamped to [{_num(b.min_value)}, {_num(b.max_value)}]"
-            )
-            continue
-        lines.append(
-            f"  {metric:17} std {_num(plan.metric_noise_stddev(metric)):>10}, "
-            f"95% of values within +/- {_num(plan.metric_ci95_half_width(metric))}"
+        lines.append("    " + _metric_line(plan, metric))
+    lines += _selection_lines(spec, query, plan)
+    return lines
+
+
+def _metric_line(plan: BudgetPlan, metric: str) -> str:
+    params = plan.params
+    if metric in ("mean", "variance"):
+        count_std = plan.mechanism("count").noise_stddev or 0.0
+        name = "centred_sum" if metric == "mean" else "centred_sum_of_squares"
+        std = plan.mechanism(name).noise_stddev or 0.0
+        bound = (
+            f"[{_num(params.min_value)}, {_num(params.max_value)}]"
+            if metric == "mean"
+            else f"[0, {_num(params.half_range**2)}]"
         )
+        return (
+            f"{metric:17} std ~ {_num(std)} / n for a partition of n rows "
+            f"(n >> {_num(count_std)}); clamped to {bound}"
+        )
+    if percentile_of(metric) is not None:
+        return (
+            f"{metric:17} PyDP quantile tree over [{_num(params.min_value)}, "
+            f"{_num(params.max_value)}]; all percentiles of the query share one mechanism"
+        )
+    return (
+        f"{metric:17} std {_num(plan.metric_noise_stddev(metric)):>10}, "
+        f"95% of values within +/- {_num(plan.metric_ci95_half_width(metric))}"
+    )
+
+
+def _selection_lines(spec: JobSpec, query: QuerySpec, plan: BudgetPlan) -> list[str]:
     selection = plan.selection
-    lines.append("")
+    if not query.partition_by:
+        return ["  partition selection: none (a global total is one public partition)"]
     if selection is None:
-        lines.append(
-            f"partition selection: public list {spec.partition_selection.public_partitions} "
+        return [
+            f"  partition selection: public keys {query.partition_selection.public_partitions} "
             "(every listed key released, also when empty; no budget spent on selection)"
-        )
-    else:
-        p50 = privacy_units_needed(plan, 0.5)
-        p95 = privacy_units_needed(plan, 0.95)
-        lines += [
-            f"partition selection: private, {selection.kind}, epsilon={_num(selection.epsilon)} "
-            f"delta={_num(selection.delta)}"
-            + (f", pre_threshold={params.pre_threshold}" if params.pre_threshold else ""),
-            f"  a {spec.partition_key} needs {p50} distinct {spec.privacy_unit} (after bounding) "
-            f"to be released with probability 50%, {p95} for 95%",
-            "  with fewer, it is likely dropped: give a public key list when you have one",
         ]
-    return "\n".join(lines)
+    p50 = privacy_units_needed(plan, 0.5)
+    p95 = privacy_units_needed(plan, 0.95)
+    return [
+        f"  partition selection: private, {selection.kind}, epsilon={_num(selection.epsilon)} "
+        f"delta={_num(selection.delta)}"
+        + (f", pre_threshold={plan.params.pre_threshold}" if plan.params.pre_threshold else ""),
+        f"    a key ({', '.join(query.partition_by)}) needs {p50} distinct "
+        f"{spec.privacy_unit} (after bounding) to be released with probability 50%, "
+        f"{p95} for 95%",
+        "    with fewer, it is likely dropped: give a public key list when you have one",
+    ]

@@ -1,7 +1,8 @@
 """Is a published release what it claims to be? The check a scheduler runs before announcing it.
 
-A release passes when its manifest is there, its dataset's schema is the one
-`schemas/terminal_stats.json` defines for the manifest's key and metrics (names, types, order),
+A release passes when its manifest is there, each query's dataset has the schema
+`schemas/terminal_stats.json` defines for that query's keys and metrics (names, types, order)
+and the row count the manifest states,
 and the ledger records its run as committed (the budget was charged for exactly this release).
 """
 
@@ -12,10 +13,12 @@ from pathlib import Path
 
 import pyarrow.dataset as pads
 
-from dppipeline.core.manifest import MANIFEST_NAME
+from dppipeline.core.manifest import MANIFEST_NAME, MANIFEST_VERSION
 from dppipeline.core.release import release_arrow_schema
 from dppipeline.errors import InputError
 from dppipeline.ledger import Ledger
+from dppipeline.queries import KeyColumn
+from dppipeline.spec import TIME_BUCKETS
 
 
 def check_release(release: str | Path, ledger: str | None) -> str:
@@ -25,10 +28,38 @@ def check_release(release: str | Path, ledger: str | None) -> str:
     if not manifest_path.is_file():
         raise InputError(f"{release}: no {MANIFEST_NAME}: not a published release")
     manifest = json.loads(manifest_path.read_text())
-    dataset = release / manifest["dataset"]
+    if manifest.get("manifest_version") != MANIFEST_VERSION:
+        raise InputError(
+            f"{manifest_path}: manifest_version {manifest.get('manifest_version')}, this "
+            f"dppipeline checks version {MANIFEST_VERSION}"
+        )
+    rows = 0
+    for name, query in manifest["queries"].items():
+        rows += _check_dataset(release, name, query)
+    run_id = manifest["run_id"]
+    if ledger is not None:
+        book = Ledger(ledger)
+        try:
+            states = [row.state for row in book.rows() if row.run_id == run_id]
+        finally:
+            book.close()
+        if states != ["committed"]:
+            state = states[0] if states else "not recorded"
+            raise InputError(f"{release}: run {run_id} is {state} in the ledger, not committed")
+    ledger_state = ", ledger committed" if ledger is not None else ""
+    return (
+        f"{release}: valid release of run {run_id}, {len(manifest['queries'])} "
+        f"dataset(s), {rows:,} partitions{ledger_state}"
+    )
+
+
+def _check_dataset(release: Path, name: str, query: dict) -> int:
+    """One query's dataset: present, the schema its keys and metrics imply, row count."""
+    dataset = release / query["dataset"]
     if not dataset.is_dir():
-        raise InputError(f"{release}: dataset folder {manifest['dataset']} is missing")
-    expected = release_arrow_schema(manifest["partition_key"], list(manifest["metrics"]))
+        raise InputError(f"{release}: dataset folder {query['dataset']} of query {name} is missing")
+    keys = [KeyColumn(k, k if k in TIME_BUCKETS else None) for k in query["partition_by"]]
+    expected = release_arrow_schema([(k.name, k.arrow_type) for k in keys], list(query["metrics"]))
     found = pads.dataset(dataset, format="parquet").schema
     for column in expected:
         if column.name not in found.names:
@@ -41,18 +72,8 @@ def check_release(release: str | Path, ledger: str | None) -> str:
     if found.names != expected.names:
         raise InputError(f"{dataset}: columns {found.names}, expected {expected.names}")
     rows = pads.dataset(dataset, format="parquet").count_rows()
-    if rows != manifest["released_partitions"]:
+    if rows != query["released_partitions"]:
         raise InputError(
-            f"{dataset}: {rows} rows, the manifest says {manifest['released_partitions']}"
+            f"{dataset}: {rows} rows, the manifest says {query['released_partitions']}"
         )
-    run_id = manifest["run_id"]
-    if ledger is not None:
-        book = Ledger(ledger)
-        try:
-            states = [row.state for row in book.rows() if row.run_id == run_id]
-        finally:
-            book.close()
-        if states != ["committed"]:
-            state = states[0] if states else "not recorded"
-            raise InputError(f"{release}: run {run_id} is {state} in the ledger, not committed")
-    return f"{release}: valid release of run {run_id}, {rows:,} partitions, ledger committed"
+    return rows

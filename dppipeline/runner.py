@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dppipeline.core.budget import AggregationParams, BudgetPlan, plan_budget
+from dppipeline.core.budget import AggregationParams, JobPlan, plan_job
 from dppipeline.core.manifest import MANIFEST_NAME, build_manifest, published_run_id
 from dppipeline.engines.base import Engine, ReleaseJob
 from dppipeline.errors import InputError, UsageError
@@ -26,7 +26,6 @@ from dppipeline.io import (
     check_release_target,
     discover_partitions,
     publish_atomically,
-    read_public_partitions,
     select_days,
 )
 from dppipeline.ledger import (
@@ -36,7 +35,7 @@ from dppipeline.ledger import (
     ReleaseKey,
     input_fingerprint,
 )
-from dppipeline.schemas import transactions_schema
+from dppipeline.queries import check_query_columns, plan_tasks
 from dppipeline.spec import JobSpec
 
 log = logging.getLogger("dppipeline")
@@ -51,30 +50,16 @@ class RunResult:
     manifest: dict
 
 
-def check_columns(spec: JobSpec) -> None:
-    """The spec's columns must exist in the input schema with a type that fits their role."""
-    schema = transactions_schema()
-    for role, types in (
-        ("privacy_unit", ("int64", "string")),
-        ("partition_key", ("int64", "string")),
-        ("value", ("int64", "float64")),
-    ):
-        column = getattr(spec, role)
-        if column not in schema.names:
-            raise UsageError(
-                f"{role}: column {column!r} is not in schemas/transactions.json "
-                f"({', '.join(schema.names)})"
-            )
-        if schema.field(column).type not in types:
-            raise UsageError(
-                f"{role}: column {column} has type {schema.field(column).type}, "
-                f"needs one of {', '.join(types)}"
-            )
-
-
-def make_plan(spec: JobSpec) -> BudgetPlan:
-    check_columns(spec)
-    return plan_budget(AggregationParams.from_spec(spec), spec.budget.epsilon, spec.budget.delta)
+def make_plan(spec: JobSpec) -> JobPlan:
+    """The job's budget split over all its queries; checks every query's columns first."""
+    check_query_columns(spec)
+    queries = [
+        (q.name, AggregationParams.from_query(q, spec.noise), q.budget_weight)
+        for q in spec.query_specs
+    ]
+    return plan_job(
+        queries, spec.budget.epsilon, spec.budget.delta, prefix_names=spec.is_multi_query
+    )
 
 
 def default_quarantine(output: Path, run_id: str) -> Path:
@@ -188,14 +173,7 @@ def run_job(
         spec.input.end_date,
         spec.input.path,
     )
-    key_column = spec.partition_key
-    public_keys = None
-    if spec.partition_selection.public_partitions is not None:
-        public_keys = read_public_partitions(
-            spec.partition_selection.public_partitions,
-            key_column,
-            transactions_schema().field(key_column).type,
-        )
+    tasks = plan_tasks(spec, plan, days)  # reads public key lists, not data
     run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
     book = Ledger(ledger) if isinstance(ledger, str | Path) else ledger
     if book is not None:
@@ -224,8 +202,8 @@ def run_job(
     job = ReleaseJob(
         spec=spec,
         plan=plan,
+        tasks=tasks,
         days=days,
-        public_keys=public_keys,
         quarantine=quarantine or default_quarantine(output, run_id),
         seed=seed,
         progress=lambda line: say(f"[{engine_impl.name}] {line}"),
@@ -288,7 +266,7 @@ def _release(
     manifests: list[dict] = []
 
     def write(staging: Path) -> None:
-        run = engine_impl.run(job, staging / spec.name)
+        run = engine_impl.run(job, staging)
         rejects = run.rejects
         say(
             f"[{engine_impl.name}] read {rejects.rows_read:,} rows; rejected "
@@ -303,13 +281,17 @@ def _release(
             days=(days[0].day, days[-1].day),
             input_files=sum(len(d.files) for d in days),
             released_partitions=run.released_partitions,
-            public_partitions_count=None if job.public_keys is None else len(job.public_keys),
-            dataset=spec.name,
+            public_keys={
+                name: None if keys is None else len(keys)
+                for name, keys in job.tasks.public_keys.items()
+            },
         )
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
         manifests.append(manifest)
 
     publish_atomically(output, write, overwrite)
     manifest = manifests[0]
-    say(f"[{engine_impl.name}] released {manifest['released_partitions']:,} partitions to {output}")
+    for name, query in manifest["queries"].items():
+        say(f"[{engine_impl.name}] {name}: released {query['released_partitions']:,} partitions")
+    say(f"[{engine_impl.name}] release written to {output}")
     return RunResult(output, run_id, manifest["released_partitions"], manifest)

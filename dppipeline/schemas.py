@@ -81,17 +81,21 @@ def transactions_schema() -> Schema:
     return load_schema("transactions")
 
 
-def release_schema(key_columns: list[tuple[str, pa.DataType]], metrics: list[str]) -> pa.Schema:
-    """The release's Arrow schema: key columns under their input names, then requested metrics.
+def release_schema(
+    key_columns: list[tuple[str, pa.DataType]], metric_columns: list[str]
+) -> pa.Schema:
+    """The release's Arrow schema: key columns, then the metric columns in the order given.
 
-    Metric columns come in the order `terminal_stats.json` lists them.
+    Types come from `terminal_stats.json`; `percentile_P` columns are float64 like the
+    `percentile_P` entry there.
     """
     spec = load_schema("terminal_stats")
-    metric_fields = [f for f in spec.fields if f.role == "metric" and f.name in metrics]
-    return pa.schema(
-        [pa.field(name, typ, nullable=False) for name, typ in key_columns]
-        + [pa.field(f.name, f.arrow_type, nullable=f.nullable) for f in metric_fields]
-    )
+    typed = {f.name: f for f in spec.fields if f.role == "metric"}
+    fields = [pa.field(name, typ, nullable=False) for name, typ in key_columns]
+    for name in metric_columns:
+        f = typed[name if name in typed or not name.startswith("percentile_") else "percentile_P"]
+        fields.append(pa.field(name, f.arrow_type, nullable=f.nullable))
+    return pa.schema(fields)
 
 
 _SPARK_TYPES = {

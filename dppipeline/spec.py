@@ -13,6 +13,7 @@ import datetime as dt
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -22,7 +23,12 @@ import yaml
 
 from dppipeline.errors import SpecError, UsageError
 
-METRICS = ("count", "sum", "mean", "privacy_id_count")
+METRICS = ("count", "sum", "mean", "variance", "privacy_id_count")
+# percentile(p), 0 <= p <= 100, is the parametrised metric; percentile(100) is a DP maximum.
+_PERCENTILE = re.compile(r"^percentile\(\s*(\d+(?:\.\d+)?)\s*\)$")
+TIME_BUCKETS = ("day", "week", "month")  # derived partition keys, from TX_DATETIME
+_RANGE = re.compile(r"^\s*(-?\d+)\s*\.\.\s*(-?\d+)\s*$")
+INPUT_RANGE = "input_range"  # public keys of a time bucket: every bucket of the input's days
 NOISE_KINDS = ("laplace", "gaussian")
 SELECTION_STRATEGIES = ("truncated_geometric", "laplace_thresholding", "gaussian_thresholding")
 INPUT_FORMATS = ("parquet", "csv")
@@ -182,10 +188,12 @@ class BoundsSpec:
 class SelectionSpec:
     """Which partitions are released: a public key list, or private selection from the data."""
 
-    public_partitions: str | None = field(
+    public_partitions: str | dict[str, Any] | None = field(
         default=None,
         metadata=_doc(
-            "File of public keys (one per line, or a CSV with the key column); every "
+            "Public keys: a file (one key per line, or a CSV with the key columns), an "
+            "integer range 'A..B', or per key column a file, range, list or 'input_range' "
+            "(every time bucket of the input days), whose product is the key set. Every "
             "listed key is released, no other. Unset: private selection."
         ),
     )
@@ -199,7 +207,11 @@ class SelectionSpec:
     )
 
     def __post_init__(self) -> None:
-        _path_as_text(self, "public_partitions", "partition_selection.public_partitions")
+        if isinstance(self.public_partitions, Mapping):
+            _check_key_sources(self.public_partitions)
+            object.__setattr__(self, "public_partitions", dict(self.public_partitions))
+        else:
+            _path_as_text(self, "public_partitions", "partition_selection.public_partitions")
         _one_of("partition_selection.strategy", self.strategy, SELECTION_STRATEGIES)
         if self.pre_threshold is not None and (
             isinstance(self.pre_threshold, bool)
@@ -214,6 +226,177 @@ class SelectionSpec:
     @property
     def is_public(self) -> bool:
         return self.public_partitions is not None
+
+
+def _check_key_sources(sources: Mapping[str, Any]) -> None:
+    """Per key column: a file path, an integer range 'A..B', 'input_range' or a list."""
+    where = "partition_selection.public_partitions"
+    if not sources:
+        raise SpecError(where, "must name at least one key column")
+    for column, source in sources.items():
+        if isinstance(source, list | tuple):
+            if not source:
+                raise SpecError(f"{where}.{column}", "must list at least one key")
+            if any(isinstance(v, bool | dict | list) or v is None for v in source):
+                raise SpecError(f"{where}.{column}", f"must list plain keys, got {source!r}")
+        elif not isinstance(source, str | Path) or not str(source):
+            raise SpecError(
+                f"{where}.{column}",
+                f"must be a file, a range 'A..B', {INPUT_RANGE!r} or a list; got {source!r}",
+            )
+        match = _RANGE.match(str(source)) if isinstance(source, str) else None
+        if match and int(match.group(1)) > int(match.group(2)):
+            raise SpecError(f"{where}.{column}", f"range {source!r} is empty (A > B)")
+
+
+def parse_metric(name: Any, where: str = "metrics") -> str:
+    """A metric name in canonical form: `count`, ..., or `percentile(P)` with 0 <= P <= 100."""
+    if isinstance(name, str):
+        text = name.strip()
+        if text in METRICS:
+            return text
+        match = _PERCENTILE.match(text)
+        if match:
+            p = float(match.group(1))
+            if not 0 <= p <= 100:
+                raise SpecError(where, f"percentile must be in [0, 100], got {match.group(1)}")
+            return f"percentile({p:g})"
+    raise SpecError(
+        where,
+        f"must be one of {', '.join(METRICS)} or percentile(P) with 0 <= P <= 100; got {name!r}",
+    )
+
+
+def percentile_of(metric: str) -> float | None:
+    """P of a canonical `percentile(P)` metric; None for any other metric."""
+    match = _PERCENTILE.match(metric)
+    return float(match.group(1)) if match else None
+
+
+def metric_column(metric: str) -> str:
+    """The release column of a metric: its name, or `percentile_P` (`.` as `_`)."""
+    p = percentile_of(metric)
+    return metric if p is None else f"percentile_{p:g}".replace(".", "_")
+
+
+def _metrics_tuple(value: Any, where: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [m.strip() for m in re.split(r",(?![^(]*\))", value) if m.strip()]
+    if not isinstance(value, list | tuple):
+        raise SpecError(where, f"must be a list of metric names, got {value!r}")
+    metrics = tuple(parse_metric(m, where) for m in value)
+    if not metrics:
+        raise SpecError(where, "must name at least one metric")
+    if len(set(metrics)) != len(metrics):
+        raise SpecError(where, f"lists a metric twice: {list(metrics)}")
+    return metrics
+
+
+def _needs_value_bounds(metrics: tuple[str, ...]) -> bool:
+    return any(m in ("sum", "mean", "variance") or percentile_of(m) is not None for m in metrics)
+
+
+@dataclass(frozen=True)
+class QuerySpec:
+    """One named query of a multi-query job: its own filter, keys, metrics and bounds."""
+
+    name: str = field(metadata=_doc("Query name; its dataset's folder in the release."))
+    partition_by: tuple[str, ...] = field(
+        default=("TERMINAL_ID",),
+        metadata=_doc(
+            "Key columns of the output rows: input columns and/or the time buckets day, week, "
+            "month (of TX_DATETIME); [] for one global total."
+        ),
+    )
+    metrics: tuple[str, ...] = field(
+        default=("count", "sum", "mean"),
+        metadata=_doc("count, sum, mean, variance, privacy_id_count, percentile(P)."),
+    )
+    value: str = field(default="TX_AMOUNT", metadata=_doc("Column aggregated by value metrics."))
+    filter: str | None = field(
+        default=None,
+        metadata=_doc(
+            'Rows the query reads, e.g. "TERMINAL_ID in 1..100 and TX_AMOUNT >= 25" '
+            "(comparisons, ranges, in, between, and/or/not)."
+        ),
+    )
+    bounds: BoundsSpec = field(
+        default_factory=BoundsSpec, metadata=_doc("Contribution bounds (job bounds by default).")
+    )
+    partition_selection: SelectionSpec = field(
+        default_factory=SelectionSpec,
+        metadata=_doc("Public keys or private selection (not inherited from the job)."),
+    )
+    budget_weight: float = field(
+        default=1.0, metadata=_doc("Share of the job budget relative to the other queries.")
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", self.name):
+            raise SpecError(
+                "name", f"must start with a letter, then letters, digits, _; got {self.name!r}"
+            )
+        keys = self.partition_by
+        if isinstance(keys, str):
+            keys = (keys,)
+        if not isinstance(keys, list | tuple) or not all(isinstance(k, str) for k in keys):
+            raise SpecError("partition_by", f"must be a list of column names, got {keys!r}")
+        if len(set(keys)) != len(keys):
+            raise SpecError("partition_by", f"lists a key twice: {list(keys)}")
+        object.__setattr__(self, "partition_by", tuple(keys))
+        object.__setattr__(self, "metrics", _metrics_tuple(self.metrics, "metrics"))
+        if not isinstance(self.value, str) or not self.value:
+            raise SpecError("value", "must be a column name")
+        if self.filter is not None:
+            if not isinstance(self.filter, str) or not self.filter.strip():
+                raise SpecError("filter", f"must be a filter expression, got {self.filter!r}")
+            from dppipeline.filters import parse_filter  # noqa: PLC0415
+            from dppipeline.schemas import transactions_schema  # noqa: PLC0415
+
+            parse_filter(self.filter, transactions_schema(), where="filter")
+        weight = _number("budget_weight", self.budget_weight)
+        if not weight > 0 or math.isinf(weight):
+            raise SpecError("budget_weight", f"must be > 0 and finite, got {self.budget_weight!r}")
+        object.__setattr__(self, "budget_weight", weight)
+        if self.needs_value_bounds and self.bounds.min_value is None:
+            raise SpecError(
+                "bounds.min_value",
+                "min_value and max_value are required for sum, mean, variance and percentiles",
+            )
+        selection = self.partition_selection
+        if not self.partition_by and (
+            selection.public_partitions is not None or selection.pre_threshold is not None
+        ):
+            raise SpecError(
+                "partition_selection",
+                "a global total (partition_by: []) has one partition: nothing to select",
+            )
+        if isinstance(selection.public_partitions, dict):
+            listed = set(selection.public_partitions)
+            if listed != set(self.partition_by):
+                raise SpecError(
+                    "partition_selection.public_partitions",
+                    f"must give keys for exactly the partition_by columns "
+                    f"{list(self.partition_by)}, got {sorted(listed)}",
+                )
+        elif (
+            isinstance(selection.public_partitions, str)
+            and _RANGE.match(selection.public_partitions)
+            and len(self.partition_by) != 1
+        ):
+            raise SpecError(
+                "partition_selection.public_partitions",
+                "a range needs one partition_by column; give one source per column instead",
+            )
+
+    @property
+    def needs_value_bounds(self) -> bool:
+        return _needs_value_bounds(self.metrics)
+
+    @property
+    def is_public(self) -> bool:
+        """Public keys, or a global total (its one partition is known in advance)."""
+        return self.partition_selection.is_public or not self.partition_by
 
 
 @dataclass(frozen=True)
@@ -232,7 +415,7 @@ class JobSpec:
     value: str = field(default="TX_AMOUNT", metadata=_doc("Column aggregated by sum and mean."))
     metrics: tuple[str, ...] = field(
         default=("count", "sum", "mean"),
-        metadata=_doc("Any of count, sum, mean, privacy_id_count."),
+        metadata=_doc("Any of count, sum, mean, variance, privacy_id_count, percentile(P)."),
     )
     noise: str = field(default="laplace", metadata=_doc("Noise kind: laplace or gaussian."))
     budget: BudgetSpec = field(default_factory=BudgetSpec, metadata=_doc("Privacy budget."))
@@ -244,6 +427,13 @@ class JobSpec:
     output: str | None = field(
         default=None, metadata=_doc("Release folder (required here or as --output).")
     )
+    queries: tuple[QuerySpec, ...] = field(
+        default=(),
+        metadata=_doc(
+            "Several named queries under the job's one budget (see 'Several queries in one "
+            "job'); the fields above are their defaults. Unset: one query, named after the job."
+        ),
+    )
 
     def __post_init__(self) -> None:
         _path_as_text(self, "output", "output")
@@ -254,36 +444,52 @@ class JobSpec:
                 raise SpecError(name, "must be a column name")
         if self.privacy_unit == self.partition_key:
             raise SpecError("partition_key", "must differ from privacy_unit")
-        metrics = self.metrics
-        if isinstance(metrics, str):
-            metrics = tuple(m.strip() for m in metrics.split(",") if m.strip())
-        if not isinstance(metrics, list | tuple):
-            raise SpecError("metrics", f"must be a list of metric names, got {metrics!r}")
-        metrics = tuple(metrics)
-        if not metrics:
-            raise SpecError("metrics", "must name at least one metric")
-        for metric in metrics:
-            _one_of("metrics", metric, METRICS)
-        if len(set(metrics)) != len(metrics):
-            raise SpecError("metrics", f"lists a metric twice: {list(metrics)}")
-        object.__setattr__(self, "metrics", metrics)
+        object.__setattr__(self, "metrics", _metrics_tuple(self.metrics, "metrics"))
         _one_of("noise", self.noise, NOISE_KINDS)
-        if self.needs_value_bounds and self.bounds.min_value is None:
+        queries = tuple(self.queries)
+        object.__setattr__(self, "queries", queries)
+        if queries:
+            _check_queries(queries)
+        elif self.needs_value_bounds and self.bounds.min_value is None:
             raise SpecError(
                 "bounds.min_value",
-                "min_value and max_value are required for sum and mean",
+                "min_value and max_value are required for sum, mean, variance and percentiles",
             )
         if self.noise == "gaussian" and self.budget.delta == 0:
             raise SpecError("budget.delta", "must be > 0 for gaussian noise")
-        if not self.partition_selection.is_public and self.budget.delta == 0:
-            raise SpecError(
-                "budget.delta",
-                "must be > 0 for private partition selection (or give public_partitions)",
-            )
+        if self.budget.delta == 0:
+            for query in self.query_specs:
+                if not query.is_public:
+                    where = f"queries.{query.name}: " if queries else ""
+                    raise SpecError(
+                        "budget.delta",
+                        f"must be > 0 for private partition selection ({where}or give "
+                        "public_partitions)",
+                    )
 
     @property
     def needs_value_bounds(self) -> bool:
-        return any(m in ("sum", "mean") for m in self.metrics)
+        return _needs_value_bounds(self.metrics)
+
+    @property
+    def is_multi_query(self) -> bool:
+        return bool(self.queries)
+
+    @property
+    def query_specs(self) -> tuple[QuerySpec, ...]:
+        """The job's queries; a single-query job is one query named after the job."""
+        if self.queries:
+            return self.queries
+        return (
+            QuerySpec(
+                name=self.name,
+                partition_by=(self.partition_key,),
+                metrics=self.metrics,
+                value=self.value,
+                bounds=self.bounds,
+                partition_selection=self.partition_selection,
+            ),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return _jsonable(dataclasses.asdict(self))
@@ -298,6 +504,13 @@ class JobSpec:
             content["budget"].pop(ledger_only, None)
         blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _check_queries(queries: tuple[QuerySpec, ...]) -> None:
+    names = [q.name for q in queries]
+    for name in names:
+        if names.count(name) > 1:
+            raise SpecError(f"queries.{name}", "two queries have this name")
 
 
 _SECTIONS: dict[str, type] = {
@@ -323,12 +536,63 @@ def spec_from_dict(raw: Mapping[str, Any], source: str = "job spec") -> JobSpec:
             kwargs[key] = _section_from_dict(key, section, value)
         elif key == "metrics" and isinstance(value, list):
             kwargs[key] = tuple(value)
-        else:
+        elif key != "queries":
             kwargs[key] = value
+    if raw.get("queries") is not None:
+        kwargs["queries"] = _queries_from_dict(raw["queries"], raw)
     try:
         return JobSpec(**kwargs)
     except TypeError as exc:  # a wrong type that the dataclass itself rejected
         raise SpecError(source, str(exc)) from None
+
+
+# Job fields a query inherits when it does not set them (bounds: field by field).
+_INHERITED = ("metrics", "value")
+
+
+def _queries_from_dict(raw_queries: Any, job: Mapping[str, Any]) -> tuple[QuerySpec, ...]:
+    """Queries from YAML (a list of mappings, each with a name), job fields as defaults."""
+    if not isinstance(raw_queries, list) or not raw_queries:
+        raise SpecError("queries", "must be a non-empty list of queries")
+    known = {f.name for f in fields(QuerySpec)}
+    queries = []
+    for position, raw in enumerate(raw_queries, start=1):
+        if not isinstance(raw, Mapping):
+            raise SpecError(f"queries[{position}]", "must be a mapping with a name")
+        name = raw.get("name")
+        where = f"queries.{name}" if isinstance(name, str) else f"queries[{position}]"
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise SpecError(
+                f"{where}.{unknown[0]}", f"unknown field (known: {', '.join(sorted(known))})"
+            )
+        kwargs: dict[str, Any] = {k: job[k] for k in _INHERITED if k in job and k not in raw}
+        kwargs.update({k: v for k, v in raw.items() if k not in ("bounds", "partition_selection")})
+        if "partition_by" not in raw:
+            kwargs["partition_by"] = (job.get("partition_key") or "TERMINAL_ID",)
+        try:
+            job_bounds = job.get("bounds") or {}
+            bounds = {**(job_bounds if isinstance(job_bounds, Mapping) else {})}
+            bounds.update(_mapping(raw.get("bounds"), "bounds"))
+            kwargs["bounds"] = _section_from_dict("bounds", BoundsSpec, bounds)
+            kwargs["partition_selection"] = _section_from_dict(
+                "partition_selection", SelectionSpec, raw.get("partition_selection")
+            )
+            query = QuerySpec(**kwargs)
+        except SpecError as exc:
+            raise SpecError(f"{where}.{exc.field}", exc.rule) from None
+        except TypeError as exc:
+            raise SpecError(where, str(exc)) from None
+        queries.append(query)
+    return tuple(queries)
+
+
+def _mapping(value: Any, name: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SpecError(name, "must be a mapping")
+    return dict(value)
 
 
 def _section_from_dict(name: str, cls: type, value: Any) -> Any:
@@ -395,10 +659,31 @@ def resolve_paths(raw: Mapping[str, Any], base: Path) -> dict[str, Any]:
         for part in path[:-1]:
             target = target.get(part) if isinstance(target, dict) else None
         if isinstance(target, dict) and isinstance(target.get(path[-1]), str):
-            value = Path(target[path[-1]])
-            if not value.is_absolute():
-                target[path[-1]] = str((base / value).resolve())
+            target[path[-1]] = _resolved(target[path[-1]], base)
+    queries = data.get("queries")
+    for query in queries if isinstance(queries, list) else []:
+        selection = query.get("partition_selection") if isinstance(query, dict) else None
+        if not isinstance(selection, dict):
+            continue
+        sources = selection.get("public_partitions")
+        if isinstance(sources, str):
+            selection["public_partitions"] = _resolved(sources, base)
+        elif isinstance(sources, dict):
+            for column, source in sources.items():
+                if isinstance(source, str):
+                    sources[column] = _resolved(source, base)
     return data
+
+
+def is_file_source(source: str) -> bool:
+    """A public key source that names a file (not a range 'A..B' nor 'input_range')."""
+    return source != INPUT_RANGE and not _RANGE.match(source)
+
+
+def _resolved(path: str, base: Path) -> str:
+    if not is_file_source(path) or Path(path).is_absolute():
+        return path
+    return str((base / path).resolve())
 
 
 def build_spec(
@@ -493,7 +778,20 @@ def describe_fields() -> list[tuple[str, str, str]]:
     rows: list[tuple[str, str, str]] = []
     for f in fields(JobSpec):
         section = _SECTIONS.get(f.name)
-        if section is not None:
+        if f.name == "queries":
+            rows.append((f.name, "[]", f.metadata.get("doc", "")))
+            for sub in fields(QuerySpec):
+                default = sub.default if sub.default is not dataclasses.MISSING else ""
+                if sub.name in ("bounds", "partition_selection"):
+                    default = "job's" if sub.name == "bounds" else "private"
+                rows.append(
+                    (
+                        f"queries[].{sub.name}",
+                        repr(default) if default != "" else "",
+                        sub.metadata.get("doc", ""),
+                    )
+                )
+        elif section is not None:
             for sub in fields(section):
                 default = sub.default if sub.default is not dataclasses.MISSING else ""
                 rows.append((f"{f.name}.{sub.name}", repr(default), sub.metadata.get("doc", "")))

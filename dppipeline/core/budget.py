@@ -11,13 +11,22 @@ Mechanisms, following pipeline-dp's own layout so that its DPEngine is a faithfu
   centred_sum + midpoint * count (post-processing: no extra budget, and lower noise than a
   third mechanism).
 - `sum`: the noisy sum when sum is asked for without mean.
+- `centred_sum_of_squares`: sum of ((value - midpoint)^2 - r^2/2), r = (max - min)/2, when
+  variance is asked for. Our own calibration: one row moves it by at most r^2/2. (pipeline-dp
+  0.3.1's VARIANCE derives this sensitivity from min^2 and max^2, which is 0 for a range
+  symmetric around zero such as [-10, 10]: no noise at all on that term.)
+- `percentile`: one PyDP QuantileTree per partition answers all of a query's percentiles.
 - `privacy_id_count`: noisy number of distinct privacy units.
 - `partition_selection`: private selection only (public partitions spend nothing on it).
+
+A job of several queries (`plan_job`) splits its one budget across every query's mechanisms
+and one selection per group of queries that share partition keys and selection settings.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pipeline_dp
@@ -26,7 +35,7 @@ from pipeline_dp import partition_selection as pdp_partition_selection
 from pipeline_dp.aggregate_params import MechanismType
 
 from dppipeline.errors import UsageError
-from dppipeline.spec import JobSpec
+from dppipeline.spec import JobSpec, QuerySpec, percentile_of
 
 _NOISE_TYPES = {
     "laplace": MechanismType.LAPLACE,
@@ -59,25 +68,44 @@ class AggregationParams:
     public_partitions: bool
     selection_strategy: str = "truncated_geometric"
     pre_threshold: int | None = None
+    key_columns: tuple[str, ...] = ()
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> AggregationParams:
+        return cls.from_query(spec.query_specs[0], spec.noise)
+
+    @classmethod
+    def from_query(cls, query: QuerySpec, noise: str) -> AggregationParams:
+        """A global total (no key) has one partition: each unit contributes to it alone."""
         return cls(
-            metrics=spec.metrics,
-            noise=spec.noise,
-            max_partitions_contributed=spec.bounds.max_partitions_contributed,
-            max_contributions_per_partition=spec.bounds.max_contributions_per_partition,
-            min_value=spec.bounds.min_value,
-            max_value=spec.bounds.max_value,
-            public_partitions=spec.partition_selection.is_public,
-            selection_strategy=spec.partition_selection.strategy,
-            pre_threshold=spec.partition_selection.pre_threshold,
+            metrics=query.metrics,
+            noise=noise,
+            max_partitions_contributed=(
+                query.bounds.max_partitions_contributed if query.partition_by else 1
+            ),
+            max_contributions_per_partition=query.bounds.max_contributions_per_partition,
+            min_value=query.bounds.min_value,
+            max_value=query.bounds.max_value,
+            public_partitions=query.is_public,
+            selection_strategy=query.partition_selection.strategy,
+            pre_threshold=query.partition_selection.pre_threshold,
+            key_columns=query.partition_by,
         )
 
     @property
     def midpoint(self) -> float:
         assert self.min_value is not None and self.max_value is not None
         return (self.min_value + self.max_value) / 2
+
+    @property
+    def half_range(self) -> float:
+        """r = (max - min) / 2: the largest |value - midpoint| after clipping."""
+        assert self.min_value is not None and self.max_value is not None
+        return (self.max_value - self.min_value) / 2
+
+    @property
+    def percentiles(self) -> tuple[float, ...]:
+        return tuple(p for m in self.metrics if (p := percentile_of(m)) is not None)
 
     def clip(self, value: float) -> float:
         assert self.min_value is not None and self.max_value is not None
@@ -96,10 +124,15 @@ class MechanismBudget:
     linf_sensitivity: float
     noise_stddev: float | None  # None for partition selection
 
-    def build_additive(self) -> dp_computations.AdditiveMechanism:
-        """The secure PyDP mechanism (Laplace or Gaussian) this budget describes."""
+    def build_spec(self) -> budget_accounting.MechanismSpec:
+        """pipeline-dp's description of this noise mechanism, its budget set."""
         spec = budget_accounting.MechanismSpec(_NOISE_TYPES[self.kind], name=self.name)
         spec.set_eps_delta(self.epsilon, self.delta)
+        return spec
+
+    def build_additive(self) -> dp_computations.AdditiveMechanism:
+        """The secure PyDP mechanism (Laplace or Gaussian) this budget describes."""
+        spec = self.build_spec()
         sensitivities = dp_computations.Sensitivities(
             l0=self.l0_sensitivity, linf=self.linf_sensitivity
         )
@@ -149,8 +182,9 @@ class BudgetPlan:
         return self.mechanism("partition_selection") if self.has("partition_selection") else None
 
     def metric_noise_stddev(self, metric: str) -> float | None:
-        """Standard deviation of (released - exact bounded value); None for mean (a ratio)."""
-        if metric == "mean":
+        """Standard deviation of (released - exact bounded value); None for mean and variance
+        (ratios) and percentiles (not additive noise)."""
+        if metric in ("mean", "variance") or percentile_of(metric) is not None:
             return None
         if metric == "sum" and self.has("centred_sum"):
             count_std = self.mechanism("count").noise_stddev or 0.0
@@ -160,7 +194,7 @@ class BudgetPlan:
 
     def metric_ci95_half_width(self, metric: str) -> float | None:
         """Half-width of the 95% interval of the noise on one released value (exact)."""
-        if metric == "mean":
+        if metric in ("mean", "variance") or percentile_of(metric) is not None:
             return None
         if metric == "sum" and self.has("centred_sum"):
             # A sum of two independent noises: the normal approximation is documented as such.
@@ -180,55 +214,216 @@ class BudgetPlan:
         )
 
 
+# Mechanisms whose output is not value + additive noise (no noise_stddev).
+NOT_ADDITIVE = ("partition_selection", "percentile")
+
+
 def _metric_mechanisms(params: AggregationParams) -> list[tuple[str, float]]:
     """(mechanism name, Linf sensitivity) for each noise mechanism the metrics need."""
     linf = params.max_contributions_per_partition
+    metrics = params.metrics
     wanted: list[tuple[str, float]] = []
-    if "count" in params.metrics or "mean" in params.metrics:
+    centred = "mean" in metrics or "variance" in metrics
+    if "count" in metrics or centred:
         wanted.append(("count", float(linf)))
-    if "mean" in params.metrics:
-        assert params.min_value is not None and params.max_value is not None
-        wanted.append(("centred_sum", (params.max_value - params.min_value) / 2 * linf))
-    elif "sum" in params.metrics:
+    if centred:
+        wanted.append(("centred_sum", params.half_range * linf))
+    elif "sum" in metrics:
         assert params.min_value is not None and params.max_value is not None
         wanted.append(("sum", max(abs(params.min_value), abs(params.max_value)) * linf))
-    if "privacy_id_count" in params.metrics:
+    if "variance" in metrics:
+        wanted.append(("centred_sum_of_squares", params.half_range**2 / 2 * linf))
+    if params.percentiles:
+        wanted.append(("percentile", float(linf)))
+    if "privacy_id_count" in metrics:
         wanted.append(("privacy_id_count", 1.0))
     return wanted
 
 
-def plan_budget(params: AggregationParams, epsilon: float, delta: float) -> BudgetPlan:
-    """Splits (epsilon, delta) across the mechanisms with pipeline-dp's accountant."""
+@dataclass(frozen=True)
+class QueryPlan:
+    """One query's share: its metric mechanisms (and its group's selection, if private)."""
+
+    name: str
+    weight: float
+    plan: BudgetPlan
+    selection_group: str | None  # None: public partitions (or a global total)
+
+    def own_mechanisms(self) -> tuple[MechanismBudget, ...]:
+        return tuple(m for m in self.plan.mechanisms if m.name != "partition_selection")
+
+    def spent(self) -> tuple[float, float]:
+        """The query's own spend, without the (possibly shared) selection."""
+        own = self.own_mechanisms()
+        return math.fsum(m.epsilon for m in own), math.fsum(m.delta for m in own)
+
+
+@dataclass(frozen=True)
+class SelectionGroup:
+    """Private queries with the same keys and selection settings: one partition selection,
+    its released keys used by every member (post-processing, no extra budget)."""
+
+    name: str
+    key_columns: tuple[str, ...]
+    queries: tuple[str, ...]
+    mechanism: MechanismBudget
+    pre_threshold: int | None
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """A whole job's split: every query's mechanisms and every selection, one accountant."""
+
+    epsilon: float
+    delta: float
+    queries: tuple[QueryPlan, ...]
+    selections: tuple[SelectionGroup, ...]
+
+    def query(self, name: str) -> QueryPlan:
+        for q in self.queries:
+            if q.name == name:
+                return q
+        raise KeyError(name)
+
+    def selection_group(self, name: str) -> SelectionGroup:
+        for g in self.selections:
+            if g.name == name:
+                return g
+        raise KeyError(name)
+
+    def total_spent(self) -> tuple[float, float]:
+        """Every mechanism counted once (a shared selection too), by basic composition."""
+        parts = [q.spent() for q in self.queries]
+        parts += [(g.mechanism.epsilon, g.mechanism.delta) for g in self.selections]
+        return math.fsum(e for e, _ in parts), math.fsum(d for _, d in parts)
+
+
+def _selection_groups(
+    queries: Sequence[tuple[str, AggregationParams, float]],
+) -> dict[tuple, list[str]]:
+    """Private queries by (key columns, strategy, pre_threshold), in spec order."""
+    groups: dict[tuple, list[str]] = {}
+    for name, params, _ in queries:
+        if not params.public_partitions:
+            group = (params.key_columns, params.selection_strategy, params.pre_threshold)
+            groups.setdefault(group, []).append(name)
+    return groups
+
+
+def plan_job(
+    queries: Sequence[tuple[str, AggregationParams, float]],
+    epsilon: float,
+    delta: float,
+    *,
+    prefix_names: bool = True,
+) -> JobPlan:
+    """Splits (epsilon, delta) across all queries' mechanisms and selections with one
+    pipeline-dp NaiveBudgetAccountant. A query's metric mechanisms share its `budget_weight`
+    equally, so queries get budget in proportion to their weights; a selection weighs as
+    much as one mechanism of the heaviest query using it (for one query: all mechanisms and
+    its selection get equal shares, as pipeline-dp's own DPEngine splits).
+
+    `queries`: (name, params, weight). With `prefix_names`, mechanisms are named
+    `<query>.<mechanism>` for the accountant (a single-query job keeps the plain names).
+    """
     accountant = pipeline_dp.NaiveBudgetAccountant(total_epsilon=epsilon, total_delta=delta)
-    requested: list[tuple[str, str, float, budget_accounting.MechanismSpec]] = []
-    for name, linf in _metric_mechanisms(params):
-        spec = accountant.request_budget(_NOISE_TYPES[params.noise], name=name)
-        requested.append((name, params.noise, linf, spec))
-    if not params.public_partitions:
-        kind = params.selection_strategy
-        spec = accountant.request_budget(_SELECTION_TYPES[kind], name="partition_selection")
-        requested.append(("partition_selection", kind, 1.0, spec))
+    by_name = {name: (params, weight) for name, params, weight in queries}
+
+    def label(owner: str, mechanism: str) -> str:
+        return f"{owner}.{mechanism}" if prefix_names else mechanism
+
+    requested: dict[str, list[tuple[str, str, float, budget_accounting.MechanismSpec]]] = {}
+    unit_weight: dict[str, float] = {}  # the weight of each of a query's mechanisms
+    for name, params, weight in queries:
+        mechanisms = _metric_mechanisms(params)
+        unit_weight[name] = weight / len(mechanisms)
+        requested[name] = [
+            (
+                mechanism,
+                params.noise,
+                linf,
+                accountant.request_budget(
+                    _NOISE_TYPES[params.noise],
+                    weight=unit_weight[name],
+                    name=label(name, mechanism),
+                ),
+            )
+            for mechanism, linf in mechanisms
+        ]
+    group_specs = {}
+    for (keys, strategy, pre_threshold), members in _selection_groups(queries).items():
+        group_name = ",".join(keys) if prefix_names else "partition_selection"
+        if group_name in group_specs:  # same keys, other settings: keep names unique
+            group_name = f"{group_name}#{len(group_specs) + 1}"
+        weight = max(unit_weight[m] for m in members)
+        spec = accountant.request_budget(
+            _SELECTION_TYPES[strategy],
+            weight=weight,
+            name=label("partition_selection", group_name) if prefix_names else group_name,
+        )
+        group_specs[group_name] = (keys, strategy, pre_threshold, members, spec)
     accountant.compute_budgets()
 
-    l0 = params.max_partitions_contributed
-    mechanisms = []
-    for name, kind, linf, spec in requested:
-        budget = MechanismBudget(
-            name=name,
-            kind=kind,
+    selections = []
+    selection_of: dict[str, tuple[str, MechanismBudget]] = {}
+    for group_name, (keys, strategy, pre_threshold, members, spec) in group_specs.items():
+        mechanism = MechanismBudget(
+            name="partition_selection",
+            kind=strategy,
             epsilon=spec.eps,
             delta=spec.delta or 0.0,
-            l0_sensitivity=l0,
-            linf_sensitivity=linf,
+            l0_sensitivity=max(by_name[m][0].max_partitions_contributed for m in members),
+            linf_sensitivity=1.0,
             noise_stddev=None,
         )
-        if name != "partition_selection":
-            std = budget.build_additive().std
-            budget = MechanismBudget(**{**budget.__dict__, "noise_stddev": float(std)})
-        mechanisms.append(budget)
-    plan = BudgetPlan(epsilon=epsilon, delta=delta, params=params, mechanisms=tuple(mechanisms))
-    _check_selection_is_sound(plan)
-    return plan
+        selections.append(
+            SelectionGroup(group_name, keys, tuple(members), mechanism, pre_threshold)
+        )
+        for member in members:
+            selection_of[member] = (group_name, mechanism)
+
+    plans = []
+    for name, params, weight in queries:
+        mechanisms = [
+            _metric_budget(params, mechanism, kind, linf, spec)
+            for mechanism, kind, linf, spec in requested[name]
+        ]
+        group = selection_of.get(name)
+        if group is not None:
+            mechanisms.append(group[1])
+        eps = math.fsum(m.epsilon for m in mechanisms)
+        dlt = math.fsum(m.delta for m in mechanisms)
+        plan = BudgetPlan(epsilon=eps, delta=dlt, params=params, mechanisms=tuple(mechanisms))
+        _check_selection_is_sound(plan)
+        plans.append(QueryPlan(name, weight, plan, None if group is None else group[0]))
+    return JobPlan(epsilon, delta, tuple(plans), tuple(selections))
+
+
+def _metric_budget(
+    params: AggregationParams,
+    name: str,
+    kind: str,
+    linf: float,
+    spec: budget_accounting.MechanismSpec,
+) -> MechanismBudget:
+    budget = MechanismBudget(
+        name=name,
+        kind=kind,
+        epsilon=spec.eps,
+        delta=spec.delta or 0.0,
+        l0_sensitivity=params.max_partitions_contributed,
+        linf_sensitivity=linf,
+        noise_stddev=None,
+    )
+    if name in NOT_ADDITIVE:
+        return budget
+    std = float(budget.build_additive().std)
+    return MechanismBudget(**{**budget.__dict__, "noise_stddev": std})
+
+
+def plan_budget(params: AggregationParams, epsilon: float, delta: float) -> BudgetPlan:
+    """Splits (epsilon, delta) across one query's mechanisms with pipeline-dp's accountant."""
+    return plan_job([("query", params, 1.0)], epsilon, delta, prefix_names=False).queries[0].plan
 
 
 def _check_selection_is_sound(plan: BudgetPlan) -> None:

@@ -11,15 +11,16 @@ import datetime as dt
 import importlib.metadata
 import json
 import platform
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from dppipeline import __version__
-from dppipeline.core.budget import BudgetPlan, privacy_units_needed
-from dppipeline.spec import JobSpec
+from dppipeline.core.budget import BudgetPlan, JobPlan, privacy_units_needed
+from dppipeline.spec import JobSpec, QuerySpec, metric_column, percentile_of
 
 MANIFEST_NAME = "manifest.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
 
 
 def published_run_id(release: Path) -> str | None:
@@ -39,72 +40,53 @@ def _version(package: str) -> str | None:
 
 def build_manifest(
     spec: JobSpec,
-    plan: BudgetPlan,
+    plan: JobPlan,
     *,
     run_id: str,
     engine: str,
     days: tuple[dt.date, dt.date],
     input_files: int,
-    released_partitions: int,
-    public_partitions_count: int | None,
-    dataset: str,
+    released_partitions: Mapping[str, int],
+    public_keys: Mapping[str, int | None],
     created_at: dt.datetime | None = None,
 ) -> dict[str, Any]:
-    params = plan.params
-    selection: dict[str, Any]
-    if plan.selection is None:
-        selection = {
-            "type": "public",
-            "public_partitions": spec.partition_selection.public_partitions,
-            "public_partitions_count": public_partitions_count,
-            "empty_partitions_released": True,
-        }
-    else:
-        selection = {
-            "type": "private",
-            "strategy": params.selection_strategy,
-            "pre_threshold": params.pre_threshold,
-            "epsilon": plan.selection.epsilon,
-            "delta": plan.selection.delta,
-            "privacy_units_needed_p50": privacy_units_needed(plan, 0.5),
-            "privacy_units_needed_p95": privacy_units_needed(plan, 0.95),
-        }
-    metrics: dict[str, Any] = {}
-    for metric in params.metrics:
-        metrics[metric] = {
-            "noise_stddev": plan.metric_noise_stddev(metric),
-            "ci95_half_width": plan.metric_ci95_half_width(metric),
-            "mechanisms": _metric_mechanisms(plan, metric),
-        }
+    """The release's own description: the job, then per query its dataset, keys, filter,
+    bounds, selection, metrics with their noise, and its share of the budget."""
     created = created_at or dt.datetime.now(dt.UTC)
+    queries = {
+        query.name: _query_entry(
+            query, plan, released_partitions[query.name], public_keys.get(query.name)
+        )
+        for query in spec.query_specs
+    }
     return {
         "manifest_version": MANIFEST_VERSION,
         "job": spec.name,
         "run_id": run_id,
         "created_at": created.isoformat(timespec="seconds"),
         "engine": engine,
-        "dataset": dataset,
         "privacy_unit": spec.privacy_unit,
-        "partition_key": spec.partition_key,
-        "value": spec.value,
         "epsilon": plan.epsilon,
         "delta": plan.delta,
-        "noise": params.noise,
-        "accountant": "pipeline_dp.NaiveBudgetAccountant (basic composition)",
-        "bounds": {
-            "max_partitions_contributed": params.max_partitions_contributed,
-            "max_contributions_per_partition": params.max_contributions_per_partition,
-            "min_value": params.min_value,
-            "max_value": params.max_value,
+        "noise": spec.noise,
+        "accountant": "pipeline_dp.NaiveBudgetAccountant (basic composition): every query's "
+        "mechanisms and every partition selection share the job's budget",
+        "queries": queries,
+        "selections": {
+            group.name: {**group.mechanism.to_dict(), "queries": list(group.queries)}
+            for group in plan.selections
         },
-        "partition_selection": selection,
-        "metrics": metrics,
-        "budget_split": {m.name: m.to_dict() for m in plan.mechanisms},
         "post_processing": [
             "mean = midpoint + noisy centred sum / max(1, noisy count), clamped to "
             "[min_value, max_value]",
-            "sum (with mean) = noisy centred sum + midpoint * noisy count",
+            "sum (with mean or variance) = noisy centred sum + midpoint * noisy count",
+            "variance = noisy centred sum of squares / max(1, noisy count) + r^2/2 - "
+            "(centred mean)^2, clamped to [0, r^2], r = (max_value - min_value) / 2",
+            "percentiles: PyDP QuantileTree (height 4, branching 16) over [min_value, "
+            "max_value]; ranks clamped to [0.5%, 99.5%]",
             "counts are not clamped at zero (unbiased)",
+            "private selection: the keys one selection releases are used by every query of "
+            "its group; a released key without rows in a query gets noise on zeros",
         ],
         "input": {
             "format": spec.input.format,
@@ -112,7 +94,7 @@ def build_manifest(
             "end_date": days[1].isoformat(),
             "files": input_files,
         },
-        "released_partitions": released_partitions,
+        "released_partitions": sum(released_partitions.values()),
         "spec_hash": spec.spec_hash(),
         "spec": _public_spec(spec),
         "versions": {
@@ -121,6 +103,65 @@ def build_manifest(
             "python-dp": _version("python-dp"),
             "python": platform.python_version(),
         },
+    }
+
+
+def _query_entry(
+    query: QuerySpec, job_plan: JobPlan, released: int, public_count: int | None
+) -> dict[str, Any]:
+    query_plan = job_plan.query(query.name)
+    plan = query_plan.plan
+    params = plan.params
+    selection: dict[str, Any]
+    if not query.partition_by:
+        selection = {"type": "global", "empty_partitions_released": True}
+    elif query_plan.selection_group is None:
+        selection = {
+            "type": "public",
+            "public_partitions": query.partition_selection.public_partitions,
+            "public_partitions_count": public_count,
+            "empty_partitions_released": True,
+        }
+    else:
+        group = job_plan.selection_group(query_plan.selection_group)
+        selection = {
+            "type": "private",
+            "selection": group.name,
+            "shared_with": [q for q in group.queries if q != query.name],
+            "strategy": params.selection_strategy,
+            "pre_threshold": params.pre_threshold,
+            "epsilon": group.mechanism.epsilon,
+            "delta": group.mechanism.delta,
+            "privacy_units_needed_p50": privacy_units_needed(plan, 0.5),
+            "privacy_units_needed_p95": privacy_units_needed(plan, 0.95),
+        }
+    eps, delta = query_plan.spent()
+    return {
+        "dataset": query.name,
+        "partition_by": list(query.partition_by),
+        "filter": query.filter,
+        "value": query.value,
+        "bounds": {
+            "max_partitions_contributed": params.max_partitions_contributed,
+            "max_contributions_per_partition": params.max_contributions_per_partition,
+            "min_value": params.min_value,
+            "max_value": params.max_value,
+        },
+        "partition_selection": selection,
+        "metrics": {
+            metric: {
+                "column": metric_column(metric),
+                "noise_stddev": plan.metric_noise_stddev(metric),
+                "ci95_half_width": plan.metric_ci95_half_width(metric),
+                "mechanisms": _metric_mechanisms(plan, metric),
+            }
+            for metric in params.metrics
+        },
+        "budget_weight": query.budget_weight,
+        "epsilon": eps,
+        "delta": delta,
+        "budget_split": {m.name: m.to_dict() for m in query_plan.own_mechanisms()},
+        "released_partitions": released,
     }
 
 
@@ -136,6 +177,10 @@ def _metric_mechanisms(plan: BudgetPlan, metric: str) -> list[str]:
     """Names of the budget_split mechanisms a metric's value is computed from."""
     if metric == "mean":
         return ["count", "centred_sum"]
+    if metric == "variance":
+        return ["count", "centred_sum", "centred_sum_of_squares"]
     if metric == "sum" and plan.has("centred_sum"):
         return ["count", "centred_sum"]
+    if percentile_of(metric) is not None:
+        return ["percentile"]
     return [metric]

@@ -1,54 +1,88 @@
 """Per-partition aggregates in, selected and noised rows out: the only place noise is drawn.
 
-Every engine calls `release_partitions` on batches of exact, already bounded aggregates, one row
-per partition with the columns of `AGGREGATE_COLUMNS`. Partitions are independent of each other
-here, so any batching (Spark `mapInPandas`, a Beam DoFn, one local call) gives the same
-distribution. Noise and selection come from PyDP's secure mechanisms, rebuilt from the plan.
+Every engine calls these functions on exact, already bounded aggregates, one row per partition
+with the key columns and `AGGREGATE_COLUMNS` (plus `sum_squares` for variance and `values`, the
+kept values, for percentiles). Partitions are independent of each other here, so any batching
+(Spark `mapInPandas`, a Beam DoFn, one local call) gives the same distribution. Noise and
+selection come from PyDP's secure mechanisms, rebuilt from the plan.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from pipeline_dp import dp_computations
+from pydp.algorithms.quantile_tree import QuantileTree
 
-from dppipeline.core.budget import BudgetPlan
+from dppipeline.core.budget import BudgetPlan, JobPlan, MechanismBudget
 from dppipeline.schemas import release_schema, transactions_schema
+from dppipeline.spec import metric_column, percentile_of
 
 # Exact, bounded aggregates per partition that engines hand to the release.
 AGGREGATE_COLUMNS = ("privacy_id_count", "count", "sum")
-# Release column order (also the order in schemas/terminal_stats.json).
-METRIC_ORDER = ("count", "sum", "mean", "privacy_id_count")
+SUM_SQUARES = "sum_squares"  # sum of clipped values squared (variance only)
+VALUES = "values"  # the kept clipped values, one array per partition (percentiles only)
+# Release column order (also the order in schemas/terminal_stats.json); percentiles sit
+# between variance and privacy_id_count, in the order the spec lists them.
+METRIC_ORDER = ("count", "sum", "mean", "variance", "percentile", "privacy_id_count")
+# PyDP's QuantileTree, with pipeline-dp's shape: 16^4 = 65,536 leaves over [min, max].
+TREE_HEIGHT, BRANCHING_FACTOR = 4, 16
+
+
+def ordered_metrics(metrics: Sequence[str]) -> list[str]:
+    """The metrics in release column order."""
+    rank = {name: i for i, name in enumerate(METRIC_ORDER)}
+    return sorted(metrics, key=lambda m: rank["percentile" if percentile_of(m) is not None else m])
 
 
 def add_empty_public_partitions(
-    aggregates: pd.DataFrame, key_columns: Sequence[str], public_keys: pd.DataFrame
+    aggregates: pd.DataFrame, key_columns: Sequence[str], public_keys: pd.DataFrame | None
 ) -> pd.DataFrame:
-    """Aligns aggregates to the public key list: listed keys without rows get zeros, and keys
-    not listed are dropped (engines should already have filtered them before bounding)."""
-    merged = public_keys[list(key_columns)].merge(aggregates, on=list(key_columns), how="left")
-    for column in AGGREGATE_COLUMNS:
+    """Aligns aggregates to a known key set (public keys, or keys a selection released):
+    listed keys without rows get zeros, and keys not listed are dropped. With no key columns
+    (a global total) the key set is the one empty key."""
+    keys = list(key_columns)
+    if not keys:
+        merged = aggregates.head(1).reset_index(drop=True)
+        if merged.empty:
+            merged = pd.DataFrame({c: [0] for c in AGGREGATE_COLUMNS})
+    else:
+        assert public_keys is not None
+        merged = public_keys[keys].merge(aggregates, on=keys, how="left")
+    for column in (*AGGREGATE_COLUMNS, SUM_SQUARES):
         if column in merged:
             merged[column] = merged[column].fillna(0)
+    if VALUES in aggregates:
+        empty = np.zeros(0)
+        if VALUES not in merged:
+            merged[VALUES] = [empty] * len(merged)
+        merged[VALUES] = [v if isinstance(v, np.ndarray | list) else empty for v in merged[VALUES]]
     merged["privacy_id_count"] = merged["privacy_id_count"].astype("int64")
     merged["count"] = merged["count"].astype("int64")
     merged["sum"] = merged["sum"].astype("float64")
     return merged
 
 
-def select_partitions(privacy_id_count: np.ndarray, plan: BudgetPlan) -> np.ndarray:
-    """Boolean mask of partitions kept by private selection (all True for public partitions)."""
-    selection = plan.selection
+def select_with(
+    privacy_id_count: np.ndarray, selection: MechanismBudget | None, pre_threshold: int | None
+) -> np.ndarray:
+    """Boolean mask of partitions kept by a private selection (all True without one)."""
     if selection is None:
         return np.ones(len(privacy_id_count), dtype=bool)
-    strategy = selection.build_selection(plan.params.pre_threshold)
+    strategy = selection.build_selection(pre_threshold)
     return np.fromiter(
         (strategy.should_keep(int(n)) for n in privacy_id_count),
         dtype=bool,
         count=len(privacy_id_count),
     )
+
+
+def select_partitions(privacy_id_count: np.ndarray, plan: BudgetPlan) -> np.ndarray:
+    """Boolean mask of partitions kept by the plan's own selection (all True if public)."""
+    return select_with(privacy_id_count, plan.selection, plan.params.pre_threshold)
 
 
 def _noised(plan: BudgetPlan, name: str, exact: np.ndarray) -> np.ndarray:
@@ -57,49 +91,132 @@ def _noised(plan: BudgetPlan, name: str, exact: np.ndarray) -> np.ndarray:
     return np.fromiter((add_noise(float(x)) for x in exact), dtype=np.float64, count=len(exact))
 
 
-def release_partitions(
-    aggregates: pd.DataFrame, key_columns: Sequence[str], plan: BudgetPlan
-) -> pd.DataFrame:
-    """Selects partitions and adds noise; returns key columns plus the requested metrics.
+def _percentiles(plan: BudgetPlan, values: Sequence[np.ndarray]) -> np.ndarray:
+    """One PyDP QuantileTree per partition answers all its percentiles at one cost.
 
-    Post-processing (free under DP): mean = midpoint + noisy centred sum / max(1, noisy count),
-    clamped to [min_value, max_value]; sum under mean = noisy centred sum + midpoint * noisy
-    count. Counts are not clamped at zero, so every released value stays unbiased.
+    Returns an array (partitions x percentiles). PyDP clamps the rank to [0.005, 0.995], so
+    percentile(100) is the 99.5th percentile: a DP maximum that ignores the top 0.5%.
     """
     params = plan.params
-    kept = aggregates.loc[select_partitions(aggregates["privacy_id_count"].to_numpy(), plan)]
-    out = kept[list(key_columns)].reset_index(drop=True)
-    count = kept["count"].to_numpy(dtype=np.float64)
-    total = kept["sum"].to_numpy(dtype=np.float64)
+    spec = plan.mechanism("percentile").build_spec()
+    quantiles = [p / 100 for p in params.percentiles]
+    out = np.empty((len(values), len(quantiles)))
+    for row, kept in enumerate(values):
+        tree = QuantileTree(params.min_value, params.max_value, TREE_HEIGHT, BRANCHING_FACTOR)
+        for value in np.asarray(kept, dtype=np.float64).tolist():
+            tree.add_entry(value)
+        out[row] = dp_computations.compute_dp_quantiles(
+            tree,
+            spec,
+            quantiles,
+            params.max_partitions_contributed,
+            params.max_contributions_per_partition,
+        )
+    return out
+
+
+def noise_partitions(
+    exact: pd.DataFrame, key_columns: Sequence[str], plan: BudgetPlan
+) -> pd.DataFrame:
+    """Noise on every row of `exact` (partitions already chosen); key columns + metrics.
+
+    Post-processing (free under DP), with mid the midpoint and r the half-range of the bounds:
+    mean = mid + noisy centred sum / max(1, noisy count), clamped to [min, max]; sum under mean
+    = noisy centred sum + mid * noisy count; variance = noisy centred sum of squares /
+    max(1, noisy count) + r^2/2 - (centred mean)^2, clamped to [0, r^2]. Counts are not
+    clamped at zero, so every released count and sum stays unbiased.
+    """
+    params = plan.params
+    out = exact[list(key_columns)].reset_index(drop=True)
+    count = exact["count"].to_numpy(dtype=np.float64)
+    total = exact["sum"].to_numpy(dtype=np.float64)
 
     values: dict[str, np.ndarray] = {}
     if plan.has("count"):
         values["count"] = _noised(plan, "count", count)
     if plan.has("centred_sum"):
         mid = params.midpoint
+        denominator = np.maximum(1.0, values["count"])
         noisy_centred = _noised(plan, "centred_sum", total - mid * count)
-        noisy_count = values["count"]
-        values["sum"] = noisy_centred + mid * noisy_count
-        mean = mid + noisy_centred / np.maximum(1.0, noisy_count)
-        values["mean"] = np.clip(mean, params.min_value, params.max_value)
+        centred_mean = noisy_centred / denominator
+        values["sum"] = noisy_centred + mid * values["count"]
+        values["mean"] = np.clip(mid + centred_mean, params.min_value, params.max_value)
+        if plan.has("centred_sum_of_squares"):
+            r2 = params.half_range**2
+            squares = exact[SUM_SQUARES].to_numpy(dtype=np.float64)
+            centred_squares = squares - 2 * mid * total + mid * mid * count
+            noisy = _noised(plan, "centred_sum_of_squares", centred_squares - r2 / 2 * count)
+            variance = noisy / denominator + r2 / 2 - centred_mean**2
+            values["variance"] = np.clip(variance, 0.0, r2)
     elif plan.has("sum"):
         values["sum"] = _noised(plan, "sum", total)
+    if plan.has("percentile"):
+        table = _percentiles(plan, list(exact[VALUES]))
+        for i, metric in enumerate(m for m in params.metrics if percentile_of(m) is not None):
+            values[metric] = table[:, i]
     if plan.has("privacy_id_count"):
         values["privacy_id_count"] = _noised(
-            plan, "privacy_id_count", kept["privacy_id_count"].to_numpy(dtype=np.float64)
+            plan, "privacy_id_count", exact["privacy_id_count"].to_numpy(dtype=np.float64)
         )
-    for metric in METRIC_ORDER:
-        if metric in params.metrics:
-            out[metric] = values[metric]
+    for metric in ordered_metrics(params.metrics):
+        out[metric_column(metric)] = values[metric]
     return out
 
 
-def release_arrow_schema(key: str, metrics: Sequence[str]) -> pa.Schema:
-    """The release's schema: the key under its input name and type, then requested metrics."""
-    key_type = transactions_schema().field(key).arrow_type
-    return release_schema([(key, key_type)], list(metrics))
+def release_partitions(
+    aggregates: pd.DataFrame, key_columns: Sequence[str], plan: BudgetPlan
+) -> pd.DataFrame:
+    """One query with its own selection: selects partitions, then adds noise."""
+    kept = aggregates.loc[select_partitions(aggregates["privacy_id_count"].to_numpy(), plan)]
+    return noise_partitions(kept, key_columns, plan)
 
 
-def to_release_table(released: pd.DataFrame, key: str, metrics: Sequence[str]) -> pa.Table:
-    schema = release_arrow_schema(key, metrics)
+def release_public(
+    aggregates: pd.DataFrame,
+    key_columns: Sequence[str],
+    plan: BudgetPlan,
+    public_keys: pd.DataFrame | None,
+) -> pd.DataFrame:
+    """A public-partition query (or a global total): every listed key, noise on each."""
+    return noise_partitions(
+        add_empty_public_partitions(aggregates, key_columns, public_keys), key_columns, plan
+    )
+
+
+def release_selection_group(
+    plan: JobPlan,
+    group_name: str,
+    selection_aggregates: pd.DataFrame,
+    query_aggregates: Mapping[str, pd.DataFrame],
+) -> dict[str, pd.DataFrame]:
+    """One private selection on `selection_aggregates` (bounded privacy_id_count per key),
+    whose released keys every member query then uses like public keys."""
+    group = plan.selection_group(group_name)
+    keys = list(group.key_columns)
+    mask = select_with(
+        selection_aggregates["privacy_id_count"].to_numpy(), group.mechanism, group.pre_threshold
+    )
+    kept = selection_aggregates.loc[mask, keys].reset_index(drop=True)
+    return {
+        name: release_public(query_aggregates[name], keys, plan.query(name).plan, kept)
+        for name in group.queries
+    }
+
+
+def release_arrow_schema(
+    key_columns: Sequence[tuple[str, pa.DataType]] | str, metrics: Sequence[str]
+) -> pa.Schema:
+    """The release's schema: key columns (name, type), then the metric columns in order.
+    A single input column name is accepted for a one-key release."""
+    if isinstance(key_columns, str):
+        key_columns = [(key_columns, transactions_schema().field(key_columns).arrow_type)]
+    return release_schema(list(key_columns), [metric_column(m) for m in ordered_metrics(metrics)])
+
+
+def to_release_table(
+    released: pd.DataFrame,
+    key_columns: Sequence[tuple[str, pa.DataType]] | str,
+    metrics: Sequence[str],
+) -> pa.Table:
+    schema = release_arrow_schema(key_columns, metrics)
     return pa.Table.from_pandas(released[schema.names], schema=schema, preserve_index=False)

@@ -7,21 +7,19 @@ Every engine calls the same `core.release` on exact, bounded per-partition aggre
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dppipeline.core.budget import BudgetPlan
-from dppipeline.core.release import (
-    add_empty_public_partitions,
-    release_partitions,
-    to_release_table,
-)
+from dppipeline.core.budget import JobPlan
+from dppipeline.core.release import to_release_table
 from dppipeline.io import DailyPartition
+from dppipeline.queries import JobTasks, release_job
 from dppipeline.spec import JobSpec
 from dppipeline.validation import RejectSummary
 
@@ -31,33 +29,47 @@ class ReleaseJob:
     """Everything an engine needs; the plan was computed before any data was read."""
 
     spec: JobSpec
-    plan: BudgetPlan
+    plan: JobPlan
+    tasks: JobTasks
     days: list[DailyPartition]
-    public_keys: pd.DataFrame | None
     quarantine: Path
     seed: int | None = None
     progress: Callable[[str], None] = field(default=lambda _: None)
 
+    def key_types(self, query: str) -> list[tuple[str, pa.DataType]]:
+        """A query's key columns and their release types."""
+        return [(k.name, k.arrow_type) for k in self.tasks.task(query).keys]
+
+    def metrics(self, query: str) -> tuple[str, ...]:
+        return self.plan.query(query).plan.params.metrics
+
 
 @dataclass(frozen=True)
 class EngineRun:
-    """What an engine reports back: operator-only counts and the released row count."""
+    """What an engine reports back: operator-only counts and the released rows per query."""
 
     rejects: RejectSummary
-    released_partitions: int
+    released_partitions: dict[str, int]
 
 
-def release_to_dataset(exact: pd.DataFrame, job: ReleaseJob, dataset_dir: Path) -> int:
-    """Exact aggregates on this machine -> public partitions aligned, released by the core,
-    written as one Parquet file; returns the released row count."""
-    key = job.spec.partition_key
-    if job.public_keys is not None:
-        exact = add_empty_public_partitions(exact, [key], job.public_keys)
-    released = release_partitions(exact, [key], job.plan)
-    table = to_release_table(released, key, job.spec.metrics)
+def write_dataset(released: pd.DataFrame, job: ReleaseJob, query: str, dataset_dir: Path) -> int:
+    """One query's released rows as one Parquet file in its dataset folder."""
+    table = to_release_table(released, job.key_types(query), job.metrics(query))
     dataset_dir.mkdir(parents=True)
     pq.write_table(table, dataset_dir / "part-00000.parquet")
     return table.num_rows
+
+
+def release_to_datasets(
+    exact: Mapping[str, pd.DataFrame], job: ReleaseJob, staging: Path
+) -> dict[str, int]:
+    """Exact aggregates per task on this machine -> released by the core -> one dataset per
+    query under `staging/<query>/`; returns the released row count per query."""
+    released = release_job(job.plan, job.tasks, exact)
+    return {
+        query.name: write_dataset(released[query.name], job, query.name, staging / query.name)
+        for query in job.plan.queries
+    }
 
 
 class Engine(Protocol):
@@ -67,7 +79,8 @@ class Engine(Protocol):
         """Starts slow resources (a JVM, a runner) before planning; reads no data."""
         ...
 
-    def run(self, job: ReleaseJob, dataset_dir: Path) -> EngineRun:
-        """Reads, validates, bounds, aggregates and releases into `dataset_dir` (a new folder
-        inside the runner's staging area); raises DPPipelineError on bad input."""
+    def run(self, job: ReleaseJob, staging: Path) -> EngineRun:
+        """Reads, validates, bounds, aggregates and releases one dataset per query into
+        `staging/<query>/` (the runner's staging area); raises DPPipelineError on bad
+        input."""
         ...

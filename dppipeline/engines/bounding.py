@@ -25,6 +25,8 @@ class BoundedAggregates:
     privacy_id_count: np.ndarray
     count: np.ndarray
     sum: np.ndarray
+    sum_squares: np.ndarray | None = None
+    values: list[np.ndarray] | None = None
 
 
 @dataclass(frozen=True)
@@ -117,37 +119,58 @@ def sample_contributions(
 
 
 def aggregate_per_partition(
-    sample: ContributionSample, key_codes: np.ndarray, values: np.ndarray | None, n_keys: int
+    sample: ContributionSample,
+    key_codes: np.ndarray,
+    values: np.ndarray | None,
+    n_keys: int,
+    *,
+    sum_squares: bool = False,
+    keep_values: bool = False,
 ) -> BoundedAggregates:
-    """privacy_id_count, count and sum of the kept rows, for partitions with any kept row."""
+    """privacy_id_count, count and sum (optionally the sum of squares and the kept values
+    themselves) of the kept rows, for partitions with any kept row."""
     kept_keys = key_codes[sample.rows]
     privacy_id_count = np.bincount(sample.pair_key_codes, minlength=n_keys)
     count = np.bincount(kept_keys, minlength=n_keys)
-    if values is None:
-        total = np.zeros(n_keys)
-    else:
-        total = np.bincount(kept_keys, weights=values[sample.rows], minlength=n_keys)
+    kept_values = np.zeros(len(kept_keys)) if values is None else values[sample.rows]
+    total = np.bincount(kept_keys, weights=kept_values, minlength=n_keys)
     present = np.flatnonzero(privacy_id_count)
+    squares = None
+    if sum_squares:
+        squares = np.bincount(kept_keys, weights=kept_values**2, minlength=n_keys)[present]
+    grouped = None
+    if keep_values:
+        order = np.argsort(kept_keys, kind="stable")
+        by_key = np.split(kept_values[order], np.cumsum(count)[:-1])
+        grouped = [by_key[code] for code in present]
     return BoundedAggregates(
         key_codes=present,
         privacy_id_count=privacy_id_count[present].astype(np.int64),
         count=count[present].astype(np.int64),
         sum=total[present].astype(np.float64),
+        sum_squares=squares,
+        values=grouped,
     )
+
+
+def aggregates_table(bounded: BoundedAggregates, keys: pd.DataFrame) -> pd.DataFrame:
+    """The engine-neutral aggregate table `core.release` takes; `keys` row i is key code i."""
+    frame = keys.iloc[bounded.key_codes].reset_index(drop=True)
+    frame["privacy_id_count"] = bounded.privacy_id_count
+    frame["count"] = bounded.count
+    frame["sum"] = bounded.sum
+    if bounded.sum_squares is not None:
+        frame["sum_squares"] = bounded.sum_squares
+    if bounded.values is not None:
+        frame["values"] = bounded.values
+    return frame
 
 
 def aggregates_frame(
     bounded: BoundedAggregates, key_column: str, key_values: np.ndarray | pd.Index
 ) -> pd.DataFrame:
-    """The engine-neutral aggregate table `core.release` takes."""
-    return pd.DataFrame(
-        {
-            key_column: np.asarray(key_values)[bounded.key_codes],
-            "privacy_id_count": bounded.privacy_id_count,
-            "count": bounded.count,
-            "sum": bounded.sum,
-        }
-    )
+    """`aggregates_table` for one key column whose code i has value key_values[i]."""
+    return aggregates_table(bounded, pd.DataFrame({key_column: np.asarray(key_values)}))
 
 
 def bottom_k_per_group(group: np.ndarray, priority: np.ndarray, k: int) -> np.ndarray:

@@ -1,11 +1,13 @@
 """The local engine: in-process, for tests, demos and data that fits in memory.
 
-Polars reads and validates (multi-threaded), numpy bounds and aggregates with sorts and
-bincounts (see `bounding.py`); the DP release is `core.release`, as on every engine.
+Polars reads and validates (multi-threaded) once; each query's task filters and derives its
+keys with Polars expressions, and numpy bounds and aggregates with sorts and bincounts (see
+`bounding.py`); the DP release is `core.release`, as on every engine.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,25 +15,28 @@ import numpy as np
 import pandas as pd
 import polars as pl
 
-from dppipeline.engines.base import EngineRun, ReleaseJob, release_to_dataset
+from dppipeline.engines.base import EngineRun, ReleaseJob, release_to_datasets
 from dppipeline.engines.bounding import (
     aggregate_per_partition,
-    aggregates_frame,
+    aggregates_table,
     dense_codes,
     sample_contributions,
 )
 from dppipeline.engines.local_read import read_validated
+from dppipeline.engines.polars_filter import to_polars
 from dppipeline.io import DailyPartition
+from dppipeline.queries import AggregationTask, KeyColumn, canonical_keys
 from dppipeline.schemas import transactions_schema
-from dppipeline.spec import JobSpec
 from dppipeline.validation import RejectSummary, check_rejected_fraction
+
+_CODE = "_key_code"
 
 
 @dataclass
 class EngineResult:
-    """Exact bounded aggregates per partition (never published) and the reject counts."""
+    """Exact bounded aggregates per task (never published) and the reject counts."""
 
-    aggregates: pd.DataFrame
+    aggregates: dict[str, pd.DataFrame]
     rejects: RejectSummary
 
 
@@ -43,49 +48,100 @@ def write_quarantine(rejected: pl.DataFrame, folder: Path) -> Path:
     return path
 
 
-def clip_values(rows: pl.DataFrame, spec: JobSpec) -> np.ndarray | None:
-    if not spec.needs_value_bounds:
-        return None
-    low, high = spec.bounds.min_value, spec.bounds.max_value
-    return rows.get_column(spec.value).clip(low, high).to_numpy().astype(np.float64, copy=False)
+def key_expr(key: KeyColumn) -> pl.Expr:
+    """A partition key column as a Polars expression (time buckets from TX_DATETIME)."""
+    if key.bucket is None:
+        return pl.col(key.name)
+    moment = pl.col(key.source)
+    if key.bucket == "day":
+        return moment.dt.date().alias(key.name)
+    if key.bucket == "week":
+        return moment.dt.truncate("1w").dt.date().alias(key.name)
+    return moment.dt.strftime("%Y-%m").alias(key.name)
 
 
-def compute_aggregates(
-    spec: JobSpec,
-    days: list[DailyPartition],
-    public_keys: pd.DataFrame | None,
-    quarantine: Path,
-    seed: int | None = None,
-) -> EngineResult:
-    """Read + validate -> filter public keys -> clip -> bound -> aggregate per partition."""
-    validated = read_validated(days, spec.input.format, transactions_schema(), spec.value)
-    summary = validated.summary
-    if summary.rows_rejected:
-        path = write_quarantine(validated.rejected, quarantine)
-        summary = RejectSummary(summary.rows_read, summary.rows_rejected, summary.first, path)
-    check_rejected_fraction(summary, spec.input.max_rejected_fraction)
-    rows = validated.rows
-    key = spec.partition_key
-    key_codes, key_values = dense_codes(rows.get_column(key).to_numpy())
-    values = clip_values(rows, spec)
-    privacy_codes, _ = dense_codes(rows.get_column(spec.privacy_unit).to_numpy())
-    if public_keys is not None:
-        # Before bounding, so no privacy unit spends its L0 on partitions never released.
-        listed = pd.Index(key_values).isin(public_keys[key].to_numpy())[key_codes]
-        key_codes, privacy_codes = key_codes[listed], privacy_codes[listed]
-        values = None if values is None else values[listed]
+def task_rows(rows: pl.DataFrame, task: AggregationTask, unit: str) -> pl.DataFrame:
+    """The task's rows: filtered, with its key columns derived, unlisted keys dropped (before
+    bounding, so no unit spends its L0 on a partition that is never released) and the value
+    clipped, as (unit, keys..., `_value`)."""
+    if task.filter is not None:
+        rows = rows.filter(to_polars(task.filter))
+    value = pl.lit(0.0) if task.clip is None else pl.col(task.value).clip(*task.clip)
+    frame = rows.select(
+        pl.col(unit), *[key_expr(k) for k in task.keys], value.cast(pl.Float64).alias("_value")
+    )
+    if task.public_keys is not None:
+        frame = frame.join(
+            pl.from_pandas(task.public_keys, include_index=False),
+            on=task.key_names,
+            how="semi",
+        )
+    return frame
+
+
+def key_codes_of(frame: pl.DataFrame, keys: Sequence[KeyColumn]) -> tuple[np.ndarray, pd.DataFrame]:
+    """(dense code per row, key values per code as canonical pandas columns)."""
+    if not keys:
+        return np.zeros(frame.height, dtype=np.int64), pd.DataFrame(index=range(1))
+    if len(keys) == 1 and keys[0].kind == "int64":
+        codes, values = dense_codes(frame.get_column(keys[0].name).to_numpy())
+        return codes, pd.DataFrame({keys[0].name: values})
+    names = [k.name for k in keys]
+    coded = frame.select(names).with_columns(
+        (pl.struct(names).rank("dense") - 1).cast(pl.Int64).alias(_CODE)
+    )
+    values = coded.unique(_CODE).sort(_CODE).drop(_CODE).to_pandas()
+    return coded.get_column(_CODE).to_numpy(), canonical_keys(values, keys)
+
+
+def aggregate_task(
+    rows: pl.DataFrame, task: AggregationTask, unit: str, rng: np.random.Generator
+) -> pd.DataFrame:
+    """One task's exact bounded aggregates per partition."""
+    frame = task_rows(rows, task, unit)
+    key_codes, key_values = key_codes_of(frame, task.keys)
+    privacy_codes, _ = dense_codes(frame.get_column(unit).to_numpy())
     n_keys = max(len(key_values), 1)
     sample = sample_contributions(
         privacy_codes,
         key_codes,
         n_keys=n_keys,
-        max_partitions_contributed=spec.bounds.max_partitions_contributed,
-        max_contributions_per_partition=spec.bounds.max_contributions_per_partition,
-        rng=np.random.default_rng(seed),
+        max_partitions_contributed=task.max_partitions_contributed,
+        max_contributions_per_partition=task.max_contributions_per_partition,
+        rng=rng,
     )
-    bounded = aggregate_per_partition(sample, key_codes, values, n_keys)
-    aggregates = aggregates_frame(bounded, key, key_values)
-    aggregates[key] = aggregates[key].astype(transactions_schema().field(key).type)
+    values = None if task.clip is None else frame.get_column("_value").to_numpy()
+    bounded = aggregate_per_partition(
+        sample,
+        key_codes,
+        values,
+        n_keys,
+        sum_squares=task.sum_squares,
+        keep_values=task.values,
+    )
+    return aggregates_table(bounded, key_values)
+
+
+def compute_aggregates(
+    tasks: Sequence[AggregationTask],
+    days: list[DailyPartition],
+    *,
+    fmt: str,
+    unit: str,
+    max_rejected_fraction: float,
+    quarantine: Path,
+    seed: int | None = None,
+) -> EngineResult:
+    """Read + validate once -> per task: filter, keys, clip, bound, aggregate per partition."""
+    value_columns = sorted({t.value for t in tasks})
+    validated = read_validated(days, fmt, transactions_schema(), value_columns[0])
+    summary = validated.summary
+    if summary.rows_rejected:
+        path = write_quarantine(validated.rejected, quarantine)
+        summary = RejectSummary(summary.rows_read, summary.rows_rejected, summary.first, path)
+    check_rejected_fraction(summary, max_rejected_fraction)
+    rng = np.random.default_rng(seed)
+    aggregates = {task.name: aggregate_task(validated.rows, task, unit, rng) for task in tasks}
     return EngineResult(aggregates=aggregates, rejects=summary)
 
 
@@ -97,7 +153,16 @@ class LocalEngine:
     def prepare(self) -> None:
         """Nothing to start: the local engine runs in this process."""
 
-    def run(self, job: ReleaseJob, dataset_dir: Path) -> EngineRun:
-        result = compute_aggregates(job.spec, job.days, job.public_keys, job.quarantine, job.seed)
-        released = release_to_dataset(result.aggregates, job, dataset_dir)
+    def run(self, job: ReleaseJob, staging: Path) -> EngineRun:
+        spec = job.spec
+        result = compute_aggregates(
+            job.tasks.tasks,
+            job.days,
+            fmt=spec.input.format,
+            unit=spec.privacy_unit,
+            max_rejected_fraction=spec.input.max_rejected_fraction,
+            quarantine=job.quarantine,
+            seed=job.seed,
+        )
+        released = release_to_datasets(result.aggregates, job, staging)
         return EngineRun(rejects=result.rejects, released_partitions=released)
