@@ -66,7 +66,10 @@ def _add_privacy_flags(parser: argparse.ArgumentParser) -> None:
     add("--privacy-unit", help="column protected by DP (default CUSTOMER_ID)")
     add("--partition-key", help="column whose values are the released partitions")
     add("--value", help="column aggregated by sum and mean (default TX_AMOUNT)")
-    add("--metrics", help="comma list of count,sum,mean,privacy_id_count")
+    add(
+        "--metrics",
+        help="comma list of count, sum, mean, variance, privacy_id_count, percentile(P)",
+    )
     add("--epsilon", type=float, help="total epsilon of the run (metrics + selection)")
     add("--delta", type=float, help="total delta of the run")
     add("--noise", choices=("laplace", "gaussian"), help="noise distribution")

@@ -149,10 +149,12 @@ class BoundsSpec:
         metadata=_doc("Linf: rows kept per privacy unit and partition (sampled uniformly)."),
     )
     min_value: float | None = field(
-        default=None, metadata=_doc("Values are clipped to [min_value, max_value]; sum/mean.")
+        default=None,
+        metadata=_doc("Values are clipped to [min_value, max_value] (sum, mean, variance, ...)."),
     )
     max_value: float | None = field(
-        default=None, metadata=_doc("Upper clipping bound; required for sum and mean.")
+        default=None,
+        metadata=_doc("Upper clipping bound; required for every metric of the value."),
     )
 
     def __post_init__(self) -> None:
@@ -412,7 +414,9 @@ class JobSpec:
     partition_key: str = field(
         default="TERMINAL_ID", metadata=_doc("Column whose values are the output partitions.")
     )
-    value: str = field(default="TX_AMOUNT", metadata=_doc("Column aggregated by sum and mean."))
+    value: str = field(
+        default="TX_AMOUNT", metadata=_doc("Column aggregated by sum, mean, variance, ...")
+    )
     metrics: tuple[str, ...] = field(
         default=("count", "sum", "mean"),
         metadata=_doc("Any of count, sum, mean, variance, privacy_id_count, percentile(P)."),
@@ -773,6 +777,17 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+# How a query's unset fields are filled, for the field table.
+_QUERY_DEFAULTS = {
+    "name": "required",
+    "partition_by": "[partition_key]",
+    "metrics": "job's metrics",
+    "value": "job's value",
+    "bounds": "job's bounds",
+    "partition_selection": "private",
+}
+
+
 def describe_fields() -> list[tuple[str, str, str]]:
     """(yaml path, default, doc) for every field, for the README and `dppipeline spec-doc`."""
     rows: list[tuple[str, str, str]] = []
@@ -781,13 +796,10 @@ def describe_fields() -> list[tuple[str, str, str]]:
         if f.name == "queries":
             rows.append((f.name, "[]", f.metadata.get("doc", "")))
             for sub in fields(QuerySpec):
-                default = sub.default if sub.default is not dataclasses.MISSING else ""
-                if sub.name in ("bounds", "partition_selection"):
-                    default = "job's" if sub.name == "bounds" else "private"
                 rows.append(
                     (
                         f"queries[].{sub.name}",
-                        repr(default) if default != "" else "",
+                        _QUERY_DEFAULTS.get(sub.name, repr(sub.default)),
                         sub.metadata.get("doc", ""),
                     )
                 )

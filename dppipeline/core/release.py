@@ -46,8 +46,10 @@ def add_empty_public_partitions(
     (a global total) the key set is the one empty key."""
     keys = list(key_columns)
     if not keys:
-        merged = aggregates.head(1).reset_index(drop=True)
-        if merged.empty:
+        # The one empty key; a zero-length key list (a Beam shard without it) has none.
+        present = public_keys is None or len(public_keys) > 0
+        merged = aggregates.head(1 if present else 0).reset_index(drop=True)
+        if merged.empty and present:
             merged = pd.DataFrame({c: [0] for c in AGGREGATE_COLUMNS})
     else:
         assert public_keys is not None

@@ -28,6 +28,7 @@ bounding (no unit spends its L0 on a partition that is never released).
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 import shutil
@@ -50,11 +51,12 @@ from apache_beam.metrics.metric import Metrics, MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.typehints import KV, Any
 
-from dppipeline.core.budget import BudgetPlan
+from dppipeline.core.budget import JobPlan
 from dppipeline.core.release import (
-    add_empty_public_partitions,
+    AGGREGATE_COLUMNS,
+    SUM_SQUARES,
+    VALUES,
     release_arrow_schema,
-    release_partitions,
     to_release_table,
 )
 from dppipeline.engines.base import EngineRun, ReleaseJob
@@ -65,6 +67,7 @@ from dppipeline.engines.bounding import (
     sample_contributions,
     stable_shard,
 )
+from dppipeline.engines.local import task_rows
 from dppipeline.engines.local_read import (
     REASON,
     ROW,
@@ -76,8 +79,8 @@ from dppipeline.engines.local_read import (
     validate_batch,
 )
 from dppipeline.errors import InputError, UsageError
+from dppipeline.queries import AggregationTask, JobTasks, canonical_keys, release_job
 from dppipeline.schemas import Schema, transactions_schema
-from dppipeline.spec import JobSpec
 from dppipeline.validation import RejectSummary, check_rejected_fraction
 
 log = logging.getLogger("dppipeline.beam")
@@ -159,13 +162,6 @@ def _rng(seed: int | None, *parts: object) -> np.random.Generator:
     if seed is None:
         return np.random.default_rng()
     return np.random.default_rng([seed, *(zlib.crc32(str(p).encode()) for p in parts)])
-
-
-def _empty_aggregates(key: str, key_type: str) -> pd.DataFrame:
-    frame = pd.DataFrame({key: pd.Series([], dtype="object" if key_type == "string" else "int64")})
-    for column, dtype in AGGREGATE_DTYPES.items():
-        frame[column] = pd.Series([], dtype=dtype)
-    return frame
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,36 +274,74 @@ class ValidateTransactions(beam.PTransform):
 # Bound contributions
 
 
-class _ClipAndShard(beam.DoFn):
-    """Valid rows -> (unit shard, ContributionBlock): clipped, public-filtered, prioritised."""
+_KEY_SEPARATOR = "\x1f"  # joins the parts of a composite key (ASCII unit separator)
 
-    def __init__(self, spec: JobSpec, unit_shards: int, seed: int | None):
-        self._unit, self._key, self._value = spec.privacy_unit, spec.partition_key, spec.value
-        bounds = spec.bounds
-        self._clip = (bounds.min_value, bounds.max_value) if spec.needs_value_bounds else None
-        self._shards, self._seed = unit_shards, seed
-        self._public_index: tuple[int, pd.Index] | None = None
 
-    def _listed(self, keys: np.ndarray, public: np.ndarray) -> np.ndarray:
-        # The side input is one array; its hash index is built once per worker, not per batch.
-        if self._public_index is None or self._public_index[0] != id(public):
-            self._public_index = (id(public), pd.Index(public))
-        return self._public_index[1].get_indexer(keys) >= 0
+def encoded_key(task: AggregationTask) -> str:
+    """The one column a task's key travels in: the key itself when it is one int64 or string
+    column, else `_key` (a composite key or a time bucket, as text; a global total: 0)."""
+    keys = task.keys
+    if len(keys) == 1 and keys[0].kind in ("int64", "string"):
+        return keys[0].name
+    return "_key"
 
-    def process(self, element, public: np.ndarray | None = None) -> list:
-        source, rows = element
-        units = rows.get_column(self._unit).to_numpy()
-        keys = rows.get_column(self._key).to_numpy()
-        if self._clip is None:
-            values = np.zeros(len(units))
+
+def encode_keys(frame: pl.DataFrame, task: AggregationTask) -> np.ndarray:
+    """The task's keys of each row as one numpy array, the same in every worker."""
+    if not task.keys:
+        return np.zeros(frame.height, dtype=np.int64)
+    if encoded_key(task) != "_key":
+        return frame.get_column(task.keys[0].name).to_numpy()
+    parts = [pl.col(k.name).cast(pl.String) for k in task.keys]
+    return frame.select(pl.concat_str(parts, separator=_KEY_SEPARATOR)).to_series().to_numpy()
+
+
+def decode_keys(encoded: np.ndarray, task: AggregationTask) -> pd.DataFrame:
+    """Inverse of `encode_keys`: canonical key columns (no column for a global total)."""
+    if not task.keys:
+        return pd.DataFrame(index=range(len(encoded)))
+    if encoded_key(task) != "_key":
+        return canonical_keys(pd.DataFrame({task.keys[0].name: encoded}), task.keys)
+    split = pd.Series(encoded, dtype=object).str.split(_KEY_SEPARATOR, expand=True)
+    frame = pd.DataFrame(index=range(len(encoded)))
+    for i, key in enumerate(task.keys):
+        column = split[i] if len(encoded) else pd.Series([], dtype=object)
+        if key.kind == "int64":
+            frame[key.name] = column.astype("int64")
+        elif key.kind == "date":
+            frame[key.name] = [dt.date.fromisoformat(v) for v in column]
         else:
-            values = rows.get_column(self._value).clip(*self._clip).to_numpy().astype(np.float64)
-        if public is not None:
-            listed = self._listed(keys, public)
-            units, keys, values = units[listed], keys[listed], values[listed]
-        if len(units) == 0:
+            frame[key.name] = column.astype(object)
+    return frame
+
+
+def encode_key_frame(keys: pd.DataFrame, task: AggregationTask) -> np.ndarray:
+    """`encode_keys` of a pandas key list (public partitions), formatted as rows are."""
+    return encode_keys(pl.from_pandas(keys[task.key_names]), task)
+
+
+class _ClipAndShard(beam.DoFn):
+    """Valid rows -> (unit shard, ContributionBlock): the task's filter, keys and public
+    keys applied, values clipped, every row given a uniform random priority."""
+
+    def __init__(self, task: AggregationTask, unit: str, unit_shards: int, seed: int | None):
+        self._task, self._unit = task, unit
+        self._shards, self._seed = unit_shards, seed
+        self._public: pl.DataFrame | None = None
+
+    def setup(self) -> None:
+        if self._task.public_keys is not None:  # converted once per worker, not per batch
+            self._public = pl.from_pandas(self._task.public_keys, include_index=False)
+
+    def process(self, element) -> list:
+        source, rows = element
+        frame = task_rows(rows, self._task, self._unit, public=self._public)
+        if frame.height == 0:
             return []
-        rng = _rng(self._seed, source, len(units), units[0], keys[-1])
+        units = frame.get_column(self._unit).to_numpy()
+        keys = encode_keys(frame, self._task)
+        values = frame.get_column("_value").to_numpy()
+        rng = _rng(self._seed, self._task.name, source, len(units), units[0], keys[-1])
         block = ContributionBlock(units, keys, rng.random(len(units)), values)
         shard = stable_shard(units, self._shards)
         order = np.argsort(shard, kind="stable")
@@ -348,10 +382,8 @@ class _SampleRowsPerPair(beam.CombineFn):
 class _SamplePartitionsPerUnit(beam.DoFn):
     """L0 + aggregation within a unit shard -> (partition shard, partial aggregates)."""
 
-    def __init__(self, spec: JobSpec, partition_shards: int, seed: int | None):
-        self._key = spec.partition_key
-        self._l0 = spec.bounds.max_partitions_contributed
-        self._linf = spec.bounds.max_contributions_per_partition
+    def __init__(self, task: AggregationTask, partition_shards: int, seed: int | None):
+        self._task, self._key = task, encoded_key(task)
         self._shards, self._seed = partition_shards, seed
         self._pairs = Metrics.counter(METRICS_NAMESPACE, "pairs_after_linf")
 
@@ -361,18 +393,26 @@ class _SamplePartitionsPerUnit(beam.DoFn):
             return []
         unit_codes, key_codes, key_values, _ = block.pair_codes()
         n_keys = max(len(key_values), 1)
+        task = self._task
         # The rows are already <= Linf per pair; sample_contributions keeps them all and
         # samples L0 partitions per unit, uniformly, exactly as the local engine does.
         sample = sample_contributions(
             unit_codes.astype(np.int64),
             key_codes,
             n_keys=n_keys,
-            max_partitions_contributed=self._l0,
-            max_contributions_per_partition=self._linf,
-            rng=_rng(self._seed, "l0", shard),
+            max_partitions_contributed=task.max_partitions_contributed,
+            max_contributions_per_partition=task.max_contributions_per_partition,
+            rng=_rng(self._seed, task.name, "l0", shard),
         )
         self._pairs.inc(len(sample.pair_key_codes))
-        bounded = aggregate_per_partition(sample, key_codes, block.value, n_keys)
+        bounded = aggregate_per_partition(
+            sample,
+            key_codes,
+            block.value,
+            n_keys,
+            sum_squares=task.sum_squares,
+            keep_values=task.values,
+        )
         partial = aggregates_frame(bounded, self._key, key_values)
         target = stable_shard(partial[self._key].to_numpy(), self._shards)
         return [
@@ -382,36 +422,51 @@ class _SamplePartitionsPerUnit(beam.DoFn):
 
 
 class BoundContributions(beam.PTransform):
-    """(source, valid rows) -> (partition shard, partial aggregates): Linf then L0, uniform."""
+    """(source, valid rows) -> (partition shard, partial aggregates) of one task: Linf then
+    L0, uniform."""
 
     def __init__(
-        self, spec: JobSpec, public, unit_shards: int, partition_shards: int, seed: int | None
+        self,
+        task: AggregationTask,
+        unit: str,
+        unit_shards: int,
+        partition_shards: int,
+        seed: int | None,
     ):
         super().__init__()
-        self._spec, self._public, self._seed = spec, public, seed
+        self._task, self._unit, self._seed = task, unit, seed
         self._unit_shards, self._partition_shards = unit_shards, partition_shards
 
     def expand(self, valid):
-        side = {} if self._public is None else {"public": beam.pvalue.AsSingleton(self._public)}
+        task = self._task
         return (
             valid
             | "ClipAndShardByPrivacyUnit"
             >> beam.ParDo(
-                _ClipAndShard(self._spec, self._unit_shards, self._seed), **side
+                _ClipAndShard(task, self._unit, self._unit_shards, self._seed)
             ).with_output_types(KV[int, Any])
             | "SampleRowsPerPartition"
-            >> beam.CombinePerKey(
-                _SampleRowsPerPair(self._spec.bounds.max_contributions_per_partition)
-            )
+            >> beam.CombinePerKey(_SampleRowsPerPair(task.max_contributions_per_partition))
             | "SamplePartitionsPerUnit"
             >> beam.ParDo(
-                _SamplePartitionsPerUnit(self._spec, self._partition_shards, self._seed)
+                _SamplePartitionsPerUnit(task, self._partition_shards, self._seed)
             ).with_output_types(KV[int, Any])
         )
 
 
 # ---------------------------------------------------------------------------------------------
 # Aggregate, release, write
+
+
+def _sum_frames(frames: list[pd.DataFrame], key: str) -> pd.DataFrame:
+    """Partial aggregates summed per key; kept values (percentiles) concatenated."""
+    merged = pd.concat(frames, ignore_index=True)
+    totals = [c for c in (*AGGREGATE_COLUMNS, SUM_SQUARES) if c in merged]
+    out = merged.groupby(key, sort=False, as_index=False)[totals].sum()
+    if VALUES in merged:
+        values = merged.groupby(key, sort=False)[VALUES].agg(lambda v: np.concatenate(list(v)))
+        out[VALUES] = values.reindex(out[key]).to_list()
+    return out
 
 
 class _SumPerPartition(beam.CombineFn):
@@ -424,10 +479,7 @@ class _SumPerPartition(beam.CombineFn):
         return []
 
     def _compact(self, frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
-        if len(frames) <= 1:
-            return frames
-        merged = pd.concat(frames, ignore_index=True)
-        return [merged.groupby(self._key, sort=False, as_index=False)[list(AGGREGATE_DTYPES)].sum()]
+        return frames if len(frames) <= 1 else [_sum_frames(frames, self._key)]
 
     def add_input(self, frames, frame):
         frames.append(frame)
@@ -447,62 +499,99 @@ class _SumPerPartition(beam.CombineFn):
 class AggregatePerPartition(beam.PTransform):
     """(partition shard, partial aggregates) -> (partition shard, exact bounded aggregates)."""
 
-    def __init__(self, key: str):
+    def __init__(self, task: AggregationTask):
         super().__init__()
-        self._key = key
+        self._key = encoded_key(task)
 
     def expand(self, partials):
         return partials | "SumPerPartition" >> beam.CombinePerKey(_SumPerPartition(self._key))
 
 
-class _Release(beam.DoFn):
-    """One partition shard's exact aggregates -> its released rows, by `core.release`."""
+def _empty_aggregates(task: AggregationTask) -> pd.DataFrame:
+    frame = decode_keys(np.zeros(0, dtype=object), task)
+    for column, dtype in AGGREGATE_DTYPES.items():
+        frame[column] = pd.Series([], dtype=dtype)
+    if task.sum_squares:
+        frame[SUM_SQUARES] = pd.Series([], dtype="float64")
+    if task.values:
+        frame[VALUES] = pd.Series([], dtype=object)
+    return frame
 
-    def __init__(self, plan: BudgetPlan, key: str, key_type: str, metrics: tuple[str, ...]):
-        self._plan, self._key, self._key_type, self._metrics = plan, key, key_type, metrics
+
+class _ReleaseShard(beam.DoFn):
+    """Every task's exact aggregates of one partition shard (and the public keys that fall in
+    it) -> each query's released rows, by `core.release` (tagged by query)."""
+
+    def __init__(self, plan: JobPlan, tasks: JobTasks, key_types: dict, metrics: dict):
+        self._plan, self._tasks = plan, tasks
+        self._key_types, self._metrics = key_types, metrics
         self._released = Metrics.counter(METRICS_NAMESPACE, "partitions_released")
 
     def process(self, element) -> list:
         _, grouped = element
-        if isinstance(grouped, dict):  # public partitions: joined by CoGroupByKey
-            frames = [f for f in grouped["aggregates"] if f is not None]
-            public_keys = list(grouped["public"])
-            if not public_keys:
-                return []  # unlisted keys were dropped before bounding: none arrive here
-            public = pd.DataFrame({self._key: np.concatenate(public_keys)})
-        else:
-            frames, public = [grouped] if grouped is not None else [], None
-        exact = (
-            pd.concat(frames, ignore_index=True)
-            if frames
-            else _empty_aggregates(self._key, self._key_type)
-        )
-        if public is not None:
-            exact = add_empty_public_partitions(exact, [self._key], public)
-        released = release_partitions(exact, [self._key], self._plan)
-        table = to_release_table(released, self._key, self._metrics)
-        self._released.inc(table.num_rows)
-        return [table] if table.num_rows else []
+        exact: dict[str, pd.DataFrame] = {}
+        for task in self._tasks.tasks:
+            frames = [f for f in grouped.get(task.name, ()) if f is not None]
+            if frames:
+                merged = pd.concat(frames, ignore_index=True)
+                keys = decode_keys(merged[encoded_key(task)].to_numpy(), task)
+                merged = merged.drop(columns=[encoded_key(task)])
+                exact[task.name] = pd.concat([keys, merged], axis=1)
+            else:
+                exact[task.name] = _empty_aggregates(task)
+        public: dict[str, pd.DataFrame | None] = {}
+        for name in self._tasks.public_keys:
+            task = self._tasks.task(name)
+            chunks = list(grouped.get(_PUBLIC + name, ()))
+            encoded = np.concatenate(chunks) if chunks else np.zeros(0, dtype=object)
+            public[name] = decode_keys(encoded, task)
+        shard_tasks = JobTasks(self._tasks.tasks, self._tasks.selection_sources, public)
+        outputs = []
+        for query, released in release_job(self._plan, shard_tasks, exact).items():
+            if len(released):
+                table = to_release_table(released, self._key_types[query], self._metrics[query])
+                self._released.inc(table.num_rows)
+                outputs.append(beam.pvalue.TaggedOutput(query, table))
+        return outputs
+
+
+_PUBLIC = "public:"
 
 
 class ReleaseDP(beam.PTransform):
-    """Exact aggregates per partition shard -> released Arrow tables (selection + noise)."""
+    """{task name: exact aggregates per partition shard} -> {query: released Arrow tables}:
+    one CoGroupByKey brings each shard's aggregates of every task, and the public keys that
+    fall in it, to one `core.release` call (selection + noise)."""
 
-    def __init__(self, plan: BudgetPlan, spec: JobSpec, public_by_shard=None):
+    def __init__(self, job: ReleaseJob, partition_shards: int):
         super().__init__()
-        self._plan, self._spec, self._public = plan, spec, public_by_shard
+        self._job, self._shards = job, partition_shards
 
-    def expand(self, aggregates):
-        key = self._spec.partition_key
-        release = _Release(
-            self._plan, key, transactions_schema().field(key).type, self._spec.metrics
+    def expand(self, aggregates: dict):
+        job, pipeline = self._job, next(iter(aggregates.values())).pipeline
+        inputs = dict(aggregates)
+        for name, keys in job.tasks.public_keys.items():
+            task = job.tasks.task(name)
+            encoded = encode_key_frame(keys, task) if keys is not None else np.zeros(1, np.int64)
+            inputs[_PUBLIC + name] = (
+                pipeline
+                | f"PublicPartitions[{name}]" >> beam.Create(_chunks(encoded))
+                | f"ShardPublicPartitions[{name}]"
+                >> beam.FlatMap(_split_by_shard, shards=self._shards).with_output_types(
+                    KV[int, Any]
+                )
+            )
+        queries = [q.name for q in job.plan.queries]
+        release = _ReleaseShard(
+            job.plan,
+            job.tasks,
+            {q: job.key_types(q) for q in queries},
+            {q: job.metrics(q) for q in queries},
         )
-        if self._public is None:
-            return aggregates | "SelectAndNoise" >> beam.ParDo(release)
         return (
-            {"aggregates": aggregates, "public": self._public}
-            | "AlignToPublicPartitions" >> beam.CoGroupByKey()
-            | "SelectAndNoise" >> beam.ParDo(release)
+            inputs
+            | "GroupByPartitionShard" >> beam.CoGroupByKey()
+            | "SelectAndNoise" >> beam.ParDo(release).with_outputs(*queries)
         )
 
 
@@ -520,8 +609,7 @@ class WriteRelease(beam.PTransform):
         )
 
 
-def _public_chunks(public_keys: pd.DataFrame, key: str) -> list[np.ndarray]:
-    keys = public_keys[key].to_numpy()
+def _chunks(keys: np.ndarray) -> list[np.ndarray]:
     return np.array_split(keys, max(1, math.ceil(len(keys) / PUBLIC_CHUNK)))
 
 
@@ -591,7 +679,7 @@ class BeamEngine:
     def prepare(self) -> None:
         """Nothing to start: the runner starts when the pipeline runs."""
 
-    def run(self, job: ReleaseJob, dataset_dir: Path) -> EngineRun:
+    def run(self, job: ReleaseJob, staging: Path) -> EngineRun:
         started = time.monotonic()
 
         def progress(step: str) -> None:
@@ -609,7 +697,7 @@ class BeamEngine:
             self._build(
                 pipeline,
                 job,
-                dataset_dir=dataset_dir,
+                staging=staging,
                 scratch=scratch,
                 unit_shards=unit_shards,
                 partition_shards=partition_shards,
@@ -617,7 +705,8 @@ class BeamEngine:
             runner = self._options.get_all_options().get("runner") or "DirectRunner"
             progress(
                 f"Beam {beam.__version__} on {runner}: {len(files)} files, "
-                f"{unit_shards} privacy-unit shards, {partition_shards} partition shards"
+                f"{len(job.tasks.tasks)} aggregation(s), {unit_shards} privacy-unit shards, "
+                f"{partition_shards} partition shards"
             )
             result = pipeline.run()
             result.wait_until_finish()
@@ -629,9 +718,13 @@ class BeamEngine:
             rejects = self._check_input(counters, job, scratch, schema)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        released = sum(
-            pq.ParquetFile(p).metadata.num_rows for p in sorted(dataset_dir.glob("*.parquet"))
-        )
+        released = {
+            query.name: sum(
+                pq.ParquetFile(p).metadata.num_rows
+                for p in sorted((staging / query.name).glob("*.parquet"))
+            )
+            for query in job.plan.queries
+        }
         return EngineRun(rejects=rejects, released_partitions=released)
 
     def _build(
@@ -639,17 +732,18 @@ class BeamEngine:
         pipeline: beam.Pipeline,
         job: ReleaseJob,
         *,
-        dataset_dir: Path,
+        staging: Path,
         scratch: Path,
         unit_shards: int,
         partition_shards: int,
     ) -> None:
-        spec, schema, key = job.spec, transactions_schema(), job.spec.partition_key
+        spec, schema = job.spec, transactions_schema()
         files = [str(path) for day in job.days for path in day.files]
         batches = pipeline | "ReadTransactions" >> ReadTransactions(
             files, spec.input.format, schema
         )
-        checked = batches | "ValidateTransactions" >> ValidateTransactions(schema, spec.value)
+        value = next((t.value for t in job.tasks.tasks if t.clip is not None), "TX_AMOUNT")
+        checked = batches | "ValidateTransactions" >> ValidateTransactions(schema, value)
         _ = checked[_ValidateBatch.REJECTED] | "WriteRejected" >> WriteToParquetBatched(
             str(scratch / "rejected" / "part"),
             schema=rejected_arrow_schema(schema),
@@ -658,26 +752,23 @@ class BeamEngine:
         _ = checked[_ValidateBatch.UNREADABLE] | "WriteUnreadable" >> beam.io.WriteToText(
             str(scratch / "unreadable" / "part"), file_name_suffix=".txt"
         )
-        public_all = public_by_shard = None
-        if job.public_keys is not None:
-            keys = job.public_keys[key].to_numpy()
-            public_all = pipeline | "PublicPartitionList" >> beam.Create([keys])
-            public_by_shard = (
-                pipeline
-                | "PublicPartitions" >> beam.Create(_public_chunks(job.public_keys, key))
-                | "ShardPublicPartitions"
-                >> beam.FlatMap(_split_by_shard, shards=partition_shards).with_output_types(
-                    KV[int, Any]
+        aggregates = {
+            task.name: (
+                checked.valid
+                | f"BoundContributions[{task.name}]"
+                >> BoundContributions(
+                    task, spec.privacy_unit, unit_shards, partition_shards, job.seed
                 )
+                | f"AggregatePerPartition[{task.name}]" >> AggregatePerPartition(task)
             )
-        _ = (
-            checked.valid
-            | "BoundContributions"
-            >> BoundContributions(spec, public_all, unit_shards, partition_shards, job.seed)
-            | "AggregatePerPartition" >> AggregatePerPartition(key)
-            | "ReleaseDP" >> ReleaseDP(job.plan, spec, public_by_shard)
-            | "WriteRelease" >> WriteRelease(dataset_dir, release_arrow_schema(key, spec.metrics))
-        )
+            for task in job.tasks.tasks
+        }
+        released = aggregates | "ReleaseDP" >> ReleaseDP(job, partition_shards)
+        for query in job.plan.queries:
+            _ = released[query.name] | f"WriteRelease[{query.name}]" >> WriteRelease(
+                staging / query.name,
+                release_arrow_schema(job.key_types(query.name), job.metrics(query.name)),
+            )
 
     def _check_input(
         self, counters: dict[str, int], job: ReleaseJob, scratch: Path, schema: Schema

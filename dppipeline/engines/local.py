@@ -60,10 +60,13 @@ def key_expr(key: KeyColumn) -> pl.Expr:
     return moment.dt.strftime("%Y-%m").alias(key.name)
 
 
-def task_rows(rows: pl.DataFrame, task: AggregationTask, unit: str) -> pl.DataFrame:
+def task_rows(
+    rows: pl.DataFrame, task: AggregationTask, unit: str, public: pl.DataFrame | None = None
+) -> pl.DataFrame:
     """The task's rows: filtered, with its key columns derived, unlisted keys dropped (before
     bounding, so no unit spends its L0 on a partition that is never released) and the value
-    clipped, as (unit, keys..., `_value`)."""
+    clipped, as (unit, keys..., `_value`). `public`: the task's public keys, already
+    converted to Polars (callers that run this per batch convert them once)."""
     if task.filter is not None:
         rows = rows.filter(to_polars(task.filter))
     value = pl.lit(0.0) if task.clip is None else pl.col(task.value).clip(*task.clip)
@@ -71,11 +74,9 @@ def task_rows(rows: pl.DataFrame, task: AggregationTask, unit: str) -> pl.DataFr
         pl.col(unit), *[key_expr(k) for k in task.keys], value.cast(pl.Float64).alias("_value")
     )
     if task.public_keys is not None:
-        frame = frame.join(
-            pl.from_pandas(task.public_keys, include_index=False),
-            on=task.key_names,
-            how="semi",
-        )
+        if public is None:
+            public = pl.from_pandas(task.public_keys, include_index=False)
+        frame = frame.join(public, on=task.key_names, how="semi")
     return frame
 
 
