@@ -206,7 +206,7 @@ def count_noise_se(spec: JobSpec) -> float | None:
     released means within a few of these of the bounded one are consistent."""
     from dppipeline.runner import make_plan
 
-    stddev = make_plan(spec).metric_noise_stddev("count")
+    stddev = make_plan(spec).queries[0].plan.metric_noise_stddev("count")  # the one query
     return None if stddev is None else stddev / math.sqrt(N_TERMINALS)
 
 
@@ -390,7 +390,7 @@ def stage_breakdown(spec: JobSpec, repeat: int) -> tuple[dict[str, float], float
         total - engine - sum(seconds[n] for n in outer)
     )
     stages["total (instrumented run)"] = total
-    aggregates = best["results"][CONTAINER].aggregates
+    aggregates = best["results"][CONTAINER].aggregates[spec.name]  # the job's one query
     return stages, float(aggregates["count"].sum()) / N_TERMINALS
 
 

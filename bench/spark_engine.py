@@ -459,14 +459,24 @@ def bounded_reference(data: Dataset, keys: Path) -> tuple[float | None, float | 
     aggregation of the same data, and the standard error noise alone gives a released mean."""
     try:
         from dppipeline.engines.local import compute_aggregates
-        from dppipeline.io import discover_partitions, read_public_partitions
-        from dppipeline.schemas import transactions_schema
+        from dppipeline.io import discover_partitions
+        from dppipeline.queries import plan_tasks
+        from dppipeline.runner import make_plan
 
         spec = build_job_spec(data, keys)
-        public = read_public_partitions(keys, KEY, transactions_schema().field(KEY).type)
         days = discover_partitions(data.folder, "parquet")
-        result = compute_aggregates(spec, days, public, DATA_DIR / "spark_quarantine")
-        return float(result.aggregates["count"].sum()) / N_TERMINALS, count_noise_se(spec)
+        # The job's tasks, public keys read from `keys` as a run reads them.
+        job = plan_tasks(spec, make_plan(spec), days)
+        result = compute_aggregates(
+            job.tasks,
+            days,
+            fmt=spec.input.format,
+            unit=spec.privacy_unit,
+            max_rejected_fraction=spec.input.max_rejected_fraction,
+            quarantine=DATA_DIR / "spark_quarantine",
+        )
+        aggregates = result.aggregates[spec.name]  # the job's one query
+        return float(aggregates["count"].sum()) / N_TERMINALS, count_noise_se(spec)
     except Exception as exc:  # the local engine is refactored independently: do not lose the run
         progress(f"{data.label}: no bounded reference ({type(exc).__name__}: {exc})")
         return None, None

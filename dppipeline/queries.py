@@ -108,6 +108,16 @@ class JobTasks:
     def task(self, name: str) -> AggregationTask:
         return next(t for t in self.tasks if t.name == name)
 
+    @property
+    def value_column(self) -> str:
+        return validated_value(self.tasks)
+
+
+def validated_value(tasks: Sequence[AggregationTask]) -> str:
+    """The value column that validation checks for finite numbers: the first one a task
+    aggregates (every engine, and its reject report, checks the same one)."""
+    return next((t.value for t in tasks if t.clip is not None), tasks[0].value)
+
 
 def key_columns(query: QuerySpec) -> tuple[KeyColumn, ...]:
     """The query's partition keys, checked against the input schema."""

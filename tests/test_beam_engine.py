@@ -20,7 +20,7 @@ from conftest import release_small
 from scipy.stats import norm
 
 from dppipeline.cli import main
-from dppipeline.core.budget import AggregationParams, plan_budget
+from dppipeline.engines.base import ReleaseJob
 from dppipeline.engines.beam import (
     AggregatePerPartition,
     BeamEngine,
@@ -32,6 +32,8 @@ from dppipeline.engines.beam import (
     WriteRelease,
 )
 from dppipeline.errors import InputError, UsageError
+from dppipeline.queries import plan_tasks, task_for
+from dppipeline.runner import make_plan
 from dppipeline.schemas import transactions_schema
 from dppipeline.spec import build_spec
 
@@ -72,12 +74,13 @@ def check_bounded_aggregates(elements, spec, check, shards=3, seed=None) -> None
         assert not frame["TERMINAL_ID"].duplicated().any()  # one row per partition
         check(frame.set_index("TERMINAL_ID").sort_index())
 
+    task = task_for(spec.query_specs[0])
     with BeamTestPipeline() as pipeline:
         aggregates = (
             pipeline
             | beam.Create(elements, reshuffle=False)
-            | BoundContributions(spec, None, shards, shards, seed)
-            | AggregatePerPartition(spec.partition_key)
+            | BoundContributions(task, spec.privacy_unit, shards, shards, seed)
+            | AggregatePerPartition(task)
         )
         assert_that(aggregates, matcher)
 
@@ -217,12 +220,14 @@ def test_release_dp_aligns_public_partitions_and_releases_exact_values_at_huge_e
     spec = spec_for(
         **{
             "metrics": ["count", "sum", "privacy_id_count"],
-            "partition_selection.public_partitions": "keys.csv",  # read by the runner only
+            "partition_selection.public_partitions": "1..5",  # 4 and 5 have no data
             "budget.epsilon": 1e7,
             "bounds.max_value": 100.0,
         }
     )
-    plan = plan_budget(AggregationParams.from_spec(spec), 1e7, 1e-6)
+    plan = make_plan(spec)
+    tasks = plan_tasks(spec, plan, [])
+    job = ReleaseJob(spec=spec, plan=plan, tasks=tasks, days=[], quarantine=Path("unused"))
     exact = pd.DataFrame(
         {
             "TERMINAL_ID": [1, 2, 3],
@@ -231,7 +236,6 @@ def test_release_dp_aligns_public_partitions_and_releases_exact_values_at_huge_e
             "sum": [70.0, 80.0, 90.0],
         }
     )
-    public = [(0, np.array([1, 2, 3, 4])), (1, np.array([5]))]  # 4 and 5 have no data
 
     def check(tables):
         out = pd.concat([t.to_pandas() for t in tables]).sort_values("TERMINAL_ID")
@@ -242,8 +246,8 @@ def test_release_dp_aligns_public_partitions_and_releases_exact_values_at_huge_e
 
     with BeamTestPipeline() as pipeline:
         aggregates = pipeline | "Aggregates" >> beam.Create([(0, exact)])
-        public_keys = pipeline | "Public" >> beam.Create(public)
-        assert_that(aggregates | ReleaseDP(plan, spec, public_keys), check)
+        released = {spec.name: aggregates} | ReleaseDP(job, partition_shards=1)
+        assert_that(released[spec.name], check)
 
 
 def test_write_release_writes_the_release_schema(tmp_path):
@@ -284,7 +288,7 @@ def test_noise_std_matches_manifest(small_inputs, tmp_path):
         )
         draws.append(noisy["count"].to_numpy() - exact["count"].to_numpy())
     noise = np.concatenate(draws)
-    sigma = manifest["metrics"]["count"]["noise_stddev"]
+    sigma = manifest["queries"]["terminal_stats"]["metrics"]["count"]["noise_stddev"]
     ratio = np.mean(noise**2) / sigma**2
     assert abs(ratio - 1) <= Z_1E6 * math.sqrt(5 / len(noise)), ratio
 
@@ -297,7 +301,7 @@ def test_multi_processing_mode_gives_the_same_release(small_inputs, tmp_path):
     multi, _ = release(small_inputs, tmp_path / "two", engine=engine, **{"budget.epsilon": 1e7})
     assert multi["TERMINAL_ID"].tolist() == single["TERMINAL_ID"].tolist() == list(range(60))
     for metric in ("count", "sum", "privacy_id_count"):
-        b = manifest["metrics"][metric]["noise_stddev"] / math.sqrt(2)
+        b = manifest["queries"]["terminal_stats"]["metrics"][metric]["noise_stddev"] / math.sqrt(2)
         tolerance = 2 * 2 * b * math.log(4 * 60 / 1e-6)
         assert (single[metric] - multi[metric]).abs().max() <= tolerance
 

@@ -23,6 +23,7 @@ MANIFEST_BOUNDS = {
     "min_value",
     "max_value",
 }
+QUERY = "terminal_stats"  # the default job name: a single-query job's one query
 
 
 def run_cli(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -215,19 +216,23 @@ def releases(tmp_path_factory, small_inputs) -> dict[str, tuple[Path, subprocess
 
 
 def check_manifest(manifest: dict) -> None:
+    assert manifest["manifest_version"] == 2
     assert manifest["epsilon"] == 2.0
     assert manifest["delta"] == 1e-7
     assert manifest["noise"] == "laplace"
-    assert manifest["bounds"] == {
+    # A single-query job: its one query is named after the job.
+    assert list(manifest["queries"]) == [QUERY]
+    query = manifest["queries"][QUERY]
+    assert query["bounds"] == {
         "max_partitions_contributed": 3,
         "max_contributions_per_partition": 2,
         "min_value": 0.0,
         "max_value": 100.0,
     }
-    assert set(manifest["bounds"]) == MANIFEST_BOUNDS
-    assert manifest["partition_selection"]["type"] == "public"
-    assert manifest["partition_selection"]["public_partitions_count"] == SMALL["terminals"]
-    metrics = manifest["metrics"]
+    assert set(query["bounds"]) == MANIFEST_BOUNDS
+    assert query["partition_selection"]["type"] == "public"
+    assert query["partition_selection"]["public_partitions_count"] == SMALL["terminals"]
+    metrics = query["metrics"]
     assert set(metrics) == {"count", "sum", "mean"}
     for name in ("count", "sum"):
         std = metrics[name]["noise_stddev"]
@@ -288,7 +293,7 @@ def test_existing_release_refused_then_overwritten(tmp_path, releases, small_inp
     manifest = json.loads((output / "manifest.json").read_text())
     assert manifest["run_id"] != old_manifest["run_id"]
     # This run used private selection: the manifest says so, with the release thresholds.
-    selection = manifest["partition_selection"]
+    selection = manifest["queries"][QUERY]["partition_selection"]
     assert selection["type"] == "private"
     assert 1 <= selection["privacy_units_needed_p50"] <= selection["privacy_units_needed_p95"]
     assert manifest["epsilon"] == 1.0
@@ -366,7 +371,11 @@ def test_plan_private_selection_without_input(tmp_path):
             },
         )
     )
-    assert (p50, p95) == (privacy_units_needed(plan, 0.5), privacy_units_needed(plan, 0.95))
+    query_plan = plan.queries[0].plan
+    assert (p50, p95) == (
+        privacy_units_needed(query_plan, 0.5),
+        privacy_units_needed(query_plan, 0.95),
+    )
     assert p50 < p95
     assert list(tmp_path.iterdir()) == []  # wrote nothing
 
@@ -380,7 +389,7 @@ def test_plan_reads_no_data(tmp_path):
     )
     result = run_cli("plan", "--config", config, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "public list" in result.stdout
+    assert "partition selection: public keys" in result.stdout
     assert "needs" not in result.stdout  # no selection threshold under public partitions
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]
 

@@ -3,6 +3,7 @@ plus a skewed input where bounding must hold."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 
 from dppipeline.engines.local import compute_aggregates
 from dppipeline.io import discover_partitions
+from dppipeline.queries import task_for
 from dppipeline.runner import run_job
 from dppipeline.spec import build_spec
 
@@ -60,18 +62,35 @@ def spec_for(folder, out, keys, **extra):
     return build_spec({}, overrides)
 
 
+def aggregate(spec, days, public_keys, quarantine, seed):
+    """The local engine's exact bounded aggregates of the spec's one query, with the given
+    public keys (None: all keys), and its reject counts."""
+    task = dataclasses.replace(task_for(spec.query_specs[0]), public_keys=public_keys)
+    result = compute_aggregates(
+        [task],
+        days,
+        fmt=spec.input.format,
+        unit=spec.privacy_unit,
+        max_rejected_fraction=spec.input.max_rejected_fraction,
+        quarantine=quarantine,
+        seed=seed,
+    )
+    assert list(result.aggregates) == [spec.name]
+    return result.aggregates[spec.name], result.rejects
+
+
 def test_exact_aggregates_match_hand_computation(hand_input, tmp_path):
     folder, keys = hand_input
     spec = spec_for(folder, tmp_path / "rel", keys)
     for seed in range(10):  # whichever rows are sampled, the hand-computed values hold
-        result = compute_aggregates(
+        aggregates, rejects = aggregate(
             spec,
             discover_partitions(folder, "csv"),
             pd.DataFrame({"TERMINAL_ID": [1, 2, 3, 4]}),
             tmp_path / "q",
             seed=seed,
         )
-        agg = result.aggregates.set_index("TERMINAL_ID")
+        agg = aggregates.set_index("TERMINAL_ID")
         assert agg.loc[1, "count"] == 3 and agg.loc[1, "sum"] == 120.0
         assert agg.loc[1, "privacy_id_count"] == 2
         # customer 4 lands in exactly one of terminals 2 and 3
@@ -79,7 +98,7 @@ def test_exact_aggregates_match_hand_computation(hand_input, tmp_path):
         assert count_2_3 == 2  # customer 3's row plus one of customer 4's
         assert agg["sum"].reindex([2, 3], fill_value=0).sum() == 50.0
         assert agg["privacy_id_count"].sum() == 4  # each customer in exactly one terminal
-        assert result.rejects.rows_read == 7 and result.rejects.rows_rejected == 0
+        assert rejects.rows_read == 7 and rejects.rows_rejected == 0
 
 
 def test_release_matches_hand_computation(hand_input, tmp_path):
@@ -132,10 +151,9 @@ def test_skewed_input_respects_bounds(tmp_path):
             "bounds.max_contributions_per_partition": linf,
         },
     )
-    result = compute_aggregates(
+    agg, _ = aggregate(
         spec, discover_partitions(tmp_path / "tx", "parquet"), None, tmp_path / "q", seed=1
     )
-    agg = result.aggregates
     # Every partition: count <= Linf * privacy_id_count. Overall: each customer adds at most
     # L0 * Linf rows and L0 partitions, and exactly min(partitions, L0) of them.
     assert (agg["count"] <= linf * agg["privacy_id_count"]).all()

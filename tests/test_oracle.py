@@ -82,8 +82,9 @@ def tolerances(manifest, n_values: int, failure_rate: float = 1e-6) -> dict[str,
     for sum), union-bounded over values, metrics and both releases."""
     cells = n_values * 4 * 2 * 2
     out = {}
+    metrics = manifest["queries"]["terminal_stats"]["metrics"]  # the job's one query
     for metric in ("count", "sum", "privacy_id_count"):
-        b = manifest["metrics"][metric]["noise_stddev"] / math.sqrt(2)
+        b = metrics[metric]["noise_stddev"] / math.sqrt(2)
         out[metric] = 2 * 2 * b * math.log(cells / failure_rate)
     return out
 

@@ -248,7 +248,7 @@ def test_every_query_equals_the_truth(transactions, tmp_path, engine):
     leaf = 1000 / 65536
     for terminal, values in rows.groupby("TERMINAL_ID")["TX_AMOUNT"]:
         ranked = np.sort(values.to_numpy())
-        row = out[out.TERMINAL_ID == terminal].iloc[0]
+        row = out[terminal == out.TERMINAL_ID].iloc[0]
         for column, q in (
             ("percentile_50", 0.5),
             ("percentile_90", 0.9),

@@ -241,7 +241,8 @@ def check_release(submitted: subprocess.CompletedProcess[str], output: Path) -> 
 
     manifest = json.loads((output / "manifest.json").read_text())
     assert manifest["engine"] == "spark"
-    assert manifest["partition_selection"]["public_partitions_count"] == len(PUBLIC_KEYS)
+    query = manifest["queries"]["terminal_stats"]  # the job's one query, named after it
+    assert query["partition_selection"]["public_partitions_count"] == len(PUBLIC_KEYS)
 
     dataset = output / "terminal_stats"
     # Written by Spark from the executors (not the driver's single part-00000.parquet).

@@ -13,6 +13,7 @@ from scipy.stats import norm
 
 from dppipeline.engines.spark import bound_and_aggregate
 from dppipeline.errors import InputError
+from dppipeline.queries import task_for
 from dppipeline.spec import build_spec
 
 pytestmark = pytest.mark.usefixtures("spark")
@@ -51,7 +52,12 @@ def test_skewed_input_respects_bounds(spark):
     spec = spec_for(
         **{"bounds.max_partitions_contributed": l0, "bounds.max_contributions_per_partition": linf}
     )
-    agg = bound_and_aggregate(rows, spec, None, seed=3).toPandas().set_index("TERMINAL_ID")
+    task = task_for(spec.query_specs[0])  # no public keys: every key is aggregated
+    agg = (
+        bound_and_aggregate(rows, task, spec.privacy_unit, seed=3)
+        .toPandas()
+        .set_index("TERMINAL_ID")
+    )
     assert (agg["count"] <= linf * agg["privacy_id_count"]).all()
     np.testing.assert_allclose(agg["sum"], 5.0 * agg["count"])
     pairs = pd.DataFrame({"c": customers, "t": terminals}).drop_duplicates()
@@ -77,7 +83,10 @@ def test_linf_sampling_is_uniform(spark):
             "bounds.max_value": 1000.0,
         }
     )
-    sums = bound_and_aggregate(rows, spec, None).toPandas()["sum"].astype(int).to_numpy()
+    task = task_for(spec.query_specs[0])
+    sums = (
+        bound_and_aggregate(rows, task, spec.privacy_unit).toPandas()["sum"].astype(int).to_numpy()
+    )
     assert len(sums) == n_customers
     kept = (sums[:, None] >> np.arange(n_rows)) & 1
     assert (kept.sum(axis=1) == linf).all()
@@ -98,7 +107,8 @@ def test_release_on_executors_equals_release_on_driver(small_inputs, tmp_path, m
     assert driver["TERMINAL_ID"].tolist() == executors["TERMINAL_ID"].tolist() == list(range(60))
     assert list(executors.columns) == list(driver.columns)
     for metric in ("count", "sum", "privacy_id_count"):
-        b = manifest["metrics"][metric]["noise_stddev"] / math.sqrt(2)
+        b = manifest["queries"]["terminal_stats"]["metrics"][metric]["noise_stddev"]
+        b /= math.sqrt(2)
         tolerance = 2 * 2 * b * math.log(4 * 60 / 1e-6)
         assert (driver[metric] - executors[metric]).abs().max() <= tolerance
 
@@ -120,7 +130,7 @@ def test_noise_std_matches_manifest(small_inputs, tmp_path, monkeypatch, where):
         )
         draws.append(noisy["count"].to_numpy() - exact["count"].to_numpy())
     noise = np.concatenate(draws)
-    sigma = manifest["metrics"]["count"]["noise_stddev"]
+    sigma = manifest["queries"]["terminal_stats"]["metrics"]["count"]["noise_stddev"]
     ratio = np.mean(noise**2) / sigma**2
     assert abs(ratio - 1) <= Z_1E6 * math.sqrt(5 / len(noise)), ratio
 

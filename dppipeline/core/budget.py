@@ -13,8 +13,9 @@ Mechanisms, following pipeline-dp's own layout so that its DPEngine is a faithfu
 - `sum`: the noisy sum when sum is asked for without mean.
 - `centred_sum_of_squares`: sum of ((value - midpoint)^2 - r^2/2), r = (max - min)/2, when
   variance is asked for. Our own calibration: one row moves it by at most r^2/2. (pipeline-dp
-  0.3.1's VARIANCE derives this sensitivity from min^2 and max^2, which is 0 for a range
-  symmetric around zero such as [-10, 10]: no noise at all on that term.)
+  0.3.1's VARIANCE noises the un-centred sum of (value - midpoint)^2 as if it were centred on
+  the middle of [min^2, max^2]: for [-10, 10] it uses sensitivity 50 where one row moves it
+  by 100, half the noise needed; for ranges away from zero it over-calibrates instead.)
 - `percentile`: one PyDP QuantileTree per partition answers all of a query's percentiles.
 - `privacy_id_count`: noisy number of distinct privacy units.
 - `partition_selection`: private selection only (public partitions spend nothing on it).

@@ -17,7 +17,7 @@ import pyarrow as pa
 from pipeline_dp import dp_computations
 from pydp.algorithms.quantile_tree import QuantileTree
 
-from dppipeline.core.budget import BudgetPlan, JobPlan, MechanismBudget
+from dppipeline.core.budget import AggregationParams, BudgetPlan, JobPlan, MechanismBudget
 from dppipeline.schemas import release_schema, transactions_schema
 from dppipeline.spec import metric_column, percentile_of
 
@@ -117,6 +117,17 @@ def _percentiles(plan: BudgetPlan, values: Sequence[np.ndarray]) -> np.ndarray:
     return out
 
 
+def centred_squares_term(exact: pd.DataFrame, params: AggregationParams) -> np.ndarray:
+    """Per partition, sum over kept rows of ((x - mid)^2 - r^2/2): what the
+    `centred_sum_of_squares` mechanism noises. Each row adds a term in [-r^2/2, r^2/2], its
+    sensitivity; computed from the engines' sums of x and x^2."""
+    mid, r2 = params.midpoint, params.half_range**2
+    count = exact["count"].to_numpy(dtype=np.float64)
+    total = exact["sum"].to_numpy(dtype=np.float64)
+    squares = exact[SUM_SQUARES].to_numpy(dtype=np.float64)
+    return squares - 2 * mid * total + (mid * mid - r2 / 2) * count
+
+
 def noise_partitions(
     exact: pd.DataFrame, key_columns: Sequence[str], plan: BudgetPlan
 ) -> pd.DataFrame:
@@ -145,9 +156,7 @@ def noise_partitions(
         values["mean"] = np.clip(mid + centred_mean, params.min_value, params.max_value)
         if plan.has("centred_sum_of_squares"):
             r2 = params.half_range**2
-            squares = exact[SUM_SQUARES].to_numpy(dtype=np.float64)
-            centred_squares = squares - 2 * mid * total + mid * mid * count
-            noisy = _noised(plan, "centred_sum_of_squares", centred_squares - r2 / 2 * count)
+            noisy = _noised(plan, "centred_sum_of_squares", centred_squares_term(exact, params))
             variance = noisy / denominator + r2 / 2 - centred_mean**2
             values["variance"] = np.clip(variance, 0.0, r2)
     elif plan.has("sum"):

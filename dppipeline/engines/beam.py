@@ -742,8 +742,9 @@ class BeamEngine:
         batches = pipeline | "ReadTransactions" >> ReadTransactions(
             files, spec.input.format, schema
         )
-        value = next((t.value for t in job.tasks.tasks if t.clip is not None), "TX_AMOUNT")
-        checked = batches | "ValidateTransactions" >> ValidateTransactions(schema, value)
+        checked = batches | "ValidateTransactions" >> ValidateTransactions(
+            schema, job.tasks.value_column
+        )
         _ = checked[_ValidateBatch.REJECTED] | "WriteRejected" >> WriteToParquetBatched(
             str(scratch / "rejected" / "part"),
             schema=rejected_arrow_schema(schema),
@@ -796,7 +797,7 @@ class BeamEngine:
         ).column(SOURCE)
         first_file = Path(min(sources.to_pylist()))
         first = first_rejected_row(
-            first_file, job.days, job.spec.input.format, schema, job.spec.value
+            first_file, job.days, job.spec.input.format, schema, job.tasks.value_column
         )
         summary = RejectSummary(rows, rejected, first, quarantine)
         check_rejected_fraction(summary, job.spec.input.max_rejected_fraction)

@@ -25,7 +25,7 @@ from dppipeline.engines.bounding import (
 from dppipeline.engines.local_read import read_validated
 from dppipeline.engines.polars_filter import to_polars
 from dppipeline.io import DailyPartition
-from dppipeline.queries import AggregationTask, KeyColumn, canonical_keys
+from dppipeline.queries import AggregationTask, KeyColumn, canonical_keys, validated_value
 from dppipeline.schemas import transactions_schema
 from dppipeline.validation import RejectSummary, check_rejected_fraction
 
@@ -134,8 +134,7 @@ def compute_aggregates(
     seed: int | None = None,
 ) -> EngineResult:
     """Read + validate once -> per task: filter, keys, clip, bound, aggregate per partition."""
-    value_columns = sorted({t.value for t in tasks})
-    validated = read_validated(days, fmt, transactions_schema(), value_columns[0])
+    validated = read_validated(days, fmt, transactions_schema(), validated_value(tasks))
     summary = validated.summary
     if summary.rows_rejected:
         path = write_quarantine(validated.rejected, quarantine)

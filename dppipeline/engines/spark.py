@@ -226,8 +226,7 @@ class SparkEngine:
         )
         spark.sparkContext.setJobGroup("dppipeline", f"dppipeline {spec.name}: read + bound")
         raw = spark_read.read_raw(spark, job.days, spec.input.format, schema)
-        value = next((t.value for t in tasks if t.clip is not None), tasks[0].value)
-        validated = spark_read.validate(raw, schema, value)
+        validated = spark_read.validate(raw, schema, job.tasks.value_column)
         observation = Observation("validation")
         validated = validated.observe(
             observation,
@@ -296,7 +295,7 @@ class SparkEngine:
             check_rejected_fraction(summary, job.spec.input.max_rejected_fraction)
             return summary
         quarantine = job.quarantine / "rejected.parquet"
-        bad = spark_read.rejected_rows(validated, schema, job.spec.value)
+        bad = spark_read.rejected_rows(validated, schema, job.tasks.value_column)
         bad.write.mode("overwrite").parquet(str(quarantine))
         first_file = bad.select(F.min(spark_read.SOURCE)).first()[0]
         first = first_rejected_row(
@@ -304,7 +303,7 @@ class SparkEngine:
             job.days,
             job.spec.input.format,
             schema,
-            job.spec.value,
+            job.tasks.value_column,
         )
         summary = RejectSummary(rows, rejected, first, quarantine)
         check_rejected_fraction(summary, job.spec.input.max_rejected_fraction)
