@@ -31,9 +31,13 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import reduce
+from typing import Any, Protocol, TypeVar
 
 from dppipeline.errors import SpecError
 from dppipeline.schemas import Field, Schema
+
+E = TypeVar("E")  # an engine's expression type
 
 Value = int | float | str | dt.datetime
 
@@ -535,9 +539,9 @@ def any_of(filters: Sequence[FilterExpr | None]) -> FilterExpr | None:
     return unique[0] if len(unique) == 1 else Or(tuple(unique))
 
 
-# --- the reference evaluator ---------------------------------------------------------------
+# --- compiling to an engine's expressions ---------------------------------------------------
 
-_COMPARE: dict[str, Callable[[object, object], bool]] = {
+COMPARE: dict[str, Callable[[Any, Any], Any]] = {
     "=": operator.eq,
     "!=": operator.ne,
     "<": operator.lt,
@@ -545,6 +549,42 @@ _COMPARE: dict[str, Callable[[object, object], bool]] = {
     ">": operator.gt,
     ">=": operator.ge,
 }
+
+
+class ExpressionBuilder(Protocol[E]):
+    """What an engine provides to compile filters: its column, literal, membership and range
+    expressions. `&`, `|`, `~` and the comparison operators of its expressions do the rest."""
+
+    def column(self, name: str) -> E: ...
+
+    def literal(self, value: Value) -> E: ...
+
+    def is_in(self, column: E, values: tuple[Value, ...]) -> E: ...
+
+    def between(self, column: E, low: Value, high: Value) -> E: ...
+
+
+def compile_filter(expr: FilterExpr, builder: ExpressionBuilder[E]) -> E:
+    """The filter as one boolean expression of the builder's engine (Polars, Spark)."""
+    match expr:
+        case Compare(column, op, value):
+            return COMPARE[op](builder.column(column), builder.literal(value))
+        case InSet(column, values, negated):
+            test = builder.is_in(builder.column(column), values)
+            return ~test if negated else test
+        case InRange(column, low, high, negated):
+            test = builder.between(builder.column(column), low, high)
+            return ~test if negated else test
+        case And(items):
+            return reduce(operator.and_, (compile_filter(i, builder) for i in items))
+        case Or(items):
+            return reduce(operator.or_, (compile_filter(i, builder) for i in items))
+        case Not(item):
+            return ~compile_filter(item, builder)
+    raise TypeError(f"not a filter expression: {expr!r}")
+
+
+# --- the reference evaluator ---------------------------------------------------------------
 
 
 def evaluate_row(expr: FilterExpr, row: Mapping[str, object]) -> bool:
@@ -560,7 +600,7 @@ def _evaluate(expr: FilterExpr, row: Mapping[str, object]) -> bool | None:
     match expr:
         case Compare(column, op, value):
             cell = row[column]
-            return None if cell is None else bool(_COMPARE[op](cell, value))
+            return None if cell is None else bool(COMPARE[op](cell, value))
         case InSet(column, values, negated):
             cell = row[column]
             return None if cell is None else bool(cell in values) != negated

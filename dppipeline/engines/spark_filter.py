@@ -9,55 +9,35 @@ written as text and cast to `timestamp_ntz`, which no time zone setting affects.
 from __future__ import annotations
 
 import datetime as dt
-import operator
-from functools import reduce
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from dppipeline.filters import And, Compare, FilterExpr, InRange, InSet, Not, Or, Value
+from dppipeline.filters import FilterExpr, Value, compile_filter
 
 _SPARK_TIMESTAMP = "%Y-%m-%d %H:%M:%S.%f"
 
-_OPS = {
-    "=": operator.eq,
-    "!=": operator.ne,
-    "<": operator.lt,
-    "<=": operator.le,
-    ">": operator.gt,
-    ">=": operator.ge,
-}
+
+class _SparkBuilder:
+    def column(self, name: str) -> Column:
+        return F.col(name)
+
+    def literal(self, value: Value) -> Column:
+        if isinstance(value, dt.datetime):
+            return F.lit(value.strftime(_SPARK_TIMESTAMP)).cast("timestamp_ntz")
+        if isinstance(value, float):
+            return F.lit(value).cast("double")
+        if isinstance(value, int):
+            return F.lit(value).cast("bigint")
+        return F.lit(value)
+
+    def is_in(self, column: Column, values: tuple[Value, ...]) -> Column:
+        return column.isin(*[self.literal(v) for v in values])
+
+    def between(self, column: Column, low: Value, high: Value) -> Column:
+        return column.between(self.literal(low), self.literal(high))
 
 
 def to_spark(expr: FilterExpr) -> Column:
     """A boolean Column that is true for the rows `expr` keeps."""
-    match expr:
-        case Compare(column, op, value):
-            return _compare(F.col(column), op, _lit(value))
-        case InSet(column, values, negated):
-            test = F.col(column).isin(*[_lit(v) for v in values])
-            return ~test if negated else test
-        case InRange(column, low, high, negated):
-            test = F.col(column).between(_lit(low), _lit(high))
-            return ~test if negated else test
-        case And(items):
-            return reduce(lambda a, b: a & b, (to_spark(i) for i in items))
-        case Or(items):
-            return reduce(lambda a, b: a | b, (to_spark(i) for i in items))
-        case Not(item):
-            return ~to_spark(item)
-    raise TypeError(f"not a filter expression: {expr!r}")
-
-
-def _compare(column: Column, op: str, value: Column) -> Column:
-    return _OPS[op](column, value)
-
-
-def _lit(value: Value) -> Column:
-    if isinstance(value, dt.datetime):
-        return F.lit(value.strftime(_SPARK_TIMESTAMP)).cast("timestamp_ntz")
-    if isinstance(value, float):
-        return F.lit(value).cast("double")
-    if isinstance(value, int):
-        return F.lit(value).cast("bigint")
-    return F.lit(value)
+    return compile_filter(expr, _SparkBuilder())
