@@ -31,6 +31,7 @@ FLAG_FIELDS: dict[str, str] = {
     "epsilon": "budget.epsilon",
     "delta": "budget.delta",
     "noise": "noise",
+    "confidence_intervals": "confidence_intervals",
     "max_partitions_contributed": "bounds.max_partitions_contributed",
     "max_contributions_per_partition": "bounds.max_contributions_per_partition",
     "min_value": "bounds.min_value",
@@ -73,6 +74,13 @@ def _add_privacy_flags(parser: argparse.ArgumentParser) -> None:
     add("--epsilon", type=float, help="total epsilon of the run (metrics + selection)")
     add("--delta", type=float, help="total delta of the run")
     add("--noise", choices=("laplace", "gaussian"), help="noise distribution")
+    add(
+        "--confidence-intervals",
+        action="store_true",
+        default=None,
+        help="release 95%% intervals <metric>_ci_low/_ci_high for count, sum, mean, "
+        "privacy_id_count (from the noise distribution: no extra budget)",
+    )
     add("--max-partitions-contributed", type=int, help="L0: partitions kept per privacy unit")
     add(
         "--max-contributions-per-partition",

@@ -6,6 +6,7 @@ Everything printed derives from public parameters only, so planning spends no bu
 from __future__ import annotations
 
 from dppipeline.core.budget import BudgetPlan, JobPlan, privacy_units_needed
+from dppipeline.core.intervals import metric_half_width
 from dppipeline.spec import JobSpec, QuerySpec, percentile_of
 
 
@@ -101,7 +102,7 @@ def _metric_line(plan: BudgetPlan, metric: str) -> str:
         )
     return (
         f"{metric:17} std {_num(plan.metric_noise_stddev(metric)):>10}, "
-        f"95% of values within +/- {_num(plan.metric_ci95_half_width(metric))}"
+        f"95% of values within +/- {_num(metric_half_width(plan, metric))}"
     )
 
 

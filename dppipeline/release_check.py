@@ -59,7 +59,10 @@ def _check_dataset(release: Path, name: str, query: dict) -> int:
     if not dataset.is_dir():
         raise InputError(f"{release}: dataset folder {query['dataset']} of query {name} is missing")
     keys = [KeyColumn(k, k if k in TIME_BUCKETS else None) for k in query["partition_by"]]
-    expected = release_arrow_schema([(k.name, k.arrow_type) for k in keys], list(query["metrics"]))
+    intervals = any("confidence_interval" in m for m in query["metrics"].values())
+    expected = release_arrow_schema(
+        [(k.name, k.arrow_type) for k in keys], list(query["metrics"]), intervals
+    )
     found = pads.dataset(dataset, format="parquet").schema
     for column in expected:
         if column.name not in found.names:

@@ -54,7 +54,11 @@ def make_plan(spec: JobSpec) -> JobPlan:
     """The job's budget split over all its queries; checks every query's columns first."""
     check_query_columns(spec)
     queries = [
-        (q.name, AggregationParams.from_query(q, spec.noise), q.budget_weight)
+        (
+            q.name,
+            AggregationParams.from_query(q, spec.noise, spec.confidence_intervals),
+            q.budget_weight,
+        )
         for q in spec.query_specs
     ]
     return plan_job(

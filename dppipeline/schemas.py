@@ -86,14 +86,19 @@ def release_schema(
 ) -> pa.Schema:
     """The release's Arrow schema: key columns, then the metric columns in the order given.
 
-    Types come from `terminal_stats.json`; `percentile_P` columns are float64 like the
-    `percentile_P` entry there.
+    Types come from `terminal_stats.json`; `percentile_P` and `<metric>_ci_low/_ci_high`
+    columns take the type of their pattern entry there.
     """
     spec = load_schema("terminal_stats")
     typed = {f.name: f for f in spec.fields if f.role == "metric"}
     fields = [pa.field(name, typ, nullable=False) for name, typ in key_columns]
     for name in metric_columns:
-        f = typed[name if name in typed or not name.startswith("percentile_") else "percentile_P"]
+        if name.endswith(("_ci_low", "_ci_high")):
+            f = typed["<metric>_ci_low" if name.endswith("_low") else "<metric>_ci_high"]
+        elif name.startswith("percentile_"):
+            f = typed["percentile_P"]
+        else:
+            f = typed[name]
         fields.append(pa.field(name, f.arrow_type, nullable=f.nullable))
     return pa.schema(fields)
 

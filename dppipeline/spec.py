@@ -422,6 +422,13 @@ class JobSpec:
         metadata=_doc("Any of count, sum, mean, variance, privacy_id_count, percentile(P)."),
     )
     noise: str = field(default="laplace", metadata=_doc("Noise kind: laplace or gaussian."))
+    confidence_intervals: bool = field(
+        default=False,
+        metadata=_doc(
+            "Release 95% intervals <metric>_ci_low/_ci_high beside count, sum, mean and "
+            "privacy_id_count (from the noise distribution: no extra budget)."
+        ),
+    )
     budget: BudgetSpec = field(default_factory=BudgetSpec, metadata=_doc("Privacy budget."))
     bounds: BoundsSpec = field(default_factory=BoundsSpec, metadata=_doc("Contribution bounds."))
     partition_selection: SelectionSpec = field(
@@ -450,6 +457,10 @@ class JobSpec:
             raise SpecError("partition_key", "must differ from privacy_unit")
         object.__setattr__(self, "metrics", _metrics_tuple(self.metrics, "metrics"))
         _one_of("noise", self.noise, NOISE_KINDS)
+        if not isinstance(self.confidence_intervals, bool):
+            raise SpecError(
+                "confidence_intervals", f"must be true or false, got {self.confidence_intervals!r}"
+            )
         queries = tuple(self.queries)
         object.__setattr__(self, "queries", queries)
         if queries:

@@ -52,8 +52,6 @@ _SELECTION_STRATEGIES = {
     "laplace_thresholding": pipeline_dp.PartitionSelectionStrategy.LAPLACE_THRESHOLDING,
     "gaussian_thresholding": pipeline_dp.PartitionSelectionStrategy.GAUSSIAN_THRESHOLDING,
 }
-# z such that P(|N(0,1)| <= z) = 0.95; Laplace intervals use the exact quantile instead.
-_Z95 = 1.959963984540054
 
 
 @dataclass(frozen=True)
@@ -70,13 +68,16 @@ class AggregationParams:
     selection_strategy: str = "truncated_geometric"
     pre_threshold: int | None = None
     key_columns: tuple[str, ...] = ()
+    confidence_intervals: bool = False
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> AggregationParams:
-        return cls.from_query(spec.query_specs[0], spec.noise)
+        return cls.from_query(spec.query_specs[0], spec.noise, spec.confidence_intervals)
 
     @classmethod
-    def from_query(cls, query: QuerySpec, noise: str) -> AggregationParams:
+    def from_query(
+        cls, query: QuerySpec, noise: str, confidence_intervals: bool = False
+    ) -> AggregationParams:
         """A global total (no key) has one partition: each unit contributes to it alone."""
         return cls(
             metrics=query.metrics,
@@ -91,6 +92,7 @@ class AggregationParams:
             selection_strategy=query.partition_selection.strategy,
             pre_threshold=query.partition_selection.pre_threshold,
             key_columns=query.partition_by,
+            confidence_intervals=confidence_intervals,
         )
 
     @property
@@ -192,21 +194,6 @@ class BudgetPlan:
             centred_std = self.mechanism("centred_sum").noise_stddev or 0.0
             return math.hypot(centred_std, self.params.midpoint * count_std)
         return self.mechanism(metric).noise_stddev
-
-    def metric_ci95_half_width(self, metric: str) -> float | None:
-        """Half-width of the 95% interval of the noise on one released value (exact)."""
-        if metric in ("mean", "variance") or percentile_of(metric) is not None:
-            return None
-        if metric == "sum" and self.has("centred_sum"):
-            # A sum of two independent noises: the normal approximation is documented as such.
-            std = self.metric_noise_stddev("sum")
-            return None if std is None else _Z95 * std
-        m = self.mechanism(metric)
-        assert m.noise_stddev is not None
-        if m.kind == "laplace":
-            b = m.noise_stddev / math.sqrt(2)
-            return -b * math.log(0.05)  # P(|Lap(b)| > w) = exp(-w/b)
-        return _Z95 * m.noise_stddev
 
     def total_spent(self) -> tuple[float, float]:
         return (

@@ -17,6 +17,7 @@ from typing import Any
 
 from dppipeline import __version__
 from dppipeline.core.budget import BudgetPlan, JobPlan, privacy_units_needed
+from dppipeline.core.intervals import INTERVAL_METRICS, LEVEL, metric_half_width
 from dppipeline.spec import JobSpec, QuerySpec, metric_column, percentile_of
 
 MANIFEST_NAME = "manifest.json"
@@ -152,8 +153,9 @@ def _query_entry(
             metric: {
                 "column": metric_column(metric),
                 "noise_stddev": plan.metric_noise_stddev(metric),
-                "ci95_half_width": plan.metric_ci95_half_width(metric),
+                "ci95_half_width": metric_half_width(plan, metric),
                 "mechanisms": _metric_mechanisms(plan, metric),
+                **_interval_entry(plan, metric),
             }
             for metric in params.metrics
         },
@@ -171,6 +173,25 @@ def _public_spec(spec: JobSpec) -> dict[str, Any]:
     content.pop("output", None)
     content["input"].pop("path", None)
     return content
+
+
+def _interval_entry(plan: BudgetPlan, metric: str) -> dict[str, Any]:
+    """Where a metric's released 95% interval is and what it means (when released)."""
+    if not plan.params.confidence_intervals or metric not in INTERVAL_METRICS:
+        return {}
+    method = {
+        "mean": "conservative: count and centred sum each at 97.5%, union bound",
+        "sum": "exact quantile of the noise"
+        + (" (sum of the centred sum's and the count's)" if plan.has("centred_sum") else ""),
+    }.get(metric, "exact quantile of the noise")
+    return {
+        "confidence_interval": {
+            "columns": [f"{metric}_ci_low", f"{metric}_ci_high"],
+            "level": LEVEL,
+            "method": method,
+            "covers": "the exact value after contribution bounding and clipping",
+        }
+    }
 
 
 def _metric_mechanisms(plan: BudgetPlan, metric: str) -> list[str]:

@@ -18,6 +18,7 @@ from pipeline_dp import dp_computations
 from pydp.algorithms.quantile_tree import QuantileTree
 
 from dppipeline.core.budget import AggregationParams, BudgetPlan, JobPlan, MechanismBudget
+from dppipeline.core.intervals import INTERVAL_METRICS, mean_interval, metric_half_width
 from dppipeline.schemas import release_schema, transactions_schema
 from dppipeline.spec import metric_column, percentile_of
 
@@ -151,6 +152,7 @@ def noise_partitions(
         mid = params.midpoint
         denominator = np.maximum(1.0, values["count"])
         noisy_centred = _noised(plan, "centred_sum", total - mid * count)
+        values["_centred_sum"] = noisy_centred
         centred_mean = noisy_centred / denominator
         values["sum"] = noisy_centred + mid * values["count"]
         values["mean"] = np.clip(mid + centred_mean, params.min_value, params.max_value)
@@ -171,7 +173,21 @@ def noise_partitions(
         )
     for metric in ordered_metrics(params.metrics):
         out[metric_column(metric)] = values[metric]
+    if params.confidence_intervals:
+        _add_intervals(out, plan, values)
     return out
+
+
+def _add_intervals(out: pd.DataFrame, plan: BudgetPlan, values: dict[str, np.ndarray]) -> None:
+    """`<metric>_ci_low/_ci_high` beside each metric that has one (see `core.intervals`)."""
+    for metric in (m for m in INTERVAL_METRICS if m in plan.params.metrics):
+        if metric == "mean":
+            low, high = mean_interval(plan, values["count"], values["_centred_sum"])
+        else:
+            width = metric_half_width(plan, metric)
+            assert width is not None
+            low, high = values[metric] - width, values[metric] + width
+        out[f"{metric}_ci_low"], out[f"{metric}_ci_high"] = low, high
 
 
 def release_partitions(
@@ -214,20 +230,33 @@ def release_selection_group(
     }
 
 
+def release_columns(metrics: Sequence[str], intervals: bool = False) -> list[str]:
+    """Metric columns in release order, each followed by its interval columns if any."""
+    columns = []
+    for metric in ordered_metrics(metrics):
+        columns.append(metric_column(metric))
+        if intervals and metric in INTERVAL_METRICS:
+            columns += [f"{metric}_ci_low", f"{metric}_ci_high"]
+    return columns
+
+
 def release_arrow_schema(
-    key_columns: Sequence[tuple[str, pa.DataType]] | str, metrics: Sequence[str]
+    key_columns: Sequence[tuple[str, pa.DataType]] | str,
+    metrics: Sequence[str],
+    intervals: bool = False,
 ) -> pa.Schema:
     """The release's schema: key columns (name, type), then the metric columns in order.
     A single input column name is accepted for a one-key release."""
     if isinstance(key_columns, str):
         key_columns = [(key_columns, transactions_schema().field(key_columns).arrow_type)]
-    return release_schema(list(key_columns), [metric_column(m) for m in ordered_metrics(metrics)])
+    return release_schema(list(key_columns), release_columns(metrics, intervals))
 
 
 def to_release_table(
     released: pd.DataFrame,
     key_columns: Sequence[tuple[str, pa.DataType]] | str,
     metrics: Sequence[str],
+    intervals: bool = False,
 ) -> pa.Table:
-    schema = release_arrow_schema(key_columns, metrics)
+    schema = release_arrow_schema(key_columns, metrics, intervals)
     return pa.Table.from_pandas(released[schema.names], schema=schema, preserve_index=False)

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dppipeline.core.budget import JobPlan
-from dppipeline.core.release import to_release_table
+from dppipeline.core.release import release_arrow_schema
 from dppipeline.io import DailyPartition
 from dppipeline.queries import JobTasks, release_job
 from dppipeline.spec import JobSpec
@@ -43,6 +43,13 @@ class ReleaseJob:
     def metrics(self, query: str) -> tuple[str, ...]:
         return self.plan.query(query).plan.params.metrics
 
+    def release_schema(self, query: str) -> pa.Schema:
+        """The Arrow schema of a query's released dataset."""
+        params = self.plan.query(query).plan.params
+        return release_arrow_schema(
+            self.key_types(query), params.metrics, params.confidence_intervals
+        )
+
 
 @dataclass(frozen=True)
 class EngineRun:
@@ -54,7 +61,8 @@ class EngineRun:
 
 def write_dataset(released: pd.DataFrame, job: ReleaseJob, query: str, dataset_dir: Path) -> int:
     """One query's released rows as one Parquet file in its dataset folder."""
-    table = to_release_table(released, job.key_types(query), job.metrics(query))
+    schema = job.release_schema(query)
+    table = pa.Table.from_pandas(released[schema.names], schema=schema, preserve_index=False)
     dataset_dir.mkdir(parents=True)
     pq.write_table(table, dataset_dir / "part-00000.parquet")
     return table.num_rows

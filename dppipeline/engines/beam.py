@@ -56,8 +56,6 @@ from dppipeline.core.release import (
     AGGREGATE_COLUMNS,
     SUM_SQUARES,
     VALUES,
-    release_arrow_schema,
-    to_release_table,
 )
 from dppipeline.engines.base import EngineRun, ReleaseJob
 from dppipeline.engines.bounding import (
@@ -522,9 +520,8 @@ class _ReleaseShard(beam.DoFn):
     """Every task's exact aggregates of one partition shard (and the public keys that fall in
     it) -> each query's released rows, by `core.release` (tagged by query)."""
 
-    def __init__(self, plan: JobPlan, tasks: JobTasks, key_types: dict, metrics: dict):
-        self._plan, self._tasks = plan, tasks
-        self._key_types, self._metrics = key_types, metrics
+    def __init__(self, plan: JobPlan, tasks: JobTasks, schemas: dict[str, pa.Schema]):
+        self._plan, self._tasks, self._schemas = plan, tasks, schemas
         self._released = Metrics.counter(METRICS_NAMESPACE, "partitions_released")
 
     def process(self, element) -> list:
@@ -549,7 +546,10 @@ class _ReleaseShard(beam.DoFn):
         outputs = []
         for query, released in release_job(self._plan, shard_tasks, exact).items():
             if len(released):
-                table = to_release_table(released, self._key_types[query], self._metrics[query])
+                schema = self._schemas[query]
+                table = pa.Table.from_pandas(
+                    released[schema.names], schema=schema, preserve_index=False
+                )
                 self._released.inc(table.num_rows)
                 outputs.append(beam.pvalue.TaggedOutput(query, table))
         return outputs
@@ -585,8 +585,7 @@ class ReleaseDP(beam.PTransform):
         release = _ReleaseShard(
             job.plan,
             job.tasks,
-            {q: job.key_types(q) for q in queries},
-            {q: job.metrics(q) for q in queries},
+            {q: job.release_schema(q) for q in queries},
         )
         return (
             inputs
@@ -768,7 +767,7 @@ class BeamEngine:
         for query in job.plan.queries:
             _ = released[query.name] | f"WriteRelease[{query.name}]" >> WriteRelease(
                 staging / query.name,
-                release_arrow_schema(job.key_types(query.name), job.metrics(query.name)),
+                job.release_schema(query.name),
             )
 
     def _check_input(

@@ -35,7 +35,6 @@ from dppipeline.core.release import (
     AGGREGATE_COLUMNS,
     SUM_SQUARES,
     VALUES,
-    release_arrow_schema,
     release_partitions,
 )
 from dppipeline.engines import spark_read
@@ -171,7 +170,7 @@ def release_on_executors(
     public keys (`public` given) or its own selection: every batch is independent."""
     task = job.tasks.task(query)
     plan = job.plan.query(query).plan
-    arrow_schema = release_arrow_schema(job.key_types(query), job.metrics(query))
+    arrow_schema = job.release_schema(query)
     ddl = ", ".join(f"{f.name} {_ARROW_TO_SPARK[str(f.type)]}" for f in arrow_schema)
     names, keys = arrow_schema.names, task.key_names
 

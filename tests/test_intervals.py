@@ -1,0 +1,202 @@
+"""Confidence intervals in the release: exact half-widths, and coverage on every engine.
+
+Coverage tolerances: each check counts how many of n independent intervals cover the exact
+(bounded, clipped) value; the count is Binomial(n, 0.95) for an exact interval, so the
+observed share must lie within z * sqrt(0.95 * 0.05 / n) of 0.95, z the two-sided normal
+quantile for failure rate 1e-6. The mean's interval is conservative: only its lower side is
+checked.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import polars as pl
+import pytest
+from conftest import release_small
+from scipy import integrate, stats
+
+from dppipeline.core.budget import AggregationParams, plan_budget
+from dppipeline.core.intervals import half_width, metric_half_width, sum_half_width
+from dppipeline.synth import generate
+
+Z = float(stats.norm.isf(0.5e-6))  # failure rate 1e-6, two-sided
+MIN_VALUE, MAX_VALUE = 0.0, 150.0
+
+
+def plan(noise="laplace", epsilon=1.0, **overrides):
+    base = {
+        "metrics": ("count", "sum", "mean", "privacy_id_count"),
+        "noise": noise,
+        "max_partitions_contributed": 3,
+        "max_contributions_per_partition": 2,
+        "min_value": 20.0,
+        "max_value": 200.0,
+        "public_partitions": True,
+        "confidence_intervals": True,
+    }
+    base.update(overrides)
+    return plan_budget(AggregationParams(**base), epsilon, 1e-6)
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_half_width_is_the_exact_noise_quantile(noise):
+    p = plan(noise)
+    for name in ("count", "privacy_id_count"):
+        m = p.mechanism(name)
+        dist = (
+            stats.laplace(scale=m.noise_stddev / math.sqrt(2))
+            if noise == "laplace"
+            else stats.norm(scale=m.noise_stddev)
+        )
+        w = half_width(m)
+        assert 2 * dist.sf(w) == pytest.approx(0.05, rel=1e-9)
+
+
+@pytest.mark.parametrize("scales", [(1.0, 1.0), (1.0, 0.3), (5.0, 0.01), (0.2, 3.0)])
+def test_sum_half_width_is_the_exact_quantile_of_two_laplace_noises(scales):
+    """P(|X + Y| > w) by numerical integration over Y equals 0.05 (closed form checked)."""
+    p = plan()
+    centred, count = p.mechanism("centred_sum"), p.mechanism("count")
+    b_x = centred.noise_stddev / math.sqrt(2)
+    b_count = count.noise_stddev / math.sqrt(2)
+    scale = scales[1] * b_x / b_count  # makes the second noise's scale scales[1] * b_x
+    w = sum_half_width(centred, count, scale)
+    x, y = stats.laplace(scale=b_x), stats.laplace(scale=b_count * scale)
+
+    def tail_given(v):
+        return y.pdf(v) * (x.sf(w - v) + x.cdf(-w - v))
+
+    edge = 60 * (b_x + y.std())  # beyond it the integrand is below 1e-20
+    tail, _ = integrate.quad(tail_given, -edge, edge, limit=800, points=[-w, 0, w])
+    assert tail == pytest.approx(0.05, rel=1e-6)
+
+
+def test_gaussian_sum_half_width_uses_the_combined_normal():
+    p = plan("gaussian")
+    centred, count = p.mechanism("centred_sum"), p.mechanism("count")
+    w = sum_half_width(centred, count, 110.0)
+    std = math.hypot(centred.noise_stddev, 110.0 * count.noise_stddev)
+    assert w == pytest.approx(std * stats.norm.isf(0.025), rel=1e-12)
+
+
+def test_sum_with_mean_interval_is_wider_than_either_part():
+    p = plan()
+    w = metric_half_width(p, "sum")
+    assert w > half_width(p.mechanism("centred_sum"))
+    assert w > p.params.midpoint * half_width(p.mechanism("count"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Coverage
+
+
+def truth(inputs, fmt="parquet") -> pd.DataFrame:
+    pattern = "*/*.parquet" if fmt == "parquet" else "*.csv"
+    rows = pl.read_parquet(sorted(inputs[fmt].glob(pattern)))
+    clipped = rows.with_columns(pl.col("TX_AMOUNT").clip(MIN_VALUE, MAX_VALUE))
+    return (
+        clipped.group_by("TERMINAL_ID")
+        .agg(
+            pl.len().cast(pl.Float64).alias("count"),
+            pl.col("TX_AMOUNT").sum().alias("sum"),
+            pl.col("CUSTOMER_ID").n_unique().cast(pl.Float64).alias("privacy_id_count"),
+        )
+        .to_pandas()
+        .set_index("TERMINAL_ID")
+    )
+
+
+def covered(released: pd.DataFrame, exact: pd.Series, metric: str) -> np.ndarray:
+    value = exact.reindex(released["TERMINAL_ID"]).to_numpy()
+    low, high = released[f"{metric}_ci_low"].to_numpy(), released[f"{metric}_ci_high"].to_numpy()
+    return (low <= value) & (value <= high)
+
+
+def exact_tolerance(n: int) -> float:
+    return Z * math.sqrt(0.95 * 0.05 / n)
+
+
+@pytest.fixture(params=["local", "spark", "beam"])
+def engine(request):
+    if request.param == "spark":
+        request.getfixturevalue("spark")
+    if request.param == "beam":
+        from dppipeline.engines.beam import BeamEngine
+
+        return BeamEngine()
+    return request.param
+
+
+def test_intervals_cover_95_percent_on_every_engine(small_inputs, tmp_path, engine):
+    """2,000 public terminals (50 with data, the rest empty: true value 0), epsilon 1, bounds
+    loose enough that bounding keeps every row: count, sum and privacy_id_count intervals
+    cover the truth 95% of the time."""
+    keys = tmp_path / "terminals_0_1999.csv"  # release_small writes its own keys.csv
+    keys.write_text("TERMINAL_ID\n" + "\n".join(map(str, range(2000))) + "\n")
+    released, manifest = release_small(
+        small_inputs,
+        tmp_path,
+        engine,
+        **{
+            "partition_selection.public_partitions": str(keys),
+            "budget.epsilon": 1.0,
+            "confidence_intervals": True,
+        },
+    )
+    exact = truth(small_inputs).reindex(range(2000), fill_value=0.0)
+    assert len(released) == 2000
+    metrics = manifest["queries"]["terminal_stats"]["metrics"]
+    for metric in ("count", "sum", "privacy_id_count"):
+        share = covered(released, exact[metric], metric).mean()
+        assert abs(share - 0.95) <= exact_tolerance(2000), (metric, share)
+        assert metrics[metric]["confidence_interval"]["columns"] == [
+            f"{metric}_ci_low",
+            f"{metric}_ci_high",
+        ]
+    # The interval is value -/+ the manifest's half-width.
+    width = metrics["count"]["ci95_half_width"]
+    np.testing.assert_allclose(released["count_ci_high"] - released["count"], width)
+
+
+@pytest.fixture(scope="module")
+def many_terminals(tmp_path_factory):
+    """500 terminals with data, so the mean's interval is checked on many partitions."""
+    base = tmp_path_factory.mktemp("many")
+    spec = {"customers": 3000, "terminals": 500, "days": 4, "tx_per_day": 6000, "seed": 5}
+    return {"parquet": generate(base / "parquet", fmt="parquet", **spec).output}
+
+
+def test_mean_interval_covers_at_least_95_percent(many_terminals, tmp_path):
+    exact = truth(many_terminals)
+    exact_mean = exact["sum"] / exact["count"]
+    keys = tmp_path / "terminals_with_data.csv"
+    keys.write_text("TERMINAL_ID\n" + "\n".join(map(str, exact.index)) + "\n")
+    shares = []
+    for run in range(4):
+        released, _ = release_small(
+            many_terminals,
+            tmp_path / f"run{run}",
+            "local",
+            **{
+                "partition_selection.public_partitions": str(keys),
+                "budget.epsilon": 2.0,
+                "confidence_intervals": True,
+            },
+        )
+        shares.append(covered(released, exact_mean, "mean"))
+        inside = (released["mean_ci_low"] <= released["mean"]) & (
+            released["mean"] <= released["mean_ci_high"]
+        )
+        assert inside.all()  # the point estimate lies in its own interval
+    hits = np.concatenate(shares)
+    assert hits.mean() >= 0.95 - exact_tolerance(len(hits)), hits.mean()
+
+
+def test_no_intervals_unless_asked(small_inputs, tmp_path):
+    released, manifest = release_small(small_inputs, tmp_path, "local")
+    assert not [c for c in released.columns if "_ci_" in c]
+    metrics = manifest["queries"]["terminal_stats"]["metrics"]
+    assert all("confidence_interval" not in m for m in metrics.values())
