@@ -197,6 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ledger_flags(check)
     check.add_argument("--no-ledger", action="store_true", help="skip the ledger check")
 
+    report = sub.add_parser(
+        "report", help="an HTML page with charts for a release (release and ledger only)"
+    )
+    report.add_argument("release", help="the release folder (holds manifest.json)")
+    report.add_argument("--output", help="folder for index.html and PNGs (default RELEASE_report)")
+    _add_ledger_flags(report)
+    report.add_argument("--no-ledger", action="store_true", help="leave out the ledger's spend")
+
     doc = sub.add_parser("spec-doc", help="list every job spec field, its default and meaning")
     doc.add_argument("--markdown", action="store_true", help="as a Markdown table")
     return parser
@@ -306,6 +314,14 @@ def _cmd_check_release(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from dppipeline.report import build_report  # noqa: PLC0415
+
+    ledger = None if args.no_ledger else (args.ledger or default_ledger())
+    print(build_report(args.release, ledger, args.output))
+    return 0
+
+
 def _cmd_spec_doc(args: argparse.Namespace) -> int:
     from dppipeline.spec import describe_fields  # noqa: PLC0415
 
@@ -326,6 +342,7 @@ COMMANDS = {
     "generate": _cmd_generate,
     "run": _cmd_run,
     "plan": _cmd_plan,
+    "report": _cmd_report,
     "spec-doc": _cmd_spec_doc,
 }
 
