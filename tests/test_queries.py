@@ -351,3 +351,33 @@ def test_cli_run_of_a_multi_query_job_writes_every_dataset(transactions, tmp_pat
     assert manifest["queries"]["totals"]["partition_selection"]["type"] == "global"
     assert main(["check-release", str(out), "--no-ledger"]) == 0
     assert "2 dataset(s)" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("spark")
+def test_spark_executor_release_of_a_multi_key_query(transactions, tmp_path, monkeypatch):
+    """Above the driver limit the release runs in mapInPandas: composite date keys, empty
+    public partitions (no kept values) and percentiles go through it, equal to the truth."""
+    from dppipeline.release_check import check_release
+
+    monkeypatch.setenv("DPPIPELINE_DRIVER_RELEASE_MAX_PARTITIONS", "10")
+    root, rows = transactions
+    rows = with_buckets(rows)
+    query = {
+        "name": "per_terminal_day",
+        "partition_by": ["TERMINAL_ID", "day"],
+        "metrics": ["count", "percentile(50)"],
+        "partition_selection": {"public_partitions": {"TERMINAL_ID": "1..6", "day": "input_range"}},
+    }
+    spec = job_spec(root, tmp_path / "release", queries=[query], confidence_intervals=True)
+    result = run_job(spec, "spark", echo=lambda _: None)
+    assert "1 dataset(s)" in check_release(result.output, None)
+    out = pd.read_parquet(result.output / "per_terminal_day")
+    days = sorted(rows["day"].unique())
+    assert len(out) == 6 * len(days)
+    index = pd.MultiIndex.from_product([range(1, 7), days])
+    expected = truth_by(rows, ["TERMINAL_ID", "day"]).reindex(index, fill_value=0)
+    out = out.set_index(["TERMINAL_ID", "day"]).loc[index]
+    tol = tolerance(result.manifest, "per_terminal_day", "count")
+    assert np.abs(out["count"].to_numpy() - expected["count"].to_numpy()).max() <= tol
+    assert out["percentile_50"].between(0, 1000).all()
+    assert (out["count_ci_low"] <= out["count"]).all()

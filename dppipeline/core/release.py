@@ -59,14 +59,22 @@ def add_empty_public_partitions(
         if column in merged:
             merged[column] = merged[column].fillna(0)
     if VALUES in aggregates:
-        empty = np.zeros(0)
         if VALUES not in merged:
-            merged[VALUES] = [empty] * len(merged)
-        merged[VALUES] = [v if isinstance(v, np.ndarray | list) else empty for v in merged[VALUES]]
+            merged[VALUES] = [np.zeros(0)] * len(merged)
+        merged[VALUES] = value_arrays(merged[VALUES])
     merged["privacy_id_count"] = merged["privacy_id_count"].astype("int64")
     merged["count"] = merged["count"].astype("int64")
     merged["sum"] = merged["sum"].astype("float64")
     return merged
+
+
+def value_arrays(values: pd.Series) -> list[np.ndarray]:
+    """Kept values per partition as float arrays; a partition without any (a missing value
+    after a join, or an empty list) gets an empty array."""
+    return [
+        np.asarray(v, dtype=np.float64) if isinstance(v, np.ndarray | list) else np.zeros(0)
+        for v in values
+    ]
 
 
 def select_with(

@@ -23,7 +23,6 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 from pyspark import StorageLevel
@@ -36,6 +35,7 @@ from dppipeline.core.release import (
     SUM_SQUARES,
     VALUES,
     release_partitions,
+    value_arrays,
 )
 from dppipeline.engines import spark_read
 from dppipeline.engines.base import EngineRun, ReleaseJob, release_to_datasets
@@ -158,7 +158,7 @@ def to_aggregates_frame(exact: pd.DataFrame, task: AggregationTask) -> pd.DataFr
     """Spark's result on the driver, with keys in the canonical pandas form."""
     exact = exact.drop(columns=[GLOBAL_KEY], errors="ignore")
     if VALUES in exact:
-        exact[VALUES] = [np.asarray(v, dtype=np.float64) for v in exact[VALUES]]
+        exact[VALUES] = value_arrays(exact[VALUES])
     return canonical_keys(exact, task.keys)
 
 
@@ -177,7 +177,7 @@ def release_on_executors(
     def release_batches(batches):
         for batch in batches:
             if VALUES in batch:
-                batch[VALUES] = [np.asarray(v, dtype=np.float64) for v in batch[VALUES]]
+                batch[VALUES] = value_arrays(batch[VALUES])
             yield release_partitions(batch, keys, plan)[names]
 
     if public is not None:
