@@ -100,7 +100,7 @@ PACKAGES = ("apache-beam", "pipeline-dp", "python-dp", "polars", "pyarrow", "num
 # PipelineDP's program marks only the end of its pipeline.
 _OURS_MARKERS = {
     "ready": re.compile(r"^\[beam\]\s+[\d.]+s Beam \S+ on "),
-    "done": re.compile(r"^\[beam\] released "),
+    "done": re.compile(r"^\[beam\] release written to "),
 }
 MARKERS: dict[str, dict[str, re.Pattern[str]]] = {
     OURS: _OURS_MARKERS,

@@ -124,7 +124,7 @@ print("bench-marker: output written", file=sys.stderr, flush=True)
 MARKERS: dict[str, dict[str, re.Pattern[str]]] = {
     OURS: {
         "ready": re.compile(r"^\[spark\]\s+[\d.]+s Spark \S+ on "),
-        "done": re.compile(r"^\[spark\] released "),
+        "done": re.compile(r"^\[spark\] release written to "),
     },
     PIPELINEDP: {
         "ready": re.compile(r"^bench-marker: session ready"),
