@@ -197,6 +197,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ledger_flags(check)
     check.add_argument("--no-ledger", action="store_true", help="skip the ledger check")
 
+    evaluate = sub.add_parser(
+        "evaluate",
+        help="error against epsilon on NON-SENSITIVE data (shows true values; no ledger)",
+    )
+    _add_privacy_flags(evaluate)
+    evaluate.add_argument("--input", help="input folder (or input.path in the job spec)")
+    evaluate.add_argument("--format", choices=("parquet", "csv"), help="input layout")
+    evaluate.add_argument("--output", required=True, help="folder for the page, CSV and charts")
+    evaluate.add_argument(
+        "--epsilons", default="0.1,0.3,1,3,10", help="comma list of job epsilons to try"
+    )
+    evaluate.add_argument("--repeats", type=int, default=2, help="runs per epsilon")
+    evaluate.add_argument("--engine", default="local", choices=("local", "spark", "beam"))
+    evaluate.add_argument(
+        "--data-is-not-sensitive",
+        action="store_true",
+        help="required: you state the input is synthetic or otherwise not sensitive",
+    )
+
     report = sub.add_parser(
         "report", help="an HTML page with charts for a release (release and ledger only)"
     )
@@ -314,6 +333,30 @@ def _cmd_check_release(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from pathlib import Path  # noqa: PLC0415
+
+    from dppipeline.accuracy import evaluate, refuse_unless_not_sensitive  # noqa: PLC0415
+
+    refuse_unless_not_sensitive(args.data_is_not_sensitive)
+    try:
+        epsilons = [float(e) for e in args.epsilons.split(",") if e.strip()]
+    except ValueError:
+        raise UsageError(f"--epsilons: not a comma list of numbers: {args.epsilons!r}") from None
+    args.output_folder, args.output = args.output, None  # the job's own output is per run
+    spec = _spec_from_args(args)
+    page = evaluate(
+        spec,
+        Path(args.output_folder),
+        epsilons=epsilons,
+        repeats=args.repeats,
+        engine=args.engine,
+        progress=lambda line: print(line, file=sys.stderr),
+    )
+    print(page)
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from dppipeline.report import build_report  # noqa: PLC0415
 
@@ -342,6 +385,7 @@ COMMANDS = {
     "generate": _cmd_generate,
     "run": _cmd_run,
     "plan": _cmd_plan,
+    "evaluate": _cmd_evaluate,
     "report": _cmd_report,
     "spec-doc": _cmd_spec_doc,
 }
