@@ -197,6 +197,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ledger_flags(check)
     check.add_argument("--no-ledger", action="store_true", help="skip the ledger check")
 
+    tune = sub.add_parser(
+        "tune", help="recommend L0, Linf and clipping bounds from DP statistics (spends budget)"
+    )
+    _add_privacy_flags(tune)
+    tune.add_argument("--input", help="input folder (or input.path in the job spec)")
+    tune.add_argument("--format", choices=("parquet", "csv"), help="input layout")
+    tune.add_argument("--query", help="the query to tune (default: the job's first)")
+    tune.add_argument(
+        "--tune-epsilon", type=float, help="budget tune spends (default: a tenth of the job's)"
+    )
+    tune.add_argument(
+        "--partitions", type=int, help="number of partitions (required under private selection)"
+    )
+    tune.add_argument("--tune-output", help="JSON file for the DP statistics and recommendation")
+    _add_ledger_flags(tune)
+    tune.add_argument("--no-ledger", action="store_true", help="do not record the spend (!)")
+
     evaluate = sub.add_parser(
         "evaluate",
         help="error against epsilon on NON-SENSITIVE data (shows true values; no ledger)",
@@ -333,6 +350,27 @@ def _cmd_check_release(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from pathlib import Path  # noqa: PLC0415
+
+    from dppipeline.tuning import render, tune  # noqa: PLC0415
+
+    if args.no_ledger:
+        print("[tune] --no-ledger: this spend is NOT recorded anywhere", file=sys.stderr)
+    result, path = tune(
+        _spec_from_args(args),
+        query_name=args.query,
+        epsilon=args.tune_epsilon,
+        partitions=args.partitions,
+        ledger=None if args.no_ledger else (args.ledger or default_ledger()),
+        output=Path(args.tune_output) if args.tune_output else None,
+        progress=lambda line: print(line, file=sys.stderr),
+    )
+    print(render(result))
+    print(f"\nDP statistics and recommendation: {path}")
+    return 0
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from pathlib import Path  # noqa: PLC0415
 
@@ -386,6 +424,7 @@ COMMANDS = {
     "run": _cmd_run,
     "plan": _cmd_plan,
     "evaluate": _cmd_evaluate,
+    "tune": _cmd_tune,
     "report": _cmd_report,
     "spec-doc": _cmd_spec_doc,
 }
