@@ -27,9 +27,8 @@ from dppipeline.engines.local import aggregate_task, key_expr
 from dppipeline.engines.local_read import read_validated
 from dppipeline.engines.polars_filter import to_polars
 from dppipeline.errors import UsageError
-from dppipeline.io import discover_partitions, select_days
 from dppipeline.queries import AggregationTask, canonical_keys, task_for, validated_value
-from dppipeline.runner import run_job
+from dppipeline.runner import input_days, run_job
 from dppipeline.schemas import transactions_schema
 from dppipeline.spec import JobSpec, QuerySpec, metric_column, percentile_of
 
@@ -133,12 +132,7 @@ def evaluate(
     if repeats < 1 or not epsilons or any(not e > 0 for e in epsilons):
         raise UsageError("--epsilons must be > 0 and --repeats >= 1")
     output.mkdir(parents=True, exist_ok=True)
-    days = select_days(
-        discover_partitions(spec.input.path, spec.input.format),
-        spec.input.start_date,
-        spec.input.end_date,
-        spec.input.path,
-    )
+    days = input_days(spec)
     tasks = [task_for(q) for q in spec.query_specs]
     rows = read_validated(
         days, spec.input.format, transactions_schema(), validated_value(tasks)

@@ -274,6 +274,32 @@ class Ledger:
                 ),
             )
 
+    @contextmanager
+    def spending(
+        self,
+        key: ReleaseKey,
+        *,
+        run_id: str,
+        job: str,
+        epsilon: float,
+        delta: float,
+        output: str,
+        policy: BudgetPolicy,
+        failure_note: str,
+    ) -> Iterator[None]:
+        """Reserves the spend, runs the body, commits; aborts if the body fails (a release
+        is published by one rename at its end, so a failed body published nothing)."""
+        self.reserve(
+            key, run_id=run_id, job=job, epsilon=epsilon, delta=delta, output=output,
+            policy=policy,
+        )  # fmt: skip
+        try:
+            yield
+        except BaseException:
+            self.abort(run_id, note=failure_note)
+            raise
+        self.commit(run_id)
+
     def commit(self, run_id: str, note: str | None = None) -> None:
         self._finish(run_id, "committed", note)
 

@@ -7,6 +7,7 @@ place only when complete.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -105,12 +106,27 @@ def budget_policy(spec: JobSpec) -> BudgetPolicy:
     )
 
 
-def release_key(spec: JobSpec, days: list[DailyPartition]) -> ReleaseKey:
+def input_days(spec: JobSpec) -> list[DailyPartition]:
+    """The daily partitions the spec reads (its date range of the input folder)."""
+    assert spec.input.path is not None
+    return select_days(
+        discover_partitions(spec.input.path, spec.input.format),
+        spec.input.start_date,
+        spec.input.end_date,
+        spec.input.path,
+    )
+
+
+def release_key(
+    spec: JobSpec, days: list[DailyPartition], spec_hash: str | None = None
+) -> ReleaseKey:
+    """The ledger key of a spend on these days: scope, spec hash (or another request's
+    hash), input fingerprint, date range."""
     assert spec.input.path is not None
     files = [path for day in days for path in day.files]
     return ReleaseKey(
         scope=default_scope(spec),
-        spec_hash=spec.spec_hash(),
+        spec_hash=spec_hash or spec.spec_hash(),
         input_fingerprint=input_fingerprint(files, Path(spec.input.path)),
         start_date=days[0].day,
         end_date=days[-1].day,
@@ -124,12 +140,7 @@ def check_budget(spec: JobSpec, ledger: Ledger | str | Path) -> str:
     if spec.input.path is None:
         raise UsageError("--input: required (or input.path in the job spec)")
     plan = make_plan(spec)
-    days = select_days(
-        discover_partitions(spec.input.path, spec.input.format),
-        spec.input.start_date,
-        spec.input.end_date,
-        spec.input.path,
-    )
+    days = input_days(spec)
     book = Ledger(ledger) if isinstance(ledger, str | Path) else ledger
     key = release_key(spec, days)
     existing = book.committed(key)
@@ -171,12 +182,7 @@ def run_job(
         raise UsageError("--output: required (or output in the job spec)")
     engine_impl.prepare()  # e.g. start the JVM while pipeline-dp plans the budget
     plan = make_plan(spec)  # before any data is read
-    days = select_days(
-        discover_partitions(spec.input.path, spec.input.format),
-        spec.input.start_date,
-        spec.input.end_date,
-        spec.input.path,
-    )
+    days = input_days(spec)
     tasks = plan_tasks(spec, plan, days)  # reads public key lists, not data
     run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
     book = Ledger(ledger) if isinstance(ledger, str | Path) else ledger
@@ -188,21 +194,6 @@ def run_job(
         if existing is not None:
             return _existing_release(existing, Path(spec.output), overwrite, say)
     output = check_release_target(spec.output, overwrite)
-    if book is not None:
-        eps_total, delta_total = plan.total_spent()
-        book.reserve(
-            key,
-            run_id=run_id,
-            job=spec.name,
-            epsilon=eps_total,
-            delta=delta_total,
-            output=str(output.resolve()),
-            policy=budget_policy(spec),
-        )
-        say(
-            f"[ledger] reserved epsilon={eps_total:g} delta={delta_total:g} in scope "
-            f"{key.scope!r} ({budget_policy(spec).describe()})"
-        )
     job = ReleaseJob(
         spec=spec,
         plan=plan,
@@ -212,16 +203,29 @@ def run_job(
         seed=seed,
         progress=lambda line: say(f"[{engine_impl.name}] {line}"),
     )
-    try:
+    eps_total, delta_total = plan.total_spent()
+    spend = contextlib.nullcontext()
+    if book is not None:
+        spend = book.spending(
+            key,
+            run_id=run_id,
+            job=spec.name,
+            epsilon=eps_total,
+            delta=delta_total,
+            output=str(output.resolve()),
+            policy=budget_policy(spec),
+            failure_note="run failed before publishing",
+        )
+    with spend:
+        if book is not None:
+            say(
+                f"[ledger] reserved epsilon={eps_total:g} delta={delta_total:g} in scope "
+                f"{key.scope!r} ({budget_policy(spec).describe()})"
+            )
         result = _release(
             job, engine_impl, run_id=run_id, output=output, overwrite=overwrite, say=say
         )
-    except BaseException:
-        if book is not None:
-            book.abort(run_id, note="run failed before publishing")
-        raise
     if book is not None:
-        book.commit(run_id)
         say(f"[ledger] committed run {run_id}")
     return result
 

@@ -25,6 +25,7 @@ partition, bias = rows dropped / partitions.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -44,10 +45,9 @@ from dppipeline.core.budget import MechanismBudget
 from dppipeline.engines.local import task_rows
 from dppipeline.engines.local_read import read_validated
 from dppipeline.errors import UsageError
-from dppipeline.io import discover_partitions, select_days
-from dppipeline.ledger import Ledger, ReleaseKey, input_fingerprint
+from dppipeline.ledger import Ledger
 from dppipeline.queries import plan_tasks, validated_value
-from dppipeline.runner import budget_policy, default_scope, make_plan
+from dppipeline.runner import budget_policy, input_days, make_plan, release_key
 from dppipeline.schemas import transactions_schema
 from dppipeline.spec import JobSpec, QuerySpec
 
@@ -222,12 +222,7 @@ def tune(
     if not eps > 0:
         raise UsageError(f"--epsilon: must be > 0, got {eps}")
     plan = make_plan(spec)
-    days = select_days(
-        discover_partitions(spec.input.path, spec.input.format),
-        spec.input.start_date,
-        spec.input.end_date,
-        spec.input.path,
-    )
+    days = input_days(spec)
     task = plan_tasks(spec, plan, days).task(name)
     if partitions is None:
         if task.public_keys is None:
@@ -238,40 +233,23 @@ def tune(
         partitions = len(task.public_keys)
     run_id = "tune-" + dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + uuid.uuid4().hex[:6]
     target = output or Path(f"{run_id}.json")
-    book = Ledger(ledger) if ledger else None
-    if book is not None:
-        key = _ledger_key(spec, name, eps, days)
-        book.reserve(
+    spend = contextlib.nullcontext()
+    if ledger:
+        request = json.dumps([spec.spec_hash(), name, eps]).encode()
+        key = release_key(spec, days, "tune:" + hashlib.sha256(request).hexdigest())
+        spend = Ledger(ledger).spending(
             key, run_id=run_id, job=f"tune:{spec.name}", epsilon=eps, delta=0.0,
-            output=str(target.resolve()), policy=budget_policy(spec),
+            output=str(target.resolve()), policy=budget_policy(spec), failure_note="tune failed",
         )  # fmt: skip
-        progress(f"[ledger] reserved epsilon={eps:g} for tune in scope {key.scope!r}")
-    try:
+    with spend:
         result = _measure(
             spec, query, task, days, eps=eps, partitions=partitions, progress=progress,
         )  # fmt: skip
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(result.to_json(), indent=1) + "\n")
-    except BaseException:
-        if book is not None:
-            book.abort(run_id, note="tune failed")
-        raise
-    if book is not None:
-        book.commit(run_id)
-        progress(f"[ledger] committed {run_id}")
+    if ledger:
+        progress(f"[ledger] committed {run_id}: epsilon={eps:g} in scope {key.scope!r}")
     return result, target
-
-
-def _ledger_key(spec, name, eps, days) -> ReleaseKey:
-    request = json.dumps([spec.spec_hash(), name, eps]).encode()
-    files = [path for day in days for path in day.files]
-    return ReleaseKey(
-        scope=default_scope(spec),
-        spec_hash="tune:" + hashlib.sha256(request).hexdigest(),
-        input_fingerprint=input_fingerprint(files, Path(spec.input.path)),
-        start_date=days[0].day,
-        end_date=days[-1].day,
-    )
 
 
 def _measure(spec, query, task, days, *, eps, partitions, progress) -> Tuning:
