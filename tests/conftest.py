@@ -77,3 +77,21 @@ def release_small(inputs: dict[str, Path], out: Path, engine, fmt: str = "parque
     result = run_job(build_spec({}, base), engine, echo=lambda _: None)
     released = pd.read_parquet(result.output / "terminal_stats")
     return released.sort_values("TERMINAL_ID", ignore_index=True), result.manifest
+
+
+def terminal_truth(rows, min_value: float, max_value: float) -> pd.DataFrame:
+    """Exact count, sum (of values clipped to [min_value, max_value]) and distinct customers
+    per TERMINAL_ID of a Polars frame of rows: the truth loose bounds must give."""
+    import polars as pl
+
+    clipped = rows.with_columns(pl.col("TX_AMOUNT").clip(min_value, max_value))
+    return (
+        clipped.group_by("TERMINAL_ID")
+        .agg(
+            pl.len().cast(pl.Float64).alias("count"),
+            pl.col("TX_AMOUNT").sum().alias("sum"),
+            pl.col("CUSTOMER_ID").n_unique().cast(pl.Float64).alias("privacy_id_count"),
+        )
+        .sort("TERMINAL_ID")
+        .to_pandas()
+    )

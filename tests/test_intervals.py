@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import polars as pl
 import pytest
-from conftest import release_small
+from conftest import release_small, terminal_truth
 from scipy import integrate, stats
 
 from dppipeline.core.budget import AggregationParams, plan_budget
@@ -96,17 +96,7 @@ def test_sum_with_mean_interval_is_wider_than_either_part():
 def truth(inputs, fmt="parquet") -> pd.DataFrame:
     pattern = "*/*.parquet" if fmt == "parquet" else "*.csv"
     rows = pl.read_parquet(sorted(inputs[fmt].glob(pattern)))
-    clipped = rows.with_columns(pl.col("TX_AMOUNT").clip(MIN_VALUE, MAX_VALUE))
-    return (
-        clipped.group_by("TERMINAL_ID")
-        .agg(
-            pl.len().cast(pl.Float64).alias("count"),
-            pl.col("TX_AMOUNT").sum().alias("sum"),
-            pl.col("CUSTOMER_ID").n_unique().cast(pl.Float64).alias("privacy_id_count"),
-        )
-        .to_pandas()
-        .set_index("TERMINAL_ID")
-    )
+    return terminal_truth(rows, MIN_VALUE, MAX_VALUE).set_index("TERMINAL_ID")
 
 
 def covered(released: pd.DataFrame, exact: pd.Series, metric: str) -> np.ndarray:

@@ -12,6 +12,7 @@ import pandas as pd
 import pipeline_dp
 import polars as pl
 import pytest
+from conftest import terminal_truth
 
 from dppipeline.runner import run_job
 from dppipeline.spec import build_spec
@@ -102,17 +103,7 @@ def compare(ours, theirs, manifest):
 
 
 def truth(rows: pl.DataFrame) -> pd.DataFrame:
-    clipped = rows.with_columns(pl.col("TX_AMOUNT").clip(MIN_VALUE, MAX_VALUE))
-    return (
-        clipped.group_by("TERMINAL_ID")
-        .agg(
-            pl.len().cast(pl.Float64).alias("count"),
-            pl.col("TX_AMOUNT").sum().alias("sum"),
-            pl.col("CUSTOMER_ID").n_unique().cast(pl.Float64).alias("privacy_id_count"),
-        )
-        .sort("TERMINAL_ID")
-        .to_pandas()
-    )
+    return terminal_truth(rows, MIN_VALUE, MAX_VALUE)
 
 
 @pytest.fixture(params=["local", "spark", "beam"])
