@@ -217,15 +217,25 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser(
         "evaluate",
         help="error against epsilon on NON-SENSITIVE data (shows true values; no ledger)",
+        description="Run the job (every query) at several epsilons, several times each, and "
+        "compare each release with the TRUE values of the same rows: synthetic or otherwise "
+        "non-sensitive data only (--data-is-not-sensitive is required). The runs are "
+        "experiments, not releases: they go to scratch folders under --output/runs and are "
+        "never recorded in a budget ledger. Writes evaluation.csv, evaluation.json, one PNG "
+        "chart per query and index.html into --output.",
     )
     _add_privacy_flags(evaluate)
     evaluate.add_argument("--input", help="input folder (or input.path in the job spec)")
     evaluate.add_argument("--format", choices=("parquet", "csv"), help="input layout")
-    evaluate.add_argument("--output", required=True, help="folder for the page, CSV and charts")
     evaluate.add_argument(
-        "--epsilons", default="0.1,0.3,1,3,10", help="comma list of job epsilons to try"
+        "--output", required=True, help="folder for the tables, charts, page and scratch runs"
     )
-    evaluate.add_argument("--repeats", type=int, default=2, help="runs per epsilon")
+    evaluate.add_argument(
+        "--epsilons",
+        default="0.1,0.3,1,3,10",
+        help="comma list of job epsilons to try (budget.epsilon; delta is kept)",
+    )
+    evaluate.add_argument("--repeats", type=int, default=3, help="runs per epsilon (default 3)")
     evaluate.add_argument("--engine", default="local", choices=("local", "spark", "beam"))
     evaluate.add_argument(
         "--data-is-not-sensitive",
@@ -374,16 +384,17 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from pathlib import Path  # noqa: PLC0415
 
-    from dppipeline.accuracy import evaluate, refuse_unless_not_sensitive  # noqa: PLC0415
+    from dppipeline.evaluate import (  # noqa: PLC0415
+        evaluate,
+        parse_epsilons,
+        refuse_unless_not_sensitive,
+    )
 
-    refuse_unless_not_sensitive(args.data_is_not_sensitive)
-    try:
-        epsilons = [float(e) for e in args.epsilons.split(",") if e.strip()]
-    except ValueError:
-        raise UsageError(f"--epsilons: not a comma list of numbers: {args.epsilons!r}") from None
+    refuse_unless_not_sensitive(args.data_is_not_sensitive)  # before anything is written
+    epsilons = parse_epsilons(args.epsilons)
     args.output_folder, args.output = args.output, None  # the job's own output is per run
     spec = _spec_from_args(args)
-    page = evaluate(
+    result = evaluate(
         spec,
         Path(args.output_folder),
         epsilons=epsilons,
@@ -391,7 +402,10 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         engine=args.engine,
         progress=lambda line: print(line, file=sys.stderr),
     )
-    print(page)
+    print(f"table:  {result.csv}\n        {result.json}")
+    for name, chart in result.charts.items():
+        print(f"chart:  {chart} ({name})")
+    print(f"page:   {result.page}\nruns:   {result.runs} (experiments: no ledger, not releases)")
     return 0
 
 

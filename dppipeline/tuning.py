@@ -58,7 +58,7 @@ CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50, 75, 100, 150, 200)
 VALUE_EDGES = tuple(
     round(m * 10.0**e, 6) for e in range(-1, 7) for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)
 )
-EMPTY_BIN_RISK = 0.05  # chance that any empty bin of a histogram keeps noise mass
+EMPTY_BIN_RISK = 1e-6  # chance that any empty bin of a histogram keeps noise mass
 TAIL = 0.005  # share of the value distribution the clipping bounds may cut on each side
 
 
@@ -310,8 +310,9 @@ def render(result: Tuning, top: int = 12) -> str:
     """The candidates table (best first) and a YAML snippet to paste into the job spec."""
     lines = [
         f"query {result.query}: tuned with epsilon={result.epsilon:g} (recorded in the ledger)",
-        f"  values: {1 - 2 * TAIL:.0%} of the average unit's values lie in "
-        f"[{result.min_value:g}, {result.max_value:g}] (DP histogram, ten bins per decade)",
+        f"  values: {1 - 2 * TAIL:.0%} of the value histogram's mass above the noise level "
+        f"lies in [{result.min_value:g}, {result.max_value:g}] (ten bins per decade; sparse "
+        "tails fall below that level: raise --tune-epsilon to see them)",
         f"  {'L0':>4} {'Linf':>5} {'rows kept':>10} {'bias/partition':>15} "
         f"{'noise std':>10} {'error':>10}",
     ]
