@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from dppipeline.errors import UsageError
+from dppipeline.charts import day_axis, pyplot
 from dppipeline.ledger import BudgetPolicy, Ledger, LedgerRow
 
 SPENDING = ("reserved", "committed")
@@ -87,14 +87,7 @@ def windowed(rows: list[LedgerRow], window_days: int) -> tuple[list[dt.date], li
 
 
 def plot(url: str, output: str | Path, scope: str | None, policy: BudgetPolicy | None) -> Path:
-    try:
-        import matplotlib  # noqa: PLC0415
-    except ImportError:
-        raise UsageError("budget plot needs matplotlib: pip install 'dppipeline[report]'") from None
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
+    plt = pyplot("budget plot")
     ledger = _open(url)
     scopes = [scope] if scope else ledger.scopes()
     fig, ax = plt.subplots(figsize=(9, 4.8), dpi=110)
@@ -115,11 +108,7 @@ def plot(url: str, output: str | Path, scope: str | None, policy: BudgetPolicy |
             linestyle="--",
             label=f"epsilon cap per {policy.window_days} days",
         )
-    import matplotlib.dates as mdates  # noqa: PLC0415
-
-    ax.xaxis.set_major_formatter(mdates.DateFormatter("%Y-%m-%d"))
-    span = (max(plotted) - min(plotted)).days if plotted else 0
-    ax.xaxis.set_major_locator(mdates.DayLocator(interval=max(1, span // 8)))  # whole days
+    day_axis(ax, plotted)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("last data day of the release")
     ax.set_ylabel(

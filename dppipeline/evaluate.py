@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 import polars as pl
 
+from dppipeline.charts import pyplot
 from dppipeline.core.budget import BudgetPlan
 from dppipeline.core.intervals import half_width, sum_half_width
 from dppipeline.core.manifest import MANIFEST_NAME
@@ -451,24 +452,12 @@ def write_json(
     return path
 
 
-def _pyplot():
-    """matplotlib with the Agg backend: charts are written to files, no display needed."""
-    try:
-        import matplotlib  # noqa: PLC0415
-    except ImportError:
-        raise UsageError("evaluate needs matplotlib: pip install 'dppipeline[report]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    return plt
-
-
 def error_chart(table: pd.DataFrame, query: QuerySpec, output: Path) -> Path:
     """One PNG per query: median |error| against epsilon (log-log, one line per metric, median
     over repeats with a min-max band; dashed: bounding alone, dotted: expected noise alone),
     the median relative error likewise, and under private selection the share of true
     partitions released."""
-    plt = _pyplot()
+    plt = pyplot("evaluate")
     mine = table[table["query"] == query.name]
     runs = mine[mine["repeat"].notna()]
     private = not query.is_public

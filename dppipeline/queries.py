@@ -18,7 +18,7 @@ import datetime as dt
 import itertools
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -195,7 +195,7 @@ def plan_tasks(spec: JobSpec, plan: JobPlan, days: Sequence[DailyPartition]) -> 
         if query.is_public:
             keys = public_key_set(query, task.keys, days) if task.keys else None
             public[query.name] = keys
-            task = _with_public(task, keys)
+            task = replace(task, public_keys=keys)
         tasks[query.name] = task
     sources: dict[str, str] = {}
     for group in plan.selections:
@@ -217,11 +217,6 @@ def plan_tasks(spec: JobSpec, plan: JobPlan, days: Sequence[DailyPartition]) -> 
             max_contributions_per_partition=1,
         )
     return JobTasks(tuple(tasks.values()), sources, public)
-
-
-def _with_public(task: AggregationTask, keys: pd.DataFrame | None) -> AggregationTask:
-    fields = {f: getattr(task, f) for f in task.__dataclass_fields__}
-    return AggregationTask(**{**fields, "public_keys": keys})
 
 
 def release_job(

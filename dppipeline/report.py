@@ -10,7 +10,6 @@ computed; every number on the page is copied from one of those sources.
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import html
 import json
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from dppipeline.budget_report import cumulative
+from dppipeline.charts import day_axis, pyplot
 from dppipeline.core.manifest import MANIFEST_NAME
 from dppipeline.errors import InputError, UsageError
 from dppipeline.ledger import Ledger, LedgerRow
@@ -73,17 +73,6 @@ def ledger_rows(url: str | None, run_id: str) -> tuple[str | None, list[LedgerRo
 # Charts
 
 
-def _pyplot():
-    try:
-        import matplotlib  # noqa: PLC0415
-    except ImportError:
-        raise UsageError("report needs matplotlib: pip install 'dppipeline[report]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    return plt
-
-
 def histogram_chart(
     name: str, rows: pd.DataFrame, query: dict[str, Any], output: Path
 ) -> Path | None:
@@ -92,7 +81,7 @@ def histogram_chart(
     metrics = [m["column"] for m in query["metrics"].values() if m["column"] in rows]
     if len(rows) < 2 or not metrics:
         return None
-    plt = _pyplot()
+    plt = pyplot("report")
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), dpi=100)
     axes = [axes] if len(metrics) == 1 else list(axes)
     for ax, (metric, entry) in zip(axes, query["metrics"].items(), strict=False):
@@ -122,7 +111,7 @@ def histogram_chart(
 
 def budget_chart(manifest: dict[str, Any], output: Path) -> Path:
     """Epsilon per query (its own mechanisms) and per shared selection."""
-    plt = _pyplot()
+    plt = pyplot("report")
     labels, values = [], []
     for name, query in manifest["queries"].items():
         labels.append(name)
@@ -145,20 +134,14 @@ def spend_chart(scope: str, rows: list[LedgerRow], run_id: str, output: Path) ->
     days, totals = cumulative(rows)
     if not days:
         return None
-    plt = _pyplot()
+    plt = pyplot("report")
     fig, ax = plt.subplots(figsize=(8, 3.4), dpi=100)
     ax.step(days, totals, where="post", marker="o", markersize=3)
     mine = [r for r in rows if r.run_id == run_id]
     if mine:
         ax.axvline(mine[0].end_date, color="crimson", linestyle="--", label="this release")
         ax.legend(fontsize=8)
-    import matplotlib.dates as mdates  # noqa: PLC0415
-
-    ax.xaxis.set_major_formatter(mdates.DateFormatter("%Y-%m-%d"))
-    span = (max(days) - min(days)).days
-    if span == 0:  # one day of releases: show the day between its neighbours
-        ax.set_xlim(days[0] - dt.timedelta(days=1), days[0] + dt.timedelta(days=1))
-    ax.xaxis.set_major_locator(mdates.DayLocator(interval=max(1, span // 8)))
+    day_axis(ax, days)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("last data day of the release")
     ax.set_ylabel("cumulative epsilon")

@@ -53,9 +53,17 @@ def spark():
     )
 
 
-def release_small(inputs: dict[str, Path], out: Path, engine, fmt: str = "parquet", **overrides):
+def release_small(
+    inputs: dict[str, Path],
+    out: Path,
+    engine,
+    fmt: str = "parquet",
+    ledger: str | None = None,
+    **overrides,
+):
     """One release of `inputs` into `out/release` with loose bounds and public terminals
-    0..59 (50 with data, 10 empty); returns (released rows sorted by key, manifest)."""
+    0..59 (50 with data, 10 empty), recorded in `ledger` if given; returns (released rows
+    sorted by key, manifest)."""
     from dppipeline.runner import run_job
     from dppipeline.spec import build_spec
 
@@ -74,7 +82,7 @@ def release_small(inputs: dict[str, Path], out: Path, engine, fmt: str = "parque
         "partition_selection.public_partitions": str(keys),
     }
     base.update(overrides)
-    result = run_job(build_spec({}, base), engine, echo=lambda _: None)
+    result = run_job(build_spec({}, base), engine, echo=lambda _: None, ledger=ledger)
     released = pd.read_parquet(result.output / "terminal_stats")
     return released.sort_values("TERMINAL_ID", ignore_index=True), result.manifest
 
@@ -95,3 +103,24 @@ def terminal_truth(rows, min_value: float, max_value: float) -> pd.DataFrame:
         .sort("TERMINAL_ID")
         .to_pandas()
     )
+
+
+def check_count_noise_as_planned(release) -> None:
+    """Released minus exact count over 60 public partitions (50 with data, 10 empty), 3
+    draws at epsilon 1: the variance ratio to the manifest's std^2 is within
+    Z * sqrt((kurtosis - 1) / n), kurtosis 6 (Laplace), failure rate 1e-6. Coarse, but it
+    fails with no noise or noise 2x too large. `release(name, **overrides)` runs one release."""
+    import math
+
+    import numpy as np
+    from scipy.stats import norm
+
+    exact, _ = release("exact", **{"budget.epsilon": 1e7})
+    draws, manifest = [], None
+    for i in range(3):
+        noisy, manifest = release(f"noisy{i}", **{"metrics": ["count"], "budget.epsilon": 1.0})
+        draws.append(noisy["count"].to_numpy() - exact["count"].to_numpy())
+    noise = np.concatenate(draws)
+    sigma = manifest["queries"]["terminal_stats"]["metrics"]["count"]["noise_stddev"]
+    ratio = np.mean(noise**2) / sigma**2
+    assert abs(ratio - 1) <= float(norm.isf(0.5e-6)) * math.sqrt(5 / len(noise)), ratio

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
-from conftest import release_small
+from conftest import check_count_noise_as_planned, release_small
 from scipy.stats import norm
 
 from dppipeline.cli import main
@@ -37,7 +37,6 @@ from dppipeline.runner import make_plan
 from dppipeline.schemas import transactions_schema
 from dppipeline.spec import build_spec
 
-Z_1E6 = float(norm.isf(0.5e-6))  # two-sided normal quantile, failure rate 1e-6
 SCHEMA = transactions_schema()
 
 
@@ -277,20 +276,9 @@ def release(inputs, out: Path, fmt="parquet", engine=None, **overrides):
 
 
 def test_noise_std_matches_manifest(small_inputs, tmp_path):
-    """Released minus exact over 60 public partitions (50 with data, 10 empty), 3 draws, at
-    epsilon 1: the variance ratio to the manifest's std^2 is within Z * sqrt((kurtosis-1)/n),
-    kurtosis 6 (Laplace), failure rate 1e-6."""
-    exact, _ = release(small_inputs, tmp_path / "exact", **{"budget.epsilon": 1e7})
-    draws, manifest = [], None
-    for i in range(3):
-        noisy, manifest = release(
-            small_inputs, tmp_path / f"noisy{i}", **{"metrics": ["count"], "budget.epsilon": 1.0}
-        )
-        draws.append(noisy["count"].to_numpy() - exact["count"].to_numpy())
-    noise = np.concatenate(draws)
-    sigma = manifest["queries"]["terminal_stats"]["metrics"]["count"]["noise_stddev"]
-    ratio = np.mean(noise**2) / sigma**2
-    assert abs(ratio - 1) <= Z_1E6 * math.sqrt(5 / len(noise)), ratio
+    check_count_noise_as_planned(
+        lambda name, **overrides: release(small_inputs, tmp_path / name, **overrides)
+    )
 
 
 def test_multi_processing_mode_gives_the_same_release(small_inputs, tmp_path):

@@ -56,28 +56,14 @@ def unreleased_numbers(index: Path, release: Path, ledger: str | None) -> set[st
 @pytest.fixture
 def released(small_inputs, tmp_path):
     ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
-    from dppipeline.runner import run_job
-    from dppipeline.spec import build_spec
-
-    keys = tmp_path / "keys.csv"
-    keys.write_text("TERMINAL_ID\n" + "\n".join(map(str, range(60))) + "\n")
-    spec = build_spec(
-        {},
-        {
-            "partition_selection.public_partitions": str(keys),
-            "input.path": str(small_inputs["parquet"]),
-            "output": str(tmp_path / "release"),
-            "metrics": ["count", "sum", "mean", "privacy_id_count"],
-            "bounds.max_partitions_contributed": 5,
-            "bounds.max_contributions_per_partition": 3,
-            "bounds.min_value": 0.0,
-            "bounds.max_value": 150.0,
-            "confidence_intervals": True,
-            "budget.epsilon": 1.0,
-        },
-    )
-    result = run_job(spec, "local", echo=lambda _: None, ledger=ledger)
-    return result.output, ledger
+    overrides = {
+        "bounds.max_partitions_contributed": 5,
+        "bounds.max_contributions_per_partition": 3,
+        "confidence_intervals": True,
+        "budget.epsilon": 1.0,
+    }
+    release_small(small_inputs, tmp_path, "local", ledger=ledger, **overrides)
+    return tmp_path / "release", ledger
 
 
 def test_report_shows_no_value_that_is_not_released(released, tmp_path):

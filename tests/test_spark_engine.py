@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import release_small
+from conftest import check_count_noise_as_planned, release_small
 from scipy.stats import norm
 
 from dppipeline.engines.spark import bound_and_aggregate
@@ -17,7 +17,6 @@ from dppipeline.queries import task_for
 from dppipeline.spec import build_spec
 
 pytestmark = pytest.mark.usefixtures("spark")
-Z_1E6 = float(norm.isf(0.5e-6))  # two-sided normal quantile, failure rate 1e-6
 
 
 def spec_for(**overrides):
@@ -115,24 +114,12 @@ def test_release_on_executors_equals_release_on_driver(small_inputs, tmp_path, m
 
 @pytest.mark.parametrize("where", ["driver", "executors"])
 def test_noise_std_matches_manifest(small_inputs, tmp_path, monkeypatch, where):
-    """Released minus exact over 60 public partitions (50 with data, 10 empty) at epsilon 1:
-    the variance ratio to the manifest's std^2 is within Z * sqrt((kurtosis-1)/n), kurtosis 6
-    (Laplace), failure rate 1e-6. With n = 60 the test is coarse but can fail (e.g. no noise,
-    or noise 2x too large)."""
+    """The count's noise is as the manifest says, released on the driver or the executors."""
     if where == "executors":
         monkeypatch.setenv("DPPIPELINE_DRIVER_RELEASE_MAX_PARTITIONS", "0")
-    exact, _ = release(small_inputs, tmp_path / "exact", **{"budget.epsilon": 1e7})
-    draws = []
-    manifest = None
-    for i in range(3):
-        noisy, manifest = release(
-            small_inputs, tmp_path / f"noisy{i}", **{"metrics": ["count"], "budget.epsilon": 1.0}
-        )
-        draws.append(noisy["count"].to_numpy() - exact["count"].to_numpy())
-    noise = np.concatenate(draws)
-    sigma = manifest["queries"]["terminal_stats"]["metrics"]["count"]["noise_stddev"]
-    ratio = np.mean(noise**2) / sigma**2
-    assert abs(ratio - 1) <= Z_1E6 * math.sqrt(5 / len(noise)), ratio
+    check_count_noise_as_planned(
+        lambda name, **overrides: release(small_inputs, tmp_path / name, **overrides)
+    )
 
 
 def test_rejected_rows_are_quarantined_with_their_line(small_inputs, tmp_path):

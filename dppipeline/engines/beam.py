@@ -350,31 +350,46 @@ class _ClipAndShard(beam.DoFn):
         ]
 
 
-class _SampleRowsPerPair(beam.CombineFn):
+class _CompactingCombineFn(beam.CombineFn):
+    """A combiner whose accumulator is a list of blocks, compacted into one (`_merge`) every
+    COMPACT_EVERY added blocks and whenever the runner merges or extracts."""
+
+    def _merge(self, items: list) -> Any:
+        raise NotImplementedError
+
+    def create_accumulator(self) -> list:
+        return []
+
+    def _compact(self, items: list) -> list:
+        return items if len(items) <= 1 else [self._merge(items)]
+
+    def add_input(self, items, item):
+        items.append(item)
+        return self._compact(items) if len(items) >= COMPACT_EVERY else items
+
+    def merge_accumulators(self, accumulators):
+        return self._compact([item for items in accumulators for item in items])
+
+    def compact(self, items):
+        return self._compact(items)
+
+    def extract_output(self, items):
+        compacted = self._compact(items)
+        return compacted[0] if compacted else None
+
+
+class _SampleRowsPerPair(_CompactingCombineFn):
     """Linf: the lowest-priority `k` rows of each (privacy unit, partition) pair (uniform)."""
 
     def __init__(self, k: int):
         self._k = k
 
-    def create_accumulator(self) -> list[ContributionBlock]:
-        return []
+    def _merge(self, blocks: list[ContributionBlock]) -> ContributionBlock:
+        return ContributionBlock.concat(blocks).bottom_k_per_pair(self._k)
 
     def _compact(self, blocks: list[ContributionBlock]) -> list[ContributionBlock]:
-        return [ContributionBlock.concat(blocks).bottom_k_per_pair(self._k)] if blocks else []
-
-    def add_input(self, blocks, block):
-        blocks.append(block)
-        return self._compact(blocks) if len(blocks) >= COMPACT_EVERY else blocks
-
-    def merge_accumulators(self, accumulators):
-        return self._compact([block for blocks in accumulators for block in blocks])
-
-    def compact(self, blocks):
-        return self._compact(blocks)
-
-    def extract_output(self, blocks) -> ContributionBlock | None:
-        compacted = self._compact(blocks)
-        return compacted[0] if compacted else None
+        # Even one block is cut to k per pair: a single bundle may hold a whole heavy pair.
+        return [self._merge(blocks)] if blocks else []
 
 
 class _SamplePartitionsPerUnit(beam.DoFn):
@@ -467,31 +482,14 @@ def _sum_frames(frames: list[pd.DataFrame], key: str) -> pd.DataFrame:
     return out
 
 
-class _SumPerPartition(beam.CombineFn):
+class _SumPerPartition(_CompactingCombineFn):
     """Partial aggregates of one partition shard -> their sum per partition key."""
 
     def __init__(self, key: str):
         self._key = key
 
-    def create_accumulator(self) -> list[pd.DataFrame]:
-        return []
-
-    def _compact(self, frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
-        return frames if len(frames) <= 1 else [_sum_frames(frames, self._key)]
-
-    def add_input(self, frames, frame):
-        frames.append(frame)
-        return self._compact(frames) if len(frames) >= COMPACT_EVERY else frames
-
-    def merge_accumulators(self, accumulators):
-        return self._compact([frame for frames in accumulators for frame in frames])
-
-    def compact(self, frames):
-        return self._compact(frames)
-
-    def extract_output(self, frames) -> pd.DataFrame | None:
-        compacted = self._compact(frames)
-        return compacted[0] if compacted else None
+    def _merge(self, frames: list[pd.DataFrame]) -> pd.DataFrame:
+        return _sum_frames(frames, self._key)
 
 
 class AggregatePerPartition(beam.PTransform):
