@@ -302,9 +302,14 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path  # noqa: PLC0415
 
+    spec = _spec_from_args(args)
+    if args.engine == "spark" and not args.check_budget:
+        # The JVM takes longer to start than everything up to the first read: start it first.
+        from dppipeline.engines.spark_session import start_spark_early  # noqa: PLC0415
+
+        start_spark_early()
     from dppipeline.runner import check_budget, load_engine, run_job  # noqa: PLC0415
 
-    spec = _spec_from_args(args)
     if args.check_budget:
         if args.no_ledger:
             raise UsageError("--check-budget needs a ledger (drop --no-ledger)")

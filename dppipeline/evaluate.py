@@ -40,12 +40,12 @@ from dppipeline.io import DailyPartition
 from dppipeline.queries import (
     AggregationTask,
     canonical_keys,
+    input_schema,
     public_key_set,
     task_for,
     validated_value,
 )
 from dppipeline.runner import input_days, make_plan, run_job
-from dppipeline.schemas import transactions_schema
 from dppipeline.spec import JobSpec, QuerySpec, metric_column, percentile_of
 
 NOT_SENSITIVE_FLAG = "--data-is-not-sensitive"
@@ -118,9 +118,8 @@ def read_rows(spec: JobSpec, days: Sequence[DailyPartition]) -> pl.DataFrame:
     """The rows every engine keeps: read and validated by the same rules, so the truth is
     computed over exactly what the released values were computed from."""
     tasks = [task_for(q) for q in spec.query_specs]
-    return read_validated(
-        list(days), spec.input.format, transactions_schema(), validated_value(tasks)
-    ).rows
+    schema = input_schema(spec.privacy_unit, tasks)
+    return read_validated(list(days), spec.input.format, schema, validated_value(tasks)).rows
 
 
 def true_values(rows: pl.DataFrame, query: QuerySpec, unit: str) -> pd.DataFrame:
@@ -130,14 +129,17 @@ def true_values(rows: pl.DataFrame, query: QuerySpec, unit: str) -> pd.DataFrame
     task = task_for(query)
     if task.filter is not None:
         rows = rows.filter(to_polars(task.filter))
-    value = pl.col(query.value).cast(pl.Float64)
     aggregates = [
         pl.len().cast(pl.Float64).alias("count"),
-        value.sum().alias("sum"),
-        value.mean().alias("mean"),
-        value.var(ddof=0).alias("variance"),
         pl.col(unit).n_unique().cast(pl.Float64).alias("privacy_id_count"),
     ]
+    value = pl.col(query.value).cast(pl.Float64)
+    if task.clip is not None:  # else the value column was not read: nothing uses it
+        aggregates += [
+            value.sum().alias("sum"),
+            value.mean().alias("mean"),
+            value.var(ddof=0).alias("variance"),
+        ]
     for metric in query.metrics:
         p = percentile_of(metric)
         if p is not None:

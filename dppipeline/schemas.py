@@ -51,6 +51,15 @@ class Schema:
     def names(self) -> list[str]:
         return [f.name for f in self.fields]
 
+    def subset(self, names: set[str] | list[str]) -> Schema:
+        """The fields named, in schema order: what a job reads and validates."""
+        wanted = set(names)
+        unknown = wanted - set(self.names)
+        if unknown:
+            raise KeyError(sorted(unknown)[0])
+        fields = tuple(f for f in self.fields if f.name in wanted)
+        return Schema(self.name, self.description, fields)
+
     def to_arrow(self) -> pa.Schema:
         return pa.schema([pa.field(f.name, f.arrow_type, nullable=f.nullable) for f in self.fields])
 

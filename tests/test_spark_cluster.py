@@ -122,6 +122,7 @@ def spark_submit(
         "--conf", "spark.pyspark.python=./env/bin/python",
         # Not PYSPARK_DRIVER_PYTHON: the conf spark.pyspark.python would win over it.
         "--conf", f"spark.pyspark.driver.python={sys.executable}",
+        "--conf", "spark.executor.extraJavaOptions=-XX:+UseParallelGC",
         "--conf", "spark.driver.host=127.0.0.1",
         "--conf", "spark.driver.bindAddress=127.0.0.1",
         "--conf", "spark.ui.enabled=false",

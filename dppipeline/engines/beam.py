@@ -77,8 +77,14 @@ from dppipeline.engines.local_read import (
     validate_batch,
 )
 from dppipeline.errors import InputError, UsageError
-from dppipeline.queries import AggregationTask, JobTasks, canonical_keys, release_job
-from dppipeline.schemas import Schema, transactions_schema
+from dppipeline.queries import (
+    AggregationTask,
+    JobTasks,
+    canonical_keys,
+    input_schema,
+    release_job,
+)
+from dppipeline.schemas import Schema
 from dppipeline.validation import RejectSummary, check_rejected_fraction
 
 log = logging.getLogger("dppipeline.beam")
@@ -682,7 +688,8 @@ class BeamEngine:
         def progress(step: str) -> None:
             job.progress(f"{time.monotonic() - started:6.1f}s {step}")
 
-        spec, schema = job.spec, transactions_schema()
+        spec = job.spec
+        schema = input_schema(spec.privacy_unit, job.tasks.tasks)
         files = [path for day in job.days for path in day.files]
         preflight(files, spec.input.format, schema)
         input_bytes = sum(path.stat().st_size for path in files)
@@ -734,7 +741,8 @@ class BeamEngine:
         unit_shards: int,
         partition_shards: int,
     ) -> None:
-        spec, schema = job.spec, transactions_schema()
+        spec = job.spec
+        schema = input_schema(spec.privacy_unit, job.tasks.tasks)
         files = [str(path) for day in job.days for path in day.files]
         batches = pipeline | "ReadTransactions" >> ReadTransactions(
             files, spec.input.format, schema

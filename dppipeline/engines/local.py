@@ -25,8 +25,13 @@ from dppipeline.engines.bounding import (
 from dppipeline.engines.local_read import read_validated
 from dppipeline.engines.polars_filter import to_polars
 from dppipeline.io import DailyPartition
-from dppipeline.queries import AggregationTask, KeyColumn, canonical_keys, validated_value
-from dppipeline.schemas import transactions_schema
+from dppipeline.queries import (
+    AggregationTask,
+    KeyColumn,
+    canonical_keys,
+    input_schema,
+    validated_value,
+)
 from dppipeline.validation import RejectSummary, check_rejected_fraction
 
 _CODE = "_key_code"
@@ -134,7 +139,7 @@ def compute_aggregates(
     seed: int | None = None,
 ) -> EngineResult:
     """Read + validate once -> per task: filter, keys, clip, bound, aggregate per partition."""
-    validated = read_validated(days, fmt, transactions_schema(), validated_value(tasks))
+    validated = read_validated(days, fmt, input_schema(unit, tasks), validated_value(tasks))
     summary = validated.summary
     if summary.rows_rejected:
         path = write_quarantine(validated.rejected, quarantine)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from functools import reduce
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -22,6 +24,19 @@ SOURCE = "_source_file"
 ROW = "_row"
 REASON = "_reason"
 BAD = "_bad"
+# Arrow types Spark reads as these (timestamps apart), for an explicit read schema.
+_SPARK_TYPES = {
+    "int8": "tinyint",
+    "int16": "smallint",
+    "int32": "int",
+    "int64": "bigint",
+    "float": "float",
+    "double": "double",
+    "bool": "boolean",
+    "string": "string",
+    "large_string": "string",
+    "date32[day]": "date",
+}
 
 
 def _parsed(name: str) -> str:
@@ -43,7 +58,9 @@ def read_raw(
             )
             row = F.lit(None).cast("bigint")  # Spark keeps no line numbers for CSV
         else:
-            frame = spark.read.parquet(*files)
+            ddl = parquet_ddl(spark, files[0], schema.names)
+            reader = spark.read if ddl is None else spark.read.schema(ddl)
+            frame = reader.parquet(*files)
             row = F.col("_metadata.row_index") + 1
     except Exception as exc:  # AnalysisException and friends: name the input
         raise InputError(f"cannot read {fmt} input: {first_line(exc)}") from None
@@ -54,6 +71,30 @@ def read_raw(
             f"(required by schemas/{schema.name}.json)"
         )
     return frame.select(*schema.names, F.col("_metadata.file_path").alias(SOURCE), row.alias(ROW))
+
+
+def parquet_ddl(spark: SparkSession, path: str, names: list[str]) -> str | None:
+    """The columns' Spark types as Spark infers them from one file's footer (which is all
+    its inference reads, unless told to merge schemas), read here with pyarrow: Spark's own
+    inference runs a job, half a second of a short run. None where unsure: Spark infers."""
+    try:
+        footer = pq.read_schema(path)
+    except (OSError, pa.ArrowException):
+        return None  # Spark's read reports it
+    ntz = spark.conf.get("spark.sql.parquet.inferTimestampNTZ.enabled", "true") == "true"
+    parts = []
+    for name in names:
+        if name not in footer.names:
+            return None  # read_raw reports the missing column
+        arrow = footer.field(name).type
+        if pa.types.is_timestamp(arrow) and arrow.unit in ("ms", "us"):
+            spark_type = "timestamp" if arrow.tz or not ntz else "timestamp_ntz"
+        else:
+            spark_type = _SPARK_TYPES.get(str(arrow))
+        if spark_type is None:
+            return None
+        parts.append(f"`{name}` {spark_type}")
+    return ", ".join(parts)
 
 
 def _parse(frame: DataFrame, name: str, target: str) -> Column:

@@ -10,8 +10,10 @@ import logging
 import os
 import shutil
 import sys
+import threading
 import warnings
 from pathlib import Path
+from typing import Any
 
 from dppipeline.errors import UsageError
 
@@ -21,6 +23,10 @@ log = logging.getLogger("dppipeline.spark")
 SQL_DEFAULTS: dict[str, str] = {
     "spark.sql.adaptive.enabled": "true",  # AQE: coalesces shuffle partitions, handles skew
     "spark.sql.adaptive.coalescePartitions.enabled": "true",
+    # Bounding shuffles every row: 16 MB reduce tasks (Spark's default is 64 MB) spread them
+    # evenly over the cores and keep each task's collected values small (20M rows on 2 cores:
+    # 22 s instead of 23 s).
+    "spark.sql.adaptive.advisoryPartitionSizeInBytes": "16m",
     "spark.sql.adaptive.skewJoin.enabled": "true",
     "spark.sql.execution.arrow.pyspark.enabled": "true",  # fast toPandas / mapInPandas
     "spark.sql.session.timeZone": "UTC",
@@ -31,6 +37,15 @@ SQL_DEFAULTS: dict[str, str] = {
     "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
 }
 LOG4J_CONF = Path(__file__).resolve().parent / "log4j2.properties"
+# JVM options of a session started here (local mode: the driver JVM runs the tasks). The
+# throughput collector: bounding boxes every value it collects, and under G1 (Java's default)
+# the same job took 17-19 s instead of 16-17 s at 5M rows and 30 s instead of 28 s at 20M.
+LOCAL_JAVA_OPTIONS = "-XX:+UseParallelGC"
+
+
+def local_java_options() -> str:
+    """$DPPIPELINE_SPARK_JAVA_OPTIONS, else LOCAL_JAVA_OPTIONS."""
+    return os.environ.get("DPPIPELINE_SPARK_JAVA_OPTIONS", LOCAL_JAVA_OPTIONS)
 
 
 def check_java() -> None:
@@ -67,7 +82,8 @@ def get_spark(
         chosen = master or os.environ.get("DPPIPELINE_SPARK_MASTER") or "local[*]"
         builder = builder.master(chosen).config("spark.ui.showConsoleProgress", "true")
         builder = builder.config(
-            "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J_CONF.as_uri()}"
+            "spark.driver.extraJavaOptions",
+            f"-Dlog4j2.configurationFile={LOG4J_CONF.as_uri()} {local_java_options()}",
         )
         if chosen.startswith("local"):
             # Python workers of a local session use this interpreter (and its packages).
@@ -81,8 +97,49 @@ def get_spark(
     return spark
 
 
+class _BackgroundStart:
+    """`get_spark()` on a daemon thread (a daemon, so that a usage error found meanwhile exits at
+    once instead of waiting for the JVM): the JVM's start (5 s or more) overlaps the imports and
+    the budget planning, which need no Spark."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._session: Any = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._start, name="spark-start", daemon=True).start()
+
+    def _start(self) -> None:
+        try:
+            self._session = get_spark()
+        except BaseException as exc:  # re-raised in the caller's thread by result()
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def result(self) -> Any:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._session
+
+
+_started: dict[str, _BackgroundStart] = {}  # at most one: the process's default session
+
+
+def start_spark_early() -> None:
+    """Starts the default session in the background, once per process (`dppipeline run
+    --engine spark` calls it before importing anything heavy); `started_spark` collects it."""
+    if not _started:
+        _started["default"] = _BackgroundStart()
+
+
+def started_spark():
+    """The session `start_spark_early` began (waiting for it), else `get_spark()`."""
+    return _started["default"].result() if _started else get_spark()
+
+
 def shuffle_partitions(input_bytes: int, parallelism: int) -> int:
-    """Initial shuffle partitions for the data size (AQE coalesces further): about 64 MB of
-    input per partition, at least 2 per core, at most 2000."""
-    by_size = input_bytes // (64 << 20) + 1
+    """Initial shuffle partitions for the data size (AQE coalesces them to its advisory size):
+    about 16 MB of input per partition, at least 2 per core, at most 2000."""
+    by_size = input_bytes // (16 << 20) + 1
     return int(min(2000, max(2 * parallelism, by_size)))

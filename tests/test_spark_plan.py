@@ -1,0 +1,128 @@
+"""How the Spark engine plans its work: the read schema taken from a Parquet footer, public
+keys written as SQL literals, and the shape of the bounding plan (one shuffle of the rows, one
+of the partition aggregates). Plans and values are checked; nothing here is timed."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import functions as F
+
+from dppipeline.engines import spark as spark_engine
+from dppipeline.engines.spark import bound_and_aggregate, keep_public, sql_literal
+from dppipeline.engines.spark_read import parquet_ddl
+from dppipeline.queries import task_for
+from dppipeline.spec import build_spec
+
+pytestmark = pytest.mark.usefixtures("spark")
+
+NAMES = ["TRANSACTION_ID", "TX_DATETIME", "CUSTOMER_ID", "TERMINAL_ID", "TX_AMOUNT"]
+
+
+def first_file(folder) -> str:
+    return str(sorted(folder.glob("date=*/*.parquet"))[0])
+
+
+def test_footer_schema_is_what_spark_infers(spark, small_inputs):
+    """The DDL read from the first file's footer gives the schema Spark's own inference
+    gives (timestamps without a zone as timestamp_ntz)."""
+    path = first_file(small_inputs["parquet"])
+    inferred = spark.read.parquet(path).select(*NAMES).schema
+    ddl = parquet_ddl(spark, path, NAMES)
+    assert ddl is not None
+    assert spark.read.schema(ddl).parquet(path).schema == inferred
+    assert "`TX_DATETIME` timestamp_ntz" in ddl
+
+
+@pytest.mark.parametrize(
+    ("arrow_type", "expected"),
+    [
+        (pa.string(), "`TX_AMOUNT` string"),  # text values: validation parses them
+        (pa.timestamp("us", tz="UTC"), "`TX_AMOUNT` timestamp"),
+        (pa.timestamp("ns"), None),  # Spark's own rules apply
+        (pa.decimal128(10, 2), None),
+    ],
+)
+def test_footer_schema_of_other_types(spark, tmp_path, arrow_type, expected):
+    path = tmp_path / "one.parquet"
+    pq.write_table(pa.table({"TX_AMOUNT": pa.array([None], arrow_type)}), path)
+    assert parquet_ddl(spark, str(path), ["TX_AMOUNT"]) == expected
+
+
+def test_footer_schema_gives_way_to_spark_when_unsure(spark, tmp_path, small_inputs):
+    assert parquet_ddl(spark, first_file(small_inputs["parquet"]), ["NO_SUCH"]) is None
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"not parquet")
+    assert parquet_ddl(spark, str(broken), ["TX_AMOUNT"]) is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [0, -(2**63), 2**63 - 1, dt.date(2026, 2, 28), "plain", "it's", "back\\slash\\'", "é\n\t"],
+)
+def test_sql_literal_reads_back_as_the_same_value(spark, value):
+    literal = sql_literal(value)
+    assert literal is not None
+    assert spark.sql(f"SELECT {literal} AS v").first()["v"] == value
+
+
+def test_sql_literal_refuses_other_types():
+    assert sql_literal(True) is None
+    assert sql_literal(1.5) is None
+    assert sql_literal(dt.datetime(2026, 1, 1)) is None
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        pd.DataFrame({"k": [1, 3, 5, 10**12]}),
+        pd.DataFrame({"k": [dt.date(2026, 1, 2), dt.date(2026, 1, 4)]}),
+        pd.DataFrame({"k": ["a'b", "c\\d", "plain"]}),
+    ],
+)
+def test_public_filter_as_sql_text_equals_the_semi_join(spark, monkeypatch, keys):
+    values = keys["k"].tolist()
+    others = [1_000, dt.date(2027, 1, 1), "other"]
+    candidates = values + [o for o in others if type(o) is type(values[0])]
+    rows = spark.createDataFrame(
+        pd.DataFrame({"k": candidates * 2, "n": range(len(candidates) * 2)})
+    )
+    by_text = keep_public(rows, ["k"], keys)
+    assert re.search(r"\bIN\b", by_text._jdf.queryExecution().analyzed().toString())
+    monkeypatch.setattr(spark_engine, "INSET_MAX_KEYS", 0)  # the semi-join path
+    by_join = keep_public(rows, ["k"], keys)
+    assert "LeftSemi" in by_join._jdf.queryExecution().analyzed().toString()
+    kept_text = sorted(r["n"] for r in by_text.collect())
+    assert kept_text == sorted(r["n"] for r in by_join.collect())
+    assert len(kept_text) == 2 * len(values)
+
+
+def test_bounding_shuffles_rows_once_by_privacy_unit(spark):
+    """The plan's exchanges: the rows by privacy unit (serving both Linf and L0 bounding, so
+    the per-unit ranking needs no exchange of its own), then the pair aggregates by key."""
+    spec = build_spec(
+        {},
+        {
+            "input.path": "unused",
+            "output": "unused",
+            "metrics": ["count", "sum"],
+            "bounds.max_partitions_contributed": 2,
+            "bounds.max_contributions_per_partition": 2,
+            "bounds.min_value": 0.0,
+            "bounds.max_value": 10.0,
+        },
+    )
+    rows = spark.createDataFrame(
+        pd.DataFrame({"CUSTOMER_ID": [1, 1, 2], "TERMINAL_ID": [7, 8, 7], "TX_AMOUNT": [1.0] * 3})
+    )
+    aggregates = bound_and_aggregate(rows, task_for(spec.query_specs[0]), "CUSTOMER_ID")
+    plan = aggregates._jdf.queryExecution().executedPlan().toString()
+    exchanges = re.findall(r"Exchange hashpartitioning\((\w+)#", plan)
+    assert exchanges == ["TERMINAL_ID", "CUSTOMER_ID"], plan  # top of the plan first
+    assert "ObjectHashAggregate" in plan and "Window" in plan
+    assert aggregates.agg(F.sum("count")).first()[0] == 3
