@@ -450,3 +450,28 @@ def test_help(command, words):
     assert result.stdout.startswith("usage: dppipeline")
     for word in words:
         assert word in result.stdout
+
+
+def test_spark_without_java_fails_in_one_line(tmp_path, small_inputs):
+    """The JVM starts in the background before the heavy imports; when Java is missing, the
+    error from that thread still reaches the user as one line, exit 2, and nothing is written."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DPPIPELINE_DEBUG", "JAVA_HOME")}
+    env["PATH"] = str(tmp_path / "no-java")  # an empty PATH: no `java` anywhere
+    output = tmp_path / "release"
+    argv = ["run", "--engine", "spark", "--input", small_inputs["parquet"], "--output", output]
+    result = subprocess.run(
+        [sys.executable, "-m", "dppipeline", *map(str, argv), "--metrics", "count", "--no-ledger"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in stderr_lines(result) if "error" in line]
+    assert errors == [
+        "dppipeline run: error: --engine spark needs Java 17 or newer: install a JDK and put "
+        "`java` on PATH or set JAVA_HOME"
+    ]
+    assert "Traceback" not in result.stderr
+    assert not output.exists()

@@ -98,15 +98,16 @@ def get_spark(
 
 
 class _BackgroundStart:
-    """`get_spark()` on a daemon thread (a daemon, so that a usage error found meanwhile exits at
-    once instead of waiting for the JVM): the JVM's start (5 s or more) overlaps the imports and
-    the budget planning, which need no Spark."""
+    """`get_spark()` on a thread of its own: the JVM's start (5 s or more) overlaps the imports
+    and the budget planning, which need no Spark. Not a daemon: a run that ends without Spark
+    (an error, or a release the ledger already holds) waits for the start to finish before the
+    interpreter exits; a session cut off mid-start made spark-submit fail the rerun."""
 
     def __init__(self) -> None:
         self._done = threading.Event()
         self._session: Any = None
         self._error: BaseException | None = None
-        threading.Thread(target=self._start, name="spark-start", daemon=True).start()
+        threading.Thread(target=self._start, name="spark-start").start()
 
     def _start(self) -> None:
         try:
