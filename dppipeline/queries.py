@@ -116,9 +116,9 @@ class JobTasks:
 def input_schema(unit: str, tasks: Sequence[AggregationTask]) -> Schema:
     """The input columns a job reads, and so the only ones every engine validates: the
     privacy unit, each task's key sources, the values it aggregates and its filter's columns.
-    A column the job does not name is never read (Parquet is columnar: at 20M rows the two
-    columns this job never uses held 62% of the bytes), and a bad value in one cannot reject
-    a row the release depends on."""
+    A column the job does not name is never read (Parquet is columnar: in the benchmark's
+    files the two columns the terminal job never uses hold 62% of the bytes), and a bad value
+    in one cannot take a row out of the release."""
     names = {unit}
     for task in tasks:
         names.update(key.source for key in task.keys)
