@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from dppipeline.errors import SpecError, UsageError
+from dppipeline.errors import SpecError, UsageError, excerpt
 
 METRICS = ("count", "sum", "mean", "variance", "privacy_id_count")
 # percentile(p), 0 <= p <= 100, is the parametrised metric; percentile(100) is a DP maximum.
@@ -32,6 +32,18 @@ INPUT_RANGE = "input_range"  # public keys of a time bucket: every bucket of the
 NOISE_KINDS = ("laplace", "gaussian")
 SELECTION_STRATEGIES = ("truncated_geometric", "laplace_thresholding", "gaussian_thresholding")
 INPUT_FORMATS = ("parquet", "csv")
+
+# Numeric limits, found by trying PyDP 1.1.5 / pipeline-dp 0.3.1 and float64 sums (see the
+# field docs; `core/budget.py` checks each mechanism of a plan against PyDP as well).
+MIN_EPSILON = 2.0**-50  # PyDP refuses a mechanism's epsilon below 2^-50 (~8.9e-16)
+MIN_DELTA = 1e-100  # a non-zero delta below: PyDP's selection probabilities turn inf or 0
+MAX_INT_PARAM = 2**31 - 1  # PyDP takes L0, Linf and pre_threshold as a C++ int
+MAX_ABS_BOUND = 1e15  # clipping bounds: sums stay finite, sensitivities far from PyDP's limits
+MIN_BOUND_WIDTH = 1e-100  # max - min: PyDP's Gaussian hangs on sensitivities near 1e-308
+MAX_WINDOW_DAYS = 36_525  # 100 years of data days
+MAX_RANGE_KEYS = 1_000_000  # public keys an 'A..B' range may list
+MAX_NAME_CHARS = 100  # job, query and column names (a release folder is named after them)
+_COLUMN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _doc(text: str) -> dict[str, str]:
@@ -81,12 +93,18 @@ class BudgetSpec:
     """The privacy budget of the whole run: all metrics and partition selection together."""
 
     epsilon: float = field(
-        default=1.0, metadata=_doc("Total epsilon of the release (> 0); smaller = more noise.")
+        default=1.0,
+        metadata=_doc(
+            "Total epsilon of the release, finite and >= 2^-50 (~8.9e-16); smaller = more "
+            "noise. Each mechanism's share must be >= 2^-50 too (PyDP's minimum), and Gaussian "
+            "noise needs a share <= 709.78 (above it PyDP's sigma collapses to zero)."
+        ),
     )
     delta: float = field(
         default=1e-6,
         metadata=_doc(
-            "Total delta in [0, 1); needed (> 0) for Gaussian noise or private selection."
+            "Total delta: 0, or in [1e-100, 1); needed (> 0) for Gaussian noise or private "
+            "selection (below 1e-100 PyDP's selection probabilities break down)."
         ),
     )
 
@@ -98,40 +116,56 @@ class BudgetSpec:
         ),
     )
     cap_epsilon: float | None = field(
-        default=None, metadata=_doc("Ledger cap on the scope's total epsilon (unset: no cap).")
+        default=None,
+        metadata=_doc("Ledger cap on the scope's total epsilon, finite, >= 0 (unset: no cap)."),
     )
     cap_delta: float | None = field(
-        default=None, metadata=_doc("Ledger cap on the scope's total delta (unset: no cap).")
+        default=None,
+        metadata=_doc("Ledger cap on the scope's total delta, in [0, 1] (unset: no cap)."),
     )
     window_days: int | None = field(
         default=None,
-        metadata=_doc("Caps hold per rolling window of this many data days (unset: all time)."),
+        metadata=_doc(
+            f"Caps hold per rolling window of this many data days, 1 to {MAX_WINDOW_DAYS:,} "
+            "(unset: all time)."
+        ),
     )
 
     def __post_init__(self) -> None:
-        for name in ("cap_epsilon", "cap_delta"):
-            value = getattr(self, name)
-            if value is not None:
-                number = _number(f"budget.{name}", value)
-                if number < 0:
-                    raise SpecError(f"budget.{name}", f"must be >= 0, got {value!r}")
-                object.__setattr__(self, name, number)
-        if self.window_days is not None and (
-            isinstance(self.window_days, bool)
-            or not isinstance(self.window_days, int)
-            or self.window_days < 1
-        ):
-            raise SpecError(
-                "budget.window_days", f"must be an integer >= 1, got {self.window_days!r}"
+        if self.cap_epsilon is not None:
+            cap = _number("budget.cap_epsilon", self.cap_epsilon)
+            if not 0 <= cap < math.inf:
+                raise SpecError(
+                    "budget.cap_epsilon", f"must be >= 0 and finite, got {excerpt(cap)}"
+                )
+            object.__setattr__(self, "cap_epsilon", cap)
+        if self.cap_delta is not None:
+            object.__setattr__(
+                self, "cap_delta", _number_in("budget.cap_delta", self.cap_delta, 0.0, 1.0)
             )
+        if self.window_days is not None:
+            _integer_in("budget.window_days", self.window_days, 1, MAX_WINDOW_DAYS)
         if self.scope is not None and (not isinstance(self.scope, str) or not self.scope):
-            raise SpecError("budget.scope", f"must be a non-empty name, got {self.scope!r}")
+            raise SpecError("budget.scope", f"must be a non-empty name, got {excerpt(self.scope)}")
         eps = _number("budget.epsilon", self.epsilon)
         if not eps > 0 or math.isinf(eps):
-            raise SpecError("budget.epsilon", f"must be > 0 and finite, got {self.epsilon!r}")
+            raise SpecError(
+                "budget.epsilon", f"must be > 0 and finite, got {excerpt(self.epsilon)}"
+            )
+        if eps < MIN_EPSILON:
+            raise SpecError(
+                "budget.epsilon",
+                f"must be >= 2^-50 (~{MIN_EPSILON:.2g}), PyDP's smallest epsilon, got {eps:g}",
+            )
         delta = _number("budget.delta", self.delta)
         if not 0 <= delta < 1:
-            raise SpecError("budget.delta", f"must be in [0, 1), got {self.delta!r}")
+            raise SpecError("budget.delta", f"must be in [0, 1), got {excerpt(self.delta)}")
+        if 0 < delta < MIN_DELTA:
+            raise SpecError(
+                "budget.delta",
+                f"must be 0 or >= {MIN_DELTA:g} (PyDP's selection probabilities break down "
+                f"below), got {delta:g}",
+            )
         object.__setattr__(self, "epsilon", eps)
         object.__setattr__(self, "delta", delta)
 
@@ -142,32 +176,51 @@ class BoundsSpec:
 
     max_partitions_contributed: int = field(
         default=1,
-        metadata=_doc("L0: partitions kept per privacy unit (sampled uniformly when more)."),
+        metadata=_doc(
+            "L0: partitions kept per privacy unit (sampled uniformly when more); an integer "
+            f"from 1 to {MAX_INT_PARAM:,} (PyDP's C++ int), with percentiles to "
+            f"{MAX_INT_PARAM // 4:,} (its quantile tree multiplies L0 by its height, 4)."
+        ),
     )
     max_contributions_per_partition: int = field(
         default=1,
-        metadata=_doc("Linf: rows kept per privacy unit and partition (sampled uniformly)."),
+        metadata=_doc(
+            "Linf: rows kept per privacy unit and partition (sampled uniformly); an integer "
+            f"from 1 to {MAX_INT_PARAM:,} (PyDP's C++ int)."
+        ),
     )
     min_value: float | None = field(
         default=None,
-        metadata=_doc("Values are clipped to [min_value, max_value] (sum, mean, variance, ...)."),
+        metadata=_doc(
+            "Values are clipped to [min_value, max_value] (sum, mean, variance, ...); both "
+            f"within +-{MAX_ABS_BOUND:g}, so that float64 sums stay finite and sensitivities "
+            "stay far below what PyDP refuses (~1e306) or hangs on."
+        ),
     )
     max_value: float | None = field(
         default=None,
-        metadata=_doc("Upper clipping bound; required for every metric of the value."),
+        metadata=_doc(
+            f"Upper clipping bound, at least {MIN_BOUND_WIDTH:g} above min_value (the "
+            "variance's sensitivity, width^2/8, must stay far above the ~1e-308 on which "
+            "PyDP's Gaussian hangs); required for every metric of the value."
+        ),
     )
 
     def __post_init__(self) -> None:
         for name in ("max_partitions_contributed", "max_contributions_per_partition"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SpecError(f"bounds.{name}", f"must be an integer >= 1, got {value!r}")
+            _integer_in(f"bounds.{name}", getattr(self, name), 1, MAX_INT_PARAM)
         for name in ("min_value", "max_value"):
             value = getattr(self, name)
             if value is not None:
                 number = _number(f"bounds.{name}", value)
                 if not math.isfinite(number):
-                    raise SpecError(f"bounds.{name}", f"must be finite, got {value!r}")
+                    raise SpecError(f"bounds.{name}", f"must be finite, got {excerpt(value)}")
+                if abs(number) > MAX_ABS_BOUND:
+                    raise SpecError(
+                        f"bounds.{name}",
+                        f"must be within +-{MAX_ABS_BOUND:g} (float64 sums and PyDP's "
+                        f"sensitivity limits), got {number:g}",
+                    )
                 object.__setattr__(self, name, number)
         if (self.min_value is None) != (self.max_value is None):
             missing = "min_value" if self.min_value is None else "max_value"
@@ -183,6 +236,13 @@ class BoundsSpec:
                     "bounds.min_value",
                     f"must be < bounds.max_value (both {self.min_value}): an empty range "
                     "carries no information",
+                )
+            if self.max_value - self.min_value < MIN_BOUND_WIDTH:
+                raise SpecError(
+                    "bounds.max_value",
+                    f"must be at least {MIN_BOUND_WIDTH:g} above bounds.min_value (PyDP's "
+                    f"Gaussian noise hangs on tinier sensitivities), got [{self.min_value:g}, "
+                    f"{self.max_value:g}]",
                 )
 
 
@@ -205,7 +265,10 @@ class SelectionSpec:
     )
     pre_threshold: int | None = field(
         default=None,
-        metadata=_doc("Private selection: never release a partition with fewer privacy units."),
+        metadata=_doc(
+            "Private selection: never release a partition with fewer privacy units; an "
+            f"integer from 1 to {MAX_INT_PARAM:,} (PyDP's C++ int)."
+        ),
     )
 
     def __post_init__(self) -> None:
@@ -214,16 +277,11 @@ class SelectionSpec:
             object.__setattr__(self, "public_partitions", dict(self.public_partitions))
         else:
             _path_as_text(self, "public_partitions", "partition_selection.public_partitions")
+            if isinstance(self.public_partitions, str):
+                _check_range("partition_selection.public_partitions", self.public_partitions)
         _one_of("partition_selection.strategy", self.strategy, SELECTION_STRATEGIES)
-        if self.pre_threshold is not None and (
-            isinstance(self.pre_threshold, bool)
-            or not isinstance(self.pre_threshold, int)
-            or self.pre_threshold < 1
-        ):
-            raise SpecError(
-                "partition_selection.pre_threshold",
-                f"must be an integer >= 1, got {self.pre_threshold!r}",
-            )
+        if self.pre_threshold is not None:
+            _integer_in("partition_selection.pre_threshold", self.pre_threshold, 1, MAX_INT_PARAM)
 
     @property
     def is_public(self) -> bool:
@@ -236,19 +294,39 @@ def _check_key_sources(sources: Mapping[str, Any]) -> None:
     if not sources:
         raise SpecError(where, "must name at least one key column")
     for column, source in sources.items():
+        _column(where, column)
         if isinstance(source, list | tuple):
             if not source:
                 raise SpecError(f"{where}.{column}", "must list at least one key")
             if any(isinstance(v, bool | dict | list) or v is None for v in source):
-                raise SpecError(f"{where}.{column}", f"must list plain keys, got {source!r}")
+                raise SpecError(f"{where}.{column}", f"must list plain keys, got {excerpt(source)}")
         elif not isinstance(source, str | Path) or not str(source):
             raise SpecError(
                 f"{where}.{column}",
-                f"must be a file, a range 'A..B', {INPUT_RANGE!r} or a list; got {source!r}",
+                f"must be a file, a range 'A..B', {INPUT_RANGE!r} or a list; got {excerpt(source)}",
             )
-        match = _RANGE.match(str(source)) if isinstance(source, str) else None
-        if match and int(match.group(1)) > int(match.group(2)):
-            raise SpecError(f"{where}.{column}", f"range {source!r} is empty (A > B)")
+        if isinstance(source, str):
+            _check_range(f"{where}.{column}", source)
+
+
+def _check_range(where: str, source: str) -> None:
+    """An integer range 'A..B' of public keys: int64 bounds, A <= B, at most MAX_RANGE_KEYS
+    keys (they are listed one by one)."""
+    match = _RANGE.match(source)
+    if not match:
+        return
+    if max(len(match.group(1)), len(match.group(2))) > 20:
+        raise SpecError(where, f"range {excerpt(source)} must have int64 bounds")
+    low, high = int(match.group(1)), int(match.group(2))
+    if low > high:
+        raise SpecError(where, f"range {excerpt(source)} is empty (A > B)")
+    if low < -(2**63) or high > 2**63 - 1:
+        raise SpecError(where, f"range {excerpt(source)} must have int64 bounds")
+    if high - low + 1 > MAX_RANGE_KEYS:
+        raise SpecError(
+            where,
+            f"range {excerpt(source)} lists more than {MAX_RANGE_KEYS:,} keys; use a key file",
+        )
 
 
 def parse_metric(name: Any, where: str = "metrics") -> str:
@@ -265,7 +343,8 @@ def parse_metric(name: Any, where: str = "metrics") -> str:
             return f"percentile({p:g})"
     raise SpecError(
         where,
-        f"must be one of {', '.join(METRICS)} or percentile(P) with 0 <= P <= 100; got {name!r}",
+        f"must be one of {', '.join(METRICS)} or percentile(P) with 0 <= P <= 100; "
+        f"got {excerpt(name)}",
     )
 
 
@@ -285,12 +364,12 @@ def _metrics_tuple(value: Any, where: str) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [m.strip() for m in re.split(r",(?![^(]*\))", value) if m.strip()]
     if not isinstance(value, list | tuple):
-        raise SpecError(where, f"must be a list of metric names, got {value!r}")
+        raise SpecError(where, f"must be a list of metric names, got {excerpt(value)}")
     metrics = tuple(parse_metric(m, where) for m in value)
     if not metrics:
         raise SpecError(where, "must name at least one metric")
     if len(set(metrics)) != len(metrics):
-        raise SpecError(where, f"lists a metric twice: {list(metrics)}")
+        raise SpecError(where, f"lists a metric twice: {excerpt(list(metrics))}")
     return metrics
 
 
@@ -319,7 +398,8 @@ class QuerySpec:
         default=None,
         metadata=_doc(
             'Rows the query reads, e.g. "TERMINAL_ID in 1..100 and TX_AMOUNT >= 25" '
-            "(comparisons, ranges, in, between, and/or/not)."
+            "(comparisons, ranges, in, between, and/or/not); at most 100,000 characters, 500 "
+            "conditions and 10,000 values per 'in' list."
         ),
     )
     bounds: BoundsSpec = field(
@@ -334,31 +414,38 @@ class QuerySpec:
     )
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", self.name):
+        if not _is_query_name(self.name):
             raise SpecError(
-                "name", f"must start with a letter, then letters, digits, _; got {self.name!r}"
+                "name",
+                "must start with a letter, then letters, digits, _ (at most "
+                f"{MAX_NAME_CHARS} characters); got {excerpt(self.name)}",
             )
         keys = self.partition_by
         if isinstance(keys, str):
             keys = (keys,)
-        if not isinstance(keys, list | tuple) or not all(isinstance(k, str) for k in keys):
-            raise SpecError("partition_by", f"must be a list of column names, got {keys!r}")
+        if not isinstance(keys, list | tuple):
+            raise SpecError("partition_by", f"must be a list of column names, got {excerpt(keys)}")
+        for key in keys:
+            _column("partition_by", key)
         if len(set(keys)) != len(keys):
-            raise SpecError("partition_by", f"lists a key twice: {list(keys)}")
+            raise SpecError("partition_by", f"lists a key twice: {excerpt(list(keys))}")
         object.__setattr__(self, "partition_by", tuple(keys))
         object.__setattr__(self, "metrics", _metrics_tuple(self.metrics, "metrics"))
-        if not isinstance(self.value, str) or not self.value:
-            raise SpecError("value", "must be a column name")
+        _column("value", self.value)
         if self.filter is not None:
             if not isinstance(self.filter, str) or not self.filter.strip():
-                raise SpecError("filter", f"must be a filter expression, got {self.filter!r}")
+                raise SpecError(
+                    "filter", f"must be a filter expression, got {excerpt(self.filter)}"
+                )
             from dppipeline.filters import parse_filter  # noqa: PLC0415
             from dppipeline.schemas import transactions_schema  # noqa: PLC0415
 
             parse_filter(self.filter, transactions_schema(), where="filter")
         weight = _number("budget_weight", self.budget_weight)
         if not weight > 0 or math.isinf(weight):
-            raise SpecError("budget_weight", f"must be > 0 and finite, got {self.budget_weight!r}")
+            raise SpecError(
+                "budget_weight", f"must be > 0 and finite, got {excerpt(self.budget_weight)}"
+            )
         object.__setattr__(self, "budget_weight", weight)
         if self.needs_value_bounds and self.bounds.min_value is None:
             raise SpecError(
@@ -379,7 +466,7 @@ class QuerySpec:
                 raise SpecError(
                     "partition_selection.public_partitions",
                     f"must give keys for exactly the partition_by columns "
-                    f"{list(self.partition_by)}, got {sorted(listed)}",
+                    f"{list(self.partition_by)}, got {excerpt(sorted(listed))}",
                 )
         elif (
             isinstance(selection.public_partitions, str)
@@ -448,18 +535,26 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         _path_as_text(self, "output", "output")
-        if not isinstance(self.name, str) or not self.name.replace("_", "").isalnum():
-            raise SpecError("name", f"must be letters, digits and underscores, got {self.name!r}")
+        if (
+            not isinstance(self.name, str)
+            or not self.name.replace("_", "").isalnum()
+            or len(self.name) > MAX_NAME_CHARS
+        ):
+            raise SpecError(
+                "name",
+                f"must be letters, digits and underscores (at most {MAX_NAME_CHARS} "
+                f"characters), got {excerpt(self.name)}",
+            )
         for name in ("privacy_unit", "partition_key", "value"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise SpecError(name, "must be a column name")
+            _column(name, getattr(self, name))
         if self.privacy_unit == self.partition_key:
             raise SpecError("partition_key", "must differ from privacy_unit")
         object.__setattr__(self, "metrics", _metrics_tuple(self.metrics, "metrics"))
         _one_of("noise", self.noise, NOISE_KINDS)
         if not isinstance(self.confidence_intervals, bool):
             raise SpecError(
-                "confidence_intervals", f"must be true or false, got {self.confidence_intervals!r}"
+                "confidence_intervals",
+                f"must be true or false, got {excerpt(self.confidence_intervals)}",
             )
         queries = tuple(self.queries)
         object.__setattr__(self, "queries", queries)
@@ -521,6 +616,25 @@ class JobSpec:
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def _is_query_name(name: Any) -> bool:
+    return (
+        isinstance(name, str)
+        and len(name) <= MAX_NAME_CHARS
+        and re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name) is not None
+    )
+
+
+def _column(field_name: str, value: Any) -> str:
+    """A column name: an identifier of at most MAX_NAME_CHARS characters."""
+    if not isinstance(value, str) or len(value) > MAX_NAME_CHARS or not _COLUMN.fullmatch(value):
+        raise SpecError(
+            field_name,
+            f"must be a column name (letters, digits, _; at most {MAX_NAME_CHARS} characters), "
+            f"got {excerpt(value)}",
+        )
+    return value
+
+
 def _check_queries(queries: tuple[QuerySpec, ...]) -> None:
     names = [q.name for q in queries]
     for name in names:
@@ -540,10 +654,7 @@ def spec_from_dict(raw: Mapping[str, Any], source: str = "job spec") -> JobSpec:
     """Builds a JobSpec from plain data (parsed YAML); unknown keys are errors, not ignored."""
     if not isinstance(raw, Mapping):
         raise SpecError(source, "must be a mapping of fields at the top level")
-    known = {f.name for f in fields(JobSpec)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise SpecError(unknown[0], f"unknown field (known: {', '.join(sorted(known))})")
+    _refuse_unknown("", raw, JobSpec)
     kwargs: dict[str, Any] = {}
     for key, value in raw.items():
         section = _SECTIONS.get(key)
@@ -569,18 +680,13 @@ def _queries_from_dict(raw_queries: Any, job: Mapping[str, Any]) -> tuple[QueryS
     """Queries from YAML (a list of mappings, each with a name), job fields as defaults."""
     if not isinstance(raw_queries, list) or not raw_queries:
         raise SpecError("queries", "must be a non-empty list of queries")
-    known = {f.name for f in fields(QuerySpec)}
     queries = []
     for position, raw in enumerate(raw_queries, start=1):
         if not isinstance(raw, Mapping):
             raise SpecError(f"queries[{position}]", "must be a mapping with a name")
         name = raw.get("name")
-        where = f"queries.{name}" if isinstance(name, str) else f"queries[{position}]"
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise SpecError(
-                f"{where}.{unknown[0]}", f"unknown field (known: {', '.join(sorted(known))})"
-            )
+        where = f"queries.{name}" if _is_query_name(name) else f"queries[{position}]"
+        _refuse_unknown(f"{where}.", raw, QuerySpec)
         kwargs: dict[str, Any] = {k: job[k] for k in _INHERITED if k in job and k not in raw}
         kwargs.update({k: v for k, v in raw.items() if k not in ("bounds", "partition_selection")})
         if "partition_by" not in raw:
@@ -615,13 +721,21 @@ def _section_from_dict(name: str, cls: type, value: Any) -> Any:
         return cls()
     if not isinstance(value, Mapping):
         raise SpecError(name, "must be a mapping")
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(value) - known)
-    if unknown:
-        raise SpecError(
-            f"{name}.{unknown[0]}", f"unknown field (known: {', '.join(sorted(known))})"
-        )
+    _refuse_unknown(f"{name}.", value, cls)
     return cls(**value)
+
+
+def _refuse_unknown(prefix: str, raw: Mapping[Any, Any], cls: type) -> None:
+    """SpecError naming the first key of `raw` that is not a field of `cls`."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted((k for k in raw if k not in known), key=str)
+    if unknown:
+        key = unknown[0]
+        named = key if isinstance(key, str) and _COLUMN.fullmatch(key) and len(key) <= 40 else None
+        raise SpecError(
+            f"{prefix}{named or excerpt(key)}",
+            f"unknown field (known: {', '.join(sorted(known))})",
+        )
 
 
 def budget_from_dict(raw: Any, source: str) -> BudgetSpec:
@@ -632,17 +746,40 @@ def budget_from_dict(raw: Any, source: str) -> BudgetSpec:
         raise SpecError(f"{source}: {exc.field}", exc.rule) from None
 
 
+MAX_SPEC_BYTES = 1 << 20  # 1 MiB: a job spec is a few kB; key lists belong in key files
+MAX_SPEC_VALUES = 100_000  # YAML values, every alias counted as the values it stands for
+MAX_SPEC_DEPTH = 32  # nesting of YAML collections (a spec needs 5)
+MAX_SPEC_INT_DIGITS = 40  # an integer literal longer than this is no spec value
+
+
 def load_raw(path: str | Path) -> dict[str, Any]:
-    """Reads a YAML job spec into plain data; errors say which file and where."""
+    """Reads a YAML job spec into plain data; errors say which file and where.
+
+    Bounded: at most MAX_SPEC_BYTES of UTF-8, MAX_SPEC_VALUES values once aliases are
+    expanded (a few hundred bytes of nested aliases can stand for billions), MAX_SPEC_DEPTH
+    levels; a key given twice in one mapping is an error, not "the last one wins".
+    """
     path = Path(path)
     try:
-        text = path.read_text()
+        with path.open("rb") as file:
+            data = file.read(MAX_SPEC_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"cannot read job spec {path}: {exc.strerror}") from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise UsageError(
+            f"{path}: a job spec may have at most {MAX_SPEC_BYTES:,} bytes; put long key "
+            "lists in a key file (partition_selection.public_partitions)"
+        )
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start + 1:,})") from None
     try:
         raw = yaml.load(text, Loader=_SpecLoader)
+    except _SpecYAMLError as exc:
+        raise UsageError(f"{path}: line {exc.line}: {exc.rule}") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise UsageError(f"{path}: not valid YAML{where}") from None
     if raw is None:
@@ -652,15 +789,102 @@ def load_raw(path: str | Path) -> dict[str, Any]:
     return resolve_paths(raw, path.resolve().parent)
 
 
+class _SpecYAMLError(yaml.YAMLError):
+    """A spec-specific YAML rule broken at a line (duplicate key, too many values, ...)."""
+
+    def __init__(self, rule: str, mark: yaml.Mark | None):
+        super().__init__(rule)
+        self.rule = rule
+        self.line = mark.line + 1 if mark is not None else 1
+
+
 class _SpecLoader(yaml.SafeLoader):
-    """SafeLoader that leaves dates as text, so `_parse_date` names the field of a bad one
-    (PyYAML itself raises a bare ValueError for `2026-02-30`)."""
+    """SafeLoader with the bounds of `load_raw`. Dates stay text, so `_parse_date` names the
+    field of a bad one (PyYAML itself raises a bare ValueError for `2026-02-30`)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+        self._depth += 1
+        try:
+            if self._depth > MAX_SPEC_DEPTH:
+                raise _SpecYAMLError(
+                    f"nested deeper than {MAX_SPEC_DEPTH} levels", self.peek_event().start_mark
+                )
+            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        finally:
+            self._depth -= 1
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        values = _expanded_values(node)
+        if values > MAX_SPEC_VALUES:
+            raise _SpecYAMLError(
+                f"aliases expand to {values:,} values, more than the {MAX_SPEC_VALUES:,} a job "
+                "spec may hold",
+                node.start_mark,
+            )
+        return super().construct_document(node)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                continue  # merge keys (<<) may be overridden; a complex key is PyYAML's error
+            key = self.construct_object(key_node)
+            if key in first_line:
+                raise _SpecYAMLError(
+                    f"key {excerpt(key)} given twice in one mapping (first at line "
+                    f"{first_line[key]})",
+                    key_node.start_mark,
+                )
+            first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        if len(str(node.value)) > MAX_SPEC_INT_DIGITS:
+            raise _SpecYAMLError(
+                f"an integer of {len(str(node.value)):,} characters; at most {MAX_SPEC_INT_DIGITS}",
+                node.start_mark,
+            )
+        return super().construct_yaml_int(node)  # type: ignore[no-any-return]
+
+    def construct_yaml_timestamp(self, node: yaml.ScalarNode) -> str:  # type: ignore[override]
+        return str(self.construct_scalar(node))  # an explicit !!timestamp stays text too
 
 
+_SpecLoader.add_constructor("tag:yaml.org,2002:int", _SpecLoader.construct_yaml_int)
+_SpecLoader.add_constructor("tag:yaml.org,2002:timestamp", _SpecLoader.construct_yaml_timestamp)
 _SpecLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+
+
+def _expanded_values(root: yaml.Node) -> int:
+    """How many values the document holds with every alias expanded, computed on the node
+    graph (an alias is the same node object again) in time linear in the text."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:
+            raise _SpecYAMLError("an alias refers to a collection that holds it", node.start_mark)
+        open_nodes.add(key)
+        if isinstance(node, yaml.SequenceNode):
+            total = 1 + sum(size(item) for item in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total = 1 + sum(size(k) + size(v) for k, v in node.value)
+        else:
+            total = 1
+        open_nodes.discard(key)
+        sizes[key] = total
+        return total
+
+    return size(root)
+
 
 _PATH_FIELDS = (("input", "path"), ("output",), ("partition_selection", "public_partitions"))
 
@@ -740,7 +964,7 @@ def _path_as_text(obj: object, attr: str, field_name: str) -> None:
     elif value == "":
         object.__setattr__(obj, attr, None)
     elif value is not None and not isinstance(value, str):
-        raise SpecError(field_name, f"must be a path, got {value!r}")
+        raise SpecError(field_name, f"must be a path, got {excerpt(value)}")
 
 
 def _parse_date(field_name: str, value: Any) -> dt.date:
@@ -751,16 +975,16 @@ def _parse_date(field_name: str, value: Any) -> dt.date:
             return dt.date.fromisoformat(value)
         except ValueError:
             pass
-    raise SpecError(field_name, f"must be a date YYYY-MM-DD, got {value!r}")
+    raise SpecError(field_name, f"must be a date YYYY-MM-DD, got {excerpt(value)}")
 
 
 def _number(field_name: str, value: Any) -> float:
     if isinstance(value, bool):
-        raise SpecError(field_name, f"must be a number, got {value!r}")
+        raise SpecError(field_name, f"must be a number, got {excerpt(value)}")
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise SpecError(field_name, f"must be a number, got {value!r}") from None
+        raise SpecError(field_name, f"must be a number, got {excerpt(value)}") from None
     if math.isnan(number):
         raise SpecError(field_name, "must be a number, got NaN")
     return number
@@ -769,13 +993,21 @@ def _number(field_name: str, value: Any) -> float:
 def _number_in(field_name: str, value: Any, low: float, high: float) -> float:
     number = _number(field_name, value)
     if not low <= number <= high:
-        raise SpecError(field_name, f"must be in [{low}, {high}], got {value!r}")
+        raise SpecError(field_name, f"must be in [{low}, {high}], got {excerpt(value)}")
     return number
+
+
+def _integer_in(field_name: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise SpecError(
+            field_name, f"must be an integer from {low:,} to {high:,}, got {excerpt(value)}"
+        )
+    return value
 
 
 def _one_of(field_name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise SpecError(field_name, f"must be one of {', '.join(allowed)}; got {value!r}")
+        raise SpecError(field_name, f"must be one of {', '.join(allowed)}; got {excerpt(value)}")
 
 
 def _jsonable(value: Any) -> Any:

@@ -34,9 +34,11 @@ import pipeline_dp
 from pipeline_dp import budget_accounting, dp_computations
 from pipeline_dp import partition_selection as pdp_partition_selection
 from pipeline_dp.aggregate_params import MechanismType
+from pydp.algorithms.quantile_tree import QuantileTree
+from scipy.special import log_ndtr
 
-from dppipeline.errors import UsageError
-from dppipeline.spec import JobSpec, QuerySpec, percentile_of
+from dppipeline.errors import SpecError, UsageError
+from dppipeline.spec import MIN_EPSILON, JobSpec, QuerySpec, percentile_of
 
 _NOISE_TYPES = {
     "laplace": MechanismType.LAPLACE,
@@ -372,8 +374,9 @@ def plan_job(
 
     plans = []
     for name, params, weight in queries:
+        where = _Where(name if prefix_names else None)
         mechanisms = [
-            _metric_budget(params, mechanism, kind, linf, spec)
+            _metric_budget(params, mechanism, kind, linf, spec, where=where)
             for mechanism, kind, linf, spec in requested[name]
         ]
         group = selection_of.get(name)
@@ -382,7 +385,7 @@ def plan_job(
         eps = math.fsum(m.epsilon for m in mechanisms)
         dlt = math.fsum(m.delta for m in mechanisms)
         plan = BudgetPlan(epsilon=eps, delta=dlt, params=params, mechanisms=tuple(mechanisms))
-        _check_selection_is_sound(plan)
+        _check_selection_is_sound(plan, where)
         plans.append(QueryPlan(name, weight, plan, None if group is None else group[0]))
     return JobPlan(epsilon, delta, tuple(plans), tuple(selections))
 
@@ -393,6 +396,8 @@ def _metric_budget(
     kind: str,
     linf: float,
     spec: budget_accounting.MechanismSpec,
+    *,
+    where: _Where,
 ) -> MechanismBudget:
     budget = MechanismBudget(
         name=name,
@@ -403,10 +408,137 @@ def _metric_budget(
         linf_sensitivity=linf,
         noise_stddev=None,
     )
+    _check_epsilon_share(budget, where)
+    if name == "percentile":
+        _check_percentile(params, budget, where)
     if name in NOT_ADDITIVE:
         return budget
-    std = float(budget.build_additive().std)
-    return MechanismBudget(**{**budget.__dict__, "noise_stddev": std})
+    return MechanismBudget(**{**budget.__dict__, "noise_stddev": _checked_std(budget, where)})
+
+
+# --- what PyDP can do: every mechanism is built and checked when the plan is made ------------
+#
+# Found by trying PyDP 1.1.5 (the spec's static limits keep most of these out of reach):
+# - every mechanism refuses an epsilon below 2^-50;
+# - Gaussian noise above an epsilon of ln(DBL_MAX) ~ 709.78 gets sigma 2.2e-308 (no noise at
+#   all), and at tiny epsilon with a tiny delta a sigma below the one its delta needs;
+# - Laplace refuses an L1 sensitivity near 1e307, Gaussian hangs on an L2 one near 5e307;
+# - the quantile tree multiplies L0 by its height (4) in a C++ int: L0 > 536,870,911 fails;
+# - truncated geometric selection above an epsilon of ~709.78 says NaN for the probability of
+#   keeping a one-unit partition, and keeps none (never more than delta allows).
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Names the spec fields at fault in a plan error (a query's, in a multi-query job)."""
+
+    query: str | None
+
+    def field(self, name: str) -> str:
+        return (
+            name
+            if self.query is None or name.startswith("budget.")
+            else (f"queries.{self.query}.{name}")
+        )
+
+    def owner(self) -> str:
+        return f" of query {self.query}" if self.query is not None else ""
+
+    def mechanism(self, budget: MechanismBudget) -> str:
+        return f"the {budget.name} mechanism{self.owner()}"
+
+    def epsilon_advice(self) -> str:
+        if self.query is None:
+            return "raise budget.epsilon"
+        return f"raise budget.epsilon or queries.{self.query}.budget_weight"
+
+
+def _check_epsilon_share(budget: MechanismBudget, where: _Where) -> None:
+    if not budget.epsilon >= MIN_EPSILON:
+        raise SpecError(
+            "budget.epsilon",
+            f"gives {where.mechanism(budget)} an epsilon of {budget.epsilon:.3g}, below "
+            f"PyDP's smallest, 2^-50 (~{MIN_EPSILON:.2g}); {where.epsilon_advice()}",
+        )
+
+
+def _checked_std(budget: MechanismBudget, where: _Where) -> float:
+    """The std of the mechanism PyDP builds, refused unless finite, positive and (Gaussian)
+    large enough for the mechanism's delta by the analytic formula (Balle and Wang 2018)."""
+    try:
+        std = float(budget.build_additive().std)
+    except (RuntimeError, TypeError, ValueError, OverflowError):
+        raise SpecError(
+            where.field("bounds"),
+            f"PyDP refuses {where.mechanism(budget)} (L0 {budget.l0_sensitivity}, Linf "
+            f"sensitivity {budget.linf_sensitivity:g}, epsilon {budget.epsilon:g}); narrow "
+            "the bounds or lower L0 or Linf",
+        ) from None
+    if not (math.isfinite(std) and std > 0):
+        raise SpecError(
+            "budget.epsilon",
+            f"gives {where.mechanism(budget)} a noise std of {std:g}; PyDP cannot add such "
+            "noise: change budget.epsilon or the bounds",
+        )
+    if budget.kind == "gaussian":
+        l2 = math.sqrt(budget.l0_sensitivity) * budget.linf_sensitivity
+        actual = gaussian_delta(std, budget.epsilon, l2)
+        if not actual <= budget.delta * (1 + 1e-6):
+            advice = (
+                "lower budget.epsilon or use laplace noise"
+                if budget.epsilon > 1
+                else "raise budget.epsilon or budget.delta"
+            )
+            raise SpecError(
+                "budget.epsilon",
+                f"PyDP's Gaussian noise for {where.mechanism(budget)} at epsilon "
+                f"{budget.epsilon:.3g}, delta {budget.delta:.3g} has sigma {std:.3g}, which "
+                f"only gives delta {actual:.3g} (outside PyDP's numerical range); {advice}",
+            )
+    return std
+
+
+def gaussian_delta(sigma: float, epsilon: float, l2_sensitivity: float) -> float:
+    """The exact delta of the Gaussian mechanism at (sigma, epsilon): Balle and Wang (2018),
+    Theorem 8, in log space so that neither term overflows."""
+    a = l2_sensitivity / (2 * sigma)
+    b = epsilon * sigma / l2_sensitivity
+    first = float(log_ndtr(a - b))
+    second = epsilon + float(log_ndtr(-a - b))
+    return 0.0 if second >= first else math.exp(first) * -math.expm1(second - first)
+
+
+def _check_percentile(params: AggregationParams, budget: MechanismBudget, where: _Where) -> None:
+    """PyDP's quantile tree takes L0 times its height as a C++ int; a dry run (no data, noise
+    drawn and thrown away) shows it accepts the rest."""
+    from dppipeline.core.release import BRANCHING_FACTOR, TREE_HEIGHT  # noqa: PLC0415 (cycle)
+
+    limit = (2**31 - 1) // TREE_HEIGHT
+    if params.max_partitions_contributed > limit:
+        raise SpecError(
+            where.field("bounds.max_partitions_contributed"),
+            f"must be at most {limit:,} with percentile metrics (PyDP's quantile tree "
+            f"multiplies it by its height, {TREE_HEIGHT}, in a C++ int), got "
+            f"{params.max_partitions_contributed:,}",
+        )
+    assert params.min_value is not None and params.max_value is not None
+    try:
+        tree = QuantileTree(params.min_value, params.max_value, TREE_HEIGHT, BRANCHING_FACTOR)
+        found = dp_computations.compute_dp_quantiles(
+            tree,
+            budget.build_spec(),
+            [0.5],
+            params.max_partitions_contributed,
+            params.max_contributions_per_partition,
+        )
+    except (RuntimeError, TypeError, ValueError, OverflowError):
+        found = [math.nan]
+    if not all(math.isfinite(q) for q in found):
+        raise SpecError(
+            "budget.epsilon",
+            f"PyDP cannot compute percentiles with {where.mechanism(budget)} at epsilon "
+            f"{budget.epsilon:.3g} and bounds [{params.min_value:g}, {params.max_value:g}]",
+        )
 
 
 def plan_budget(params: AggregationParams, epsilon: float, delta: float) -> BudgetPlan:
@@ -414,21 +546,35 @@ def plan_budget(params: AggregationParams, epsilon: float, delta: float) -> Budg
     return plan_job([("query", params, 1.0)], epsilon, delta, prefix_names=False).queries[0].plan
 
 
-def _check_selection_is_sound(plan: BudgetPlan) -> None:
+def _check_selection_is_sound(plan: BudgetPlan, where: _Where) -> None:
     """Refuses a selection whose PyDP strategy would release a one-unit partition with
     probability above its delta: PyDP's Gaussian thresholding does so at large epsilon (seen
-    with epsilon >= 1000, delta 1e-6: probability 0.5), which would void the guarantee."""
+    with epsilon >= 1000, delta 1e-6: probability 0.5), and Laplace thresholding at 1e300,
+    which would void the guarantee. Truncated geometric's NaN (epsilon above ~709.78) is
+    sound: it then never keeps a one-unit partition (0 of 20,000 tries at 710 to 1e7)."""
     selection = plan.selection
     if selection is None:
         return
+    _check_epsilon_share(selection, where)
     p_one = selection.build_selection(plan.params.pre_threshold).probability_of_keep(1)
-    if p_one > selection.delta * (1 + 1e-9):
+    nan_is_sound = math.isnan(p_one) and selection.kind == "truncated_geometric"
+    if not (p_one <= selection.delta * (1 + 1e-9) or nan_is_sound):
         raise UsageError(
             f"partition_selection.strategy: {selection.kind} at epsilon={selection.epsilon:g} "
             f"releases a partition of one privacy unit with probability {p_one:.3g} > delta "
             f"{selection.delta:g} (numerical limit of the PyDP strategy); lower epsilon or use "
             "truncated_geometric"
         )
+    try:
+        privacy_units_needed(plan, 0.95)
+    except ValueError:
+        raise SpecError(
+            "budget.epsilon",
+            f"gives the partition selection{where.owner()} an epsilon of "
+            f"{selection.epsilon:.3g}: a partition would need more than 2^40 privacy units to "
+            "be released with probability 95%, so none would be; raise budget.epsilon or "
+            "give public partitions",
+        ) from None
 
 
 def privacy_units_needed(plan: BudgetPlan, probability: float) -> int | None:
@@ -440,14 +586,19 @@ def privacy_units_needed(plan: BudgetPlan, probability: float) -> int | None:
     if selection is None:
         return None
     strategy = selection.build_selection(plan.params.pre_threshold)
+
+    def keep(units: int) -> float:
+        p = strategy.probability_of_keep(units)
+        return 0.0 if math.isnan(p) else p  # NaN: truncated geometric keeps none (see above)
+
     low, high = 1, 1
-    while strategy.probability_of_keep(high) < probability:
+    while keep(high) < probability:
         low, high = high, high * 2
         if high > 1 << 40:
             raise ValueError("no partition size reaches that release probability")
     while low < high:
         mid = (low + high) // 2
-        if strategy.probability_of_keep(mid) >= probability:
+        if keep(mid) >= probability:
             high = mid
         else:
             low = mid + 1

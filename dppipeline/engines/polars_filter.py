@@ -30,8 +30,8 @@ class _PolarsBuilder:
     def literal(self, value: Value) -> pl.Expr:
         return pl.lit(value, dtype=_dtype(value))
 
-    def is_in(self, column: pl.Expr, values: tuple[Value, ...]) -> pl.Expr:
-        return column.is_in(pl.lit(pl.Series(values, dtype=_dtype(values[0]))).implode())
+    def is_in(self, name: str, values: tuple[Value, ...]) -> pl.Expr:
+        return pl.col(name).is_in(pl.lit(pl.Series(values, dtype=_dtype(values[0]))).implode())
 
     def between(self, column: pl.Expr, low: Value, high: Value) -> pl.Expr:
         return column.is_between(self.literal(low), self.literal(high), closed="both")
