@@ -1,7 +1,9 @@
 """`dppipeline generate | run | plan | budget | check-release | spec-doc`: the command line.
 
-Errors a user can fix print as one line on stderr, with no traceback: exit 2 for usage errors
-(flags, job spec), 1 for input errors. `DPPIPELINE_DEBUG=1` shows tracebacks.
+Every failure prints one line on stderr, with no traceback (`errors.describe_failure`): exit 2
+for usage errors (flags, job spec), 1 for input/output errors (data, files, a release already
+there), 3 for a budget the ledger refuses, 70 for a bug (any other exception: its type and
+place, never its message), 130 when interrupted. `DPPIPELINE_DEBUG=1` shows the traceback.
 """
 
 from __future__ import annotations
@@ -10,11 +12,20 @@ import argparse
 import datetime as dt
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from dppipeline.errors import DPPipelineError, SpecError, UsageError
+from dppipeline.errors import (
+    EXCERPT_CHARS,
+    SpecError,
+    UsageError,
+    describe_failure,
+    excerpt,
+    is_failure,
+    one_line,
+)
 
 # CLI flag -> job spec field (dotted YAML path). Flags override the YAML.
 FLAG_FIELDS: dict[str, str] = {
@@ -48,10 +59,28 @@ _FIELD_FLAGS = {field: "--" + flag.replace("_", "-") for flag, field in FLAG_FIE
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error as one line and exit code 2."""
+    """argparse that reports a usage error as one line and exit code 2, quoting what was
+    typed only as excerpts; `-1e308` is a number, not an unknown flag."""
+
+    typed: tuple[str, ...] = ()  # the command line being parsed (set by `main`)
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        line = _excerpted(f"{self.prog}: error: {message} (see {self.prog} --help)", self.typed)
+        self.exit(2, line + "\n")
+
+
+def _excerpted(message: str, typed: Sequence[str]) -> str:
+    """The message as one line, every long or unprintable argument it repeats cut to its
+    excerpt (argparse and some messages quote a value whole)."""
+    for arg in sorted(set(typed), key=len, reverse=True):
+        if len(arg) > EXCERPT_CHARS or not arg.isprintable():
+            short = excerpt(arg)
+            message = message.replace(repr(arg), short).replace(arg, short)
+    return one_line(message)
 
 
 def _date(text: str) -> dt.date:
@@ -487,6 +516,7 @@ def _dashed_flags(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = _dashed_flags(sys.argv[1:] if argv is None else argv, parser)
+    _Parser.typed = tuple(argv)
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "run":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -500,14 +530,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger().addFilter(lambda record: "apitools" not in record.getMessage())
     try:
         return COMMANDS[args.command](args)
-    except DPPipelineError as exc:  # includes a refused engine option (UsageError, exit 2)
-        if os.environ.get("DPPIPELINE_DEBUG"):
-            raise
-        print(f"dppipeline {args.command}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
     except KeyboardInterrupt:
         print(f"dppipeline {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BaseException as exc:  # every failure ends as one line (a bug included)
+        if not is_failure(exc) or os.environ.get("DPPIPELINE_DEBUG"):
+            raise
+        code, message = describe_failure(exc)
+        line = _excerpted(f"dppipeline {args.command}: error: {message}", argv)
+        print(line, file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -101,6 +101,12 @@ def _escape(ch: str) -> str:
 # --- any failure as one line -----------------------------------------------------------------
 
 
+def is_failure(exc: BaseException) -> bool:
+    """An exception the CLI reports as a failure: any Exception, and a Rust panic from Polars
+    (pyo3's PanicException derives from BaseException); not an exit, Ctrl-C or a signal."""
+    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
+
+
 def describe_failure(exc: BaseException) -> tuple[int, str]:
     """(exit code, one-line message) for an exception that reached the CLI.
 

@@ -789,6 +789,10 @@ def load_raw(path: str | Path) -> dict[str, Any]:
     return resolve_paths(raw, path.resolve().parent)
 
 
+# What PyYAML's constructors raise for a value that does not fit its explicit tag.
+_CONSTRUCTOR_ERRORS = (ValueError, KeyError, IndexError, TypeError, OverflowError)
+
+
 class _SpecYAMLError(yaml.YAMLError):
     """A spec-specific YAML rule broken at a line (duplicate key, too many values, ...)."""
 
@@ -823,9 +827,14 @@ class _SpecLoader(yaml.SafeLoader):
                 "spec may hold",
                 node.start_mark,
             )
-        return super().construct_document(node)
+        try:
+            return super().construct_document(node)
+        except _CONSTRUCTOR_ERRORS:  # raised in a collection's deferred second step
+            raise _SpecYAMLError("a value that does not fit its tag", node.start_mark) from None
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if not isinstance(node, yaml.MappingNode):  # `!!map [a]`: PyYAML's error
+            return super().construct_mapping(node, deep=deep)
         first_line: dict[Any, int] = {}
         for key_node, _ in node.value:
             if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
@@ -840,8 +849,19 @@ class _SpecLoader(yaml.SafeLoader):
             first_line[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)
 
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        """PyYAML's constructors raise ValueError, KeyError or IndexError for a value that
+        does not fit an explicit tag (`!!int 0x{}`, `!!bool maybe`, `!!float ''`)."""
+        try:
+            return super().construct_object(node, deep=deep)
+        except _CONSTRUCTOR_ERRORS:
+            tag = node.tag.rsplit(":", 1)[-1]
+            raise _SpecYAMLError(
+                f"a value that is not a valid {excerpt(tag)}", node.start_mark
+            ) from None
+
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
-        if len(str(node.value)) > MAX_SPEC_INT_DIGITS:
+        if isinstance(node.value, str) and len(node.value) > MAX_SPEC_INT_DIGITS:
             raise _SpecYAMLError(
                 f"an integer of {len(str(node.value)):,} characters; at most {MAX_SPEC_INT_DIGITS}",
                 node.start_mark,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import datetime as dt
+import math
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,9 @@ from dppipeline.errors import SpecError
 from dppipeline.filters import (
     INT64_MAX,
     INT64_MIN,
+    MAX_FILTER_CHARS,
+    MAX_FILTER_TERMS,
+    MAX_IN_VALUES,
     And,
     Compare,
     FilterExpr,
@@ -29,7 +33,9 @@ from dppipeline.filters import (
     Or,
     any_of,
     columns,
+    compile_filter,
     evaluate_row,
+    membership_form,
     parse_filter,
     to_text,
 )
@@ -602,3 +608,260 @@ def test_spark_equals_oracle_with_nulls(spark):
         expr = parse(text)
         kept = {r.TRANSACTION_ID for r in frame.where(to_spark(expr)).collect()}
         assert [r["TRANSACTION_ID"] in kept for r in rows] == oracle(expr, rows), text
+
+
+# --- size limits, set membership and balanced trees ----------------------------------------
+
+
+def or_chain(n: int, template: str = "TERMINAL_ID = {i}") -> str:
+    return " or ".join(template.format(i=i) for i in range(n))
+
+
+@pytest.mark.parametrize(
+    ("text", "position", "words"),
+    [
+        pytest.param(
+            "TX_AMOUNT > 1 and " + " " * MAX_FILTER_CHARS,
+            f"{MAX_FILTER_CHARS + 1:,}",
+            f"at most {MAX_FILTER_CHARS:,}",
+            id="text",
+        ),
+        pytest.param(
+            or_chain(MAX_FILTER_TERMS + 1, "TX_AMOUNT < {i}"),
+            f"{len(or_chain(MAX_FILTER_TERMS, 'TX_AMOUNT < {i}')) + 5:,}",
+            f"more than {MAX_FILTER_TERMS:,} conditions",
+            id="conditions",
+        ),
+        pytest.param(
+            "TERMINAL_ID in (" + ", ".join(str(i) for i in range(MAX_IN_VALUES + 1)) + ")",
+            f"{len('TERMINAL_ID in (') + len(', '.join(map(str, range(MAX_IN_VALUES)))) + 3:,}",
+            f"more than {MAX_IN_VALUES:,} values",
+            id="in-values",
+        ),
+    ],
+)
+def test_size_limits_are_one_line_errors_at_parse_time(text, position, words):
+    with pytest.raises(SpecError) as error:
+        parse(text)
+    assert error.value.field == WHERE
+    assert f"at position {position})" in error.value.rule
+    assert words in error.value.rule
+    assert "\n" not in error.value.rule
+    assert len(str(error.value)) < 300
+
+
+def test_filters_at_the_limits_parse():
+    assert isinstance(parse(or_chain(MAX_FILTER_TERMS, "TX_AMOUNT < {i}")), Or)
+    many = parse("TERMINAL_ID in (" + ", ".join(map(str, range(MAX_IN_VALUES))) + ")")
+    assert isinstance(many, InSet) and len(many.values) == MAX_IN_VALUES
+
+
+def test_a_long_identifier_is_quoted_as_an_excerpt():
+    with pytest.raises(SpecError) as error:
+        parse("X" * 90_000 + " = 1")
+    assert "unknown column 'XXXXXXXXXX" in error.value.rule
+    assert "(90,000 characters)" in error.value.rule
+    assert len(error.value.rule) < 300
+
+
+@pytest.mark.parametrize(
+    ("text", "form"),
+    [
+        ("TERMINAL_ID = 3 or TERMINAL_ID = 1", "TERMINAL_ID in (1, 3)"),
+        (
+            "TERMINAL_ID = 3 or TX_AMOUNT > 5 or TERMINAL_ID in (1, 2) or CHANNEL = 'a'",
+            "TERMINAL_ID in (1, 2, 3) or CHANNEL = 'a' or TX_AMOUNT > 5.0",
+        ),
+        (
+            "CHANNEL != 'a' and CHANNEL not in ('b', 'c') and TX_AMOUNT > 1",
+            "CHANNEL not in ('a', 'b', 'c') and TX_AMOUNT > 1.0",
+        ),
+        # not merged: `=` in an `and`, `!=` in an `or`, `not in` in an `or`
+        ("TERMINAL_ID = 1 and TERMINAL_ID = 2", "TERMINAL_ID = 1 and TERMINAL_ID = 2"),
+        ("TERMINAL_ID != 1 or TERMINAL_ID != 2", "TERMINAL_ID != 1 or TERMINAL_ID != 2"),
+        (
+            "TERMINAL_ID not in (1) or TERMINAL_ID = 2",
+            "TERMINAL_ID = 2 or TERMINAL_ID not in (1)",
+        ),
+        # nested: each `or` and `and` on its own
+        (
+            "TX_AMOUNT > 1 and (TERMINAL_ID = 1 or TERMINAL_ID = 2) and not "
+            "(CHANNEL = 'x' or CHANNEL = 'y')",
+            "TX_AMOUNT > 1.0 and TERMINAL_ID in (1, 2) and not (CHANNEL in ('x', 'y'))",
+        ),
+    ],
+)
+def test_membership_form_merges_equality_chains_into_sets(text, form):
+    assert to_text(membership_form(parse(text))) == form
+
+
+VALUES_WITH_NULLS = {
+    "TRANSACTION_ID": st.one_of(st.none(), st.integers(-3, 3)),
+    "TX_DATETIME": st.one_of(st.none(), st.sampled_from([at(), at(12), at(day=2)])),
+    "CUSTOMER_ID": st.one_of(st.none(), st.integers(-3, 3)),
+    "TERMINAL_ID": st.one_of(st.none(), st.integers(-3, 3)),
+    "TX_AMOUNT": st.one_of(st.none(), st.sampled_from([-0.0, 0.0, 1.5, 25.0, -7.0])),
+    "CHANNEL": st.one_of(st.none(), st.sampled_from(["", "a", "web"])),
+}
+SMALL_VALUES = {
+    "int64": st.integers(-3, 3),
+    "float64": st.sampled_from([0.0, -0.0, 1.5, 25.0]),
+    "string": st.sampled_from(["", "a", "web"]),
+    "timestamp[us]": st.sampled_from([at(), at(12), at(day=2)]),
+}
+
+
+def _equality(field: Field) -> st.SearchStrategy:
+    value = SMALL_VALUES[field.type]
+    return st.one_of(
+        st.builds(Compare, st.just(field.name), st.sampled_from(["=", "!=", "<"]), value),
+        st.builds(
+            InSet,
+            st.just(field.name),
+            st.lists(value, min_size=1, max_size=3).map(tuple),
+            st.booleans(),
+        ),
+    )
+
+
+CHAINS = st.recursive(
+    st.one_of([_equality(f) for f in SCHEMA.fields]),
+    lambda children: st.one_of(
+        st.lists(children, min_size=2, max_size=6).map(lambda xs: And(tuple(xs))),
+        st.lists(children, min_size=2, max_size=6).map(lambda xs: Or(tuple(xs))),
+        children.map(Not),
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(CHAINS, st.lists(st.fixed_dictionaries(VALUES_WITH_NULLS), min_size=1, max_size=8))
+def test_membership_form_keeps_every_rows_outcome(expr, rows):
+    """Same verdict (true, false or unknown) on every row, nulls included; and the form
+    is a filter like any other: its text parses back to it."""
+    form = membership_form(expr)
+    for row in rows:
+        assert filters_module._evaluate(form, row) == filters_module._evaluate(expr, row)
+    assert parse(to_text(form)) == form
+
+
+LARGE_FILTERS = {  # each keeps some rows, not all (odd terminals, for instance)
+    "or-of-equalities": " or ".join(f"TERMINAL_ID = {2 * i - 499}" for i in range(500)),
+    "in-10000": "TERMINAL_ID in (" + ", ".join(map(str, range(-10001, 9998, 2))) + ")",
+    "or-of-comparisons": " or ".join(f"TX_AMOUNT < {i - 400}.5" for i in range(500)),
+    "or-of-ranges": or_chain(MAX_FILTER_TERMS, "TX_AMOUNT between {i}.25 and {i}.75"),
+    "and-of-ors": " and ".join(
+        f"(TX_AMOUNT > {i % 150} or TERMINAL_ID != {i} or CUSTOMER_ID = {i})"
+        for i in range(MAX_FILTER_TERMS // 3)
+    ),
+    "or-of-timestamps": " or ".join(
+        f"TX_DATETIME = '2026-01-0{day} {hour:02d}:00:00'"
+        for day in (1, 2, 3)
+        for hour in range(24)
+    ),
+    "not-in-floats": " and ".join(f"TX_AMOUNT != {i}.0" for i in range(150)),
+}
+
+
+def test_large_filters_on_polars_equal_the_oracle(transactions):
+    rows = transactions.to_dicts()
+    for name, text in LARGE_FILTERS.items():
+        expr = parse(text)
+        expected = oracle(expr, rows)
+        assert 0 < sum(expected) < N_ROWS or name == "or-of-timestamps", name
+        assert _polars_kept(transactions, expr) == expected, name
+
+
+def test_an_equality_chain_is_one_is_in_on_polars():
+    compiled = str(to_polars(parse(LARGE_FILTERS["or-of-equalities"])))
+    assert compiled.count("is_in") == 1
+    assert "|" not in compiled
+
+
+class _Depth(int):
+    """A compiled expression that is only its nesting depth."""
+
+    def __or__(self, other):
+        return _Depth(max(self, other) + 1)
+
+    __and__ = __or__
+
+    def __invert__(self):
+        return _Depth(self + 1)
+
+
+class _DepthBuilder:
+    def column(self, name):
+        return _Depth(0)
+
+    def literal(self, value):
+        return _Depth(0)
+
+    def is_in(self, name, values):
+        return _Depth(1)
+
+    def between(self, column, low, high):
+        return _Depth(1)
+
+
+def test_and_or_compile_as_balanced_trees():
+    """A 500-term `or` of ranges nests 1 + log2(500) levels deep, not 500; so does an
+    `and` (and no Python recursion grows with the length either)."""
+    for joiner in (" or ", " and "):
+        text = joiner.join(f"TX_AMOUNT between {i} and {i}.5" for i in range(500))
+        assert compile_filter(parse(text), _DepthBuilder()) == 1 + math.ceil(math.log2(500))
+
+
+@pytest.mark.usefixtures("spark")
+def test_large_filters_on_spark_equal_polars_and_the_oracle(spark, transactions):
+    """No StackOverflowError (an `or` of 500 terms overflowed Spark's stack), the same rows
+    as Polars and the oracle, and an equality chain planned as one InSet, on every
+    literal type's SQL text (int, float, timestamp here; strings below)."""
+    from dppipeline.engines.spark_filter import to_spark
+
+    frame = spark.createDataFrame(transactions.to_pandas(), schema=to_spark_ddl(SCHEMA))
+    # Not all: Janino compiles the code of 500 ranges (1,000 comparisons) for 10 s or more.
+    names = ["or-of-equalities", "in-10000", "or-of-comparisons", "or-of-timestamps"]
+    exprs = {name: parse(LARGE_FILTERS[name]) for name in [*names, "not-in-floats"]}
+    result = (
+        frame.select(
+            "TRANSACTION_ID",
+            *[to_spark(e).alias(name.replace("-", "_")) for name, e in exprs.items()],
+        )
+        .toPandas()
+        .sort_values("TRANSACTION_ID", ignore_index=True)
+    )
+    rows = transactions.to_dicts()
+    for name, expr in exprs.items():
+        expected = oracle(expr, rows)
+        assert result[name.replace("-", "_")].tolist() == expected, name
+        assert _polars_kept(transactions, expr) == expected, name
+    scan = spark.range(10).withColumnRenamed("id", "TERMINAL_ID")  # not folded at planning
+    plan = scan.where(to_spark(exprs["or-of-equalities"]))._jdf.queryExecution()
+    assert "TERMINAL_ID#" in plan.optimizedPlan().toString()
+    assert " INSET " in plan.optimizedPlan().toString()
+    assert " OR " not in plan.optimizedPlan().toString()
+
+
+ODD_STRINGS = ["o'hare", "a\\b", 'say "hi"', "é", "", "tab\there", "\\'", "日本"]
+
+
+@pytest.mark.usefixtures("spark")
+@pytest.mark.parametrize("escaped", ["false", "true"])
+def test_spark_string_literals_mean_the_same_whatever_the_parser_setting(spark, escaped):
+    """Strings reach Spark as hex UTF-8 bytes: a quote, a backslash or any character is
+    matched exactly, with spark.sql.parser.escapedStringLiterals on or off."""
+    from dppipeline.engines.spark_filter import to_spark
+
+    previous = spark.conf.get("spark.sql.parser.escapedStringLiterals")
+    spark.conf.set("spark.sql.parser.escapedStringLiterals", escaped)
+    try:
+        frame = spark.createDataFrame([(s,) for s in [*ODD_STRINGS, "other"]], "CHANNEL string")
+        for value in ODD_STRINGS:
+            quoted = "'" + value.replace("'", "''") + "'"
+            for text in (f"CHANNEL = {quoted}", f"CHANNEL in ({quoted}, 'zz')"):
+                kept = [r.CHANNEL for r in frame.where(to_spark(parse(text))).collect()]
+                assert kept == [value], (text, kept)
+    finally:
+        spark.conf.set("spark.sql.parser.escapedStringLiterals", previous)

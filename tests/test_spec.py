@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime as dt
+import re
 from pathlib import Path
 
 import pytest
@@ -270,3 +271,259 @@ def test_dates_are_parsed():
     assert spec.input.start_date == dt.date(2026, 1, 2)
     assert spec.input.end_date == dt.date(2026, 1, 3)
     assert isinstance(spec.metrics, tuple)
+
+
+# --- bounded YAML: duplicate keys, aliases, size, depth ----------------------------------------
+
+
+def load_text(tmp_path: Path, text: str | bytes) -> dict:
+    path = tmp_path / "job.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return load_raw(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "line", "first"),
+    [
+        ("budget:\n  epsilon: 1\nmetrics: [count]\nbudget:\n  epsilon: 9\n", "'budget'", 4, 1),
+        ("budget:\n  epsilon: 1\n  delta: 0\n  epsilon: 9\n", "'epsilon'", 4, 2),
+        ("queries:\n  - {name: a, name: b}\n", "'name'", 2, 2),
+        ("1: x\n1: y\n", "1", 2, 1),
+    ],
+)
+def test_a_key_given_twice_is_an_error_naming_key_and_line(tmp_path, text, key, line, first):
+    with pytest.raises(UsageError) as info:
+        load_text(tmp_path, text)
+    message = str(info.value)
+    assert f"line {line}: key {key} given twice in one mapping (first at line {first})" in message
+    assert "job.yaml" in message
+
+
+def test_merge_keys_may_be_overridden(tmp_path):
+    raw = load_text(
+        tmp_path,
+        "base: &b {epsilon: 1, delta: 0.001}\nbudget:\n  <<: *b\n  epsilon: 2\n",
+    )
+    assert raw["budget"] == {"epsilon": 2, "delta": 0.001}
+
+
+def test_alias_bomb_is_refused_fast_and_in_one_short_line(tmp_path):
+    """Ten levels of nine aliases, 341 bytes: 9^10 values once expanded. PyYAML builds it as
+    a graph, cheaply; expanding it (a repr in an error, a deep copy) took minutes and GBs."""
+    levels = ["a: &a [x,x,x,x,x,x,x,x,x]"]
+    for i in range(1, 10):
+        name, prev = chr(97 + i), chr(96 + i)
+        levels.append(f"{name}: &{name} [{','.join(['*' + prev] * 9)}]")
+    text = "\n".join(levels) + "\nmetrics: *j\n"
+    assert len(text) < 400
+    with pytest.raises(UsageError) as info:
+        load_text(tmp_path, text)
+    message = str(info.value)
+    count = int(re.search(r"aliases expand to ([\d,]+) values", message).group(1).replace(",", ""))
+    assert count > 2 * 9**10  # j (9^10 x's and the lists holding them), once more as metrics
+    assert "more than the 100,000 a job spec may hold" in message
+    assert len(message) < 300
+
+
+def test_aliases_within_the_limit_still_work(tmp_path):
+    raw = load_text(tmp_path, "b: &b {min_value: 0, max_value: 10}\nbounds: *b\n")
+    assert raw["bounds"] == {"min_value": 0, "max_value": 10}
+
+
+def test_recursive_alias_is_refused(tmp_path):
+    with pytest.raises(UsageError, match="line 1: an alias refers to a collection that holds"):
+        load_text(tmp_path, "metrics: &a [count, *a]\n")
+
+
+def test_nesting_depth_is_bounded(tmp_path):
+    with pytest.raises(UsageError, match="nested deeper than 32 levels"):
+        load_text(tmp_path, "metrics: " + "[" * 500 + "]" * 500 + "\n")
+
+
+def test_file_size_is_bounded(tmp_path):
+    from dppipeline.spec import MAX_SPEC_BYTES
+
+    load_text(tmp_path, "name: x\n" + "#" * (MAX_SPEC_BYTES - 9) + "\n")  # at the limit: read
+    with pytest.raises(UsageError, match="at most 1,048,576 bytes"):
+        load_text(tmp_path, "name: x\n" + "#" * (MAX_SPEC_BYTES - 8) + "\n")
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (b"name: caf\xe9\n", "not UTF-8 text (byte 10)"),
+        (b"budget: {epsilon: " + b"9" * 5000 + b"}\n", "an integer of 5,000 characters"),
+        (b"input: {start_date: !!timestamp 2026-02-30}\n", None),  # stays text: a field error
+        (b"budget:\n  epsilon: !!int 0x{}\n", "line 2: a value that is not a valid 'int'"),
+        (b"budget: {epsilon: !!bool maybe}\n", "line 1: a value that is not a valid 'bool'"),
+        (b"budget: {epsilon: !!float ''}\n", "line 1: a value that is not a valid 'float'"),
+        (b"budget: !!map [a]\n", "not valid YAML at line 1"),
+        (b"budget: !!int [a]\n", "not valid YAML at line 1"),
+        (b"x: !!python/name:os.system\n", "not valid YAML at line 1"),
+    ],
+)
+def test_odd_yaml_is_a_usage_error(tmp_path, data, words):
+    if words is None:
+        path = tmp_path / "job.yaml"
+        path.write_bytes(data)
+        with pytest.raises(SpecError, match=r"input\.start_date: must be a date"):
+            load_spec(path)
+        return
+    with pytest.raises(UsageError) as info:
+        load_text(tmp_path, data)
+    assert words in str(info.value)
+
+
+# --- user text is quoted as a short, escaped excerpt --------------------------------------------
+
+MILLION = "A" * 1_000_000
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(changed(name=MILLION), id="job-name"),
+        pytest.param(changed(value=MILLION), id="value-column"),
+        pytest.param(changed(privacy_unit=MILLION), id="privacy-unit"),
+        pytest.param(changed(metrics=[MILLION]), id="metric"),
+        pytest.param(changed(noise=MILLION), id="noise"),
+        pytest.param(changed(budget__epsilon=MILLION), id="epsilon-text"),
+        pytest.param(changed(**{MILLION: 1}), id="unknown-field"),
+        pytest.param(changed(bounds__max_value=MILLION), id="bound-text"),
+        pytest.param(changed(queries=[{"name": MILLION}]), id="query-name"),
+        pytest.param(changed(queries=[{"name": "q", "partition_by": [MILLION]}]), id="key"),
+        pytest.param(changed(queries=[{"name": "q", "filter": MILLION + " = 1"}]), id="filter"),
+        pytest.param(
+            changed(queries=[{"name": "q", "filter": f"TERMINAL_ID = '{MILLION}'"}]),
+            id="filter-string",
+        ),
+        pytest.param(
+            changed(partition_selection__public_partitions={MILLION: "1..5"}), id="key-source"
+        ),
+        pytest.param(changed(input__start_date=MILLION), id="date"),
+    ],
+)
+def test_a_million_character_value_is_quoted_as_a_short_excerpt(raw):
+    with pytest.raises(SpecError) as info:
+        build_spec(raw)
+    message = str(info.value)
+    assert len(message) < 400, message[:400]
+    assert "A" * 41 not in message
+
+
+def test_excerpts_escape_control_characters():
+    with pytest.raises(SpecError) as info:
+        build_spec(changed(noise="gauss\nian\x1b[31m\u202e"))
+    message = str(info.value)
+    assert message == r"noise: must be one of laplace, gaussian; got 'gauss\nian\x1b[31m\u202e'"
+    assert message.isprintable()
+
+
+# --- numeric limits: what PyDP and float64 sums handle -------------------------------------------
+
+LIMITS = [
+    # (changes, field, words in the message)
+    pytest.param({"budget__epsilon": 1e-16}, "budget.epsilon", ["2^-50"], id="epsilon-tiny"),
+    pytest.param({"budget__delta": 1e-300}, "budget.delta", ["1e-100"], id="delta-tiny"),
+    pytest.param({"bounds__min_value": -1e308}, "bounds.min_value", ["1e+15"], id="min-1e308"),
+    pytest.param({"bounds__max_value": 1e308}, "bounds.max_value", ["1e+15"], id="max-1e308"),
+    pytest.param({"bounds__max_value": 2e15}, "bounds.max_value", ["1e+15"], id="max-2e15"),
+    pytest.param(
+        {"bounds__min_value": 0.0, "bounds__max_value": 1e-200},
+        "bounds.max_value",
+        ["1e-100"],
+        id="width-tiny",
+    ),
+    pytest.param(
+        {"bounds__max_partitions_contributed": 10**23},
+        "bounds.max_partitions_contributed",
+        ["2,147,483,647"],
+        id="l0-1e23",
+    ),
+    pytest.param(
+        {"bounds__max_contributions_per_partition": 2**31},
+        "bounds.max_contributions_per_partition",
+        ["2,147,483,647"],
+        id="linf-2^31",
+    ),
+    pytest.param(
+        {"partition_selection__pre_threshold": 10**23},
+        "partition_selection.pre_threshold",
+        ["2,147,483,647"],
+        id="pre-threshold-1e23",
+    ),
+    pytest.param(
+        {"budget__window_days": 10**23}, "budget.window_days", ["36,525"], id="window-1e23"
+    ),
+    pytest.param(
+        {"budget__cap_epsilon": float("inf")}, "budget.cap_epsilon", ["finite"], id="cap-inf"
+    ),
+    pytest.param({"budget__cap_delta": 2.0}, "budget.cap_delta", ["[0.0, 1.0]"], id="cap-delta"),
+    pytest.param(
+        {"partition_selection__public_partitions": "0..99999999999999999999999"},
+        "partition_selection.public_partitions",
+        ["int64"],
+        id="range-beyond-int64",
+    ),
+    pytest.param(
+        {"partition_selection__public_partitions": "1..2000000"},
+        "partition_selection.public_partitions",
+        ["1,000,000"],
+        id="range-too-long",
+    ),
+    pytest.param(
+        {"partition_selection__public_partitions": {"TERMINAL_ID": "5..1"}},
+        "partition_selection.public_partitions.TERMINAL_ID",
+        ["empty"],
+        id="range-empty",
+    ),
+]
+
+
+@pytest.mark.parametrize(("changes", "field", "words"), LIMITS)
+def test_numeric_limits_name_the_field_and_the_rule(changes, field, words):
+    with pytest.raises(SpecError) as info:
+        build_spec(changed(**changes))
+    assert info.value.field == field
+    for word in words:
+        assert word in info.value.rule
+
+
+def test_values_at_the_limits_are_accepted():
+    from dppipeline.spec import MAX_INT_PARAM, MIN_EPSILON
+
+    spec = build_spec(
+        changed(
+            budget__epsilon=MIN_EPSILON,
+            budget__delta=1e-100,
+            bounds__min_value=-1e15,
+            bounds__max_value=1e15,
+            bounds__max_partitions_contributed=MAX_INT_PARAM,
+            bounds__max_contributions_per_partition=MAX_INT_PARAM,
+            partition_selection__pre_threshold=MAX_INT_PARAM,
+            budget__window_days=36_525,
+        )
+    )
+    assert spec.bounds.max_partitions_contributed == 2**31 - 1
+
+
+def test_the_field_docs_state_the_limits():
+    """`dppipeline spec-doc` (and the README table generated from it) shows each limit."""
+    from dppipeline.filters import MAX_FILTER_CHARS, MAX_FILTER_TERMS, MAX_IN_VALUES
+    from dppipeline.spec import describe_fields
+
+    docs = {path: doc for path, _, doc in describe_fields()}
+    assert "2^-50" in docs["budget.epsilon"]
+    assert "709.78" in docs["budget.epsilon"]
+    assert "1e-100" in docs["budget.delta"]
+    assert "1e+15" in docs["bounds.min_value"]
+    assert "1e-100" in docs["bounds.max_value"]
+    for name in ("max_partitions_contributed", "max_contributions_per_partition"):
+        assert "2,147,483,647" in docs[f"bounds.{name}"]
+    assert "536,870,911" in docs["bounds.max_partitions_contributed"]
+    assert "2,147,483,647" in docs["partition_selection.pre_threshold"]
+    assert "36,525" in docs["budget.window_days"]
+    text = docs["queries[].filter"]
+    assert f"{MAX_FILTER_CHARS:,} characters" in text
+    assert f"{MAX_FILTER_TERMS} conditions" in text
+    assert f"{MAX_IN_VALUES:,} values" in text
