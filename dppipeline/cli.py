@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from dppipeline.errors import (
-    EXCERPT_CHARS,
     SpecError,
     UsageError,
     describe_failure,
@@ -74,13 +73,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _excerpted(message: str, typed: Sequence[str]) -> str:
-    """The message as one line, every long or unprintable argument it repeats cut to its
-    excerpt (argparse and some messages quote a value whole)."""
+    """The message as one line, every unprintable argument, or one too long for a path, it
+    repeats cut to its excerpt (argparse and some messages quote a value whole)."""
     for arg in sorted(set(typed), key=len, reverse=True):
-        if len(arg) > EXCERPT_CHARS or not arg.isprintable():
-            short = excerpt(arg)
+        if len(arg) > _ARG_CHARS or not arg.isprintable():
+            short = excerpt(arg, limit=_ARG_CHARS)
             message = message.replace(repr(arg), short).replace(arg, short)
     return one_line(message)
+
+
+_ARG_CHARS = 200  # an argument quoted whole; longer ones (not a path one would type) are cut
 
 
 def _date(text: str) -> dt.date:

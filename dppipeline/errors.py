@@ -168,7 +168,16 @@ def _spark_failure(exc: BaseException) -> tuple[int, str] | None:
     module = type(exc).__module__ or ""
     if not module.startswith(("py4j", "pyspark")):
         return None
-    condition = _call(exc, "getCondition") or _call(exc, "getErrorClass")
+    throwable = getattr(exc, "java_exception", None)  # a Py4JJavaError's Java side
+    condition = next(
+        (
+            c
+            for obj in (exc, throwable)
+            for m in ("getCondition", "getErrorClass")
+            if (c := _call(obj, m))
+        ),
+        None,
+    )
     java = _java_classes(exc)
     what = " caused by ".join(java) if java else type(exc).__name__
     if condition:
@@ -187,9 +196,9 @@ def _spark_failure(exc: BaseException) -> tuple[int, str] | None:
     )
 
 
-def _call(exc: BaseException, method: str) -> str | None:
+def _call(obj: object, method: str) -> str | None:
     try:
-        value = getattr(exc, method)()
+        value = getattr(obj, method)()
     except Exception:
         return None
     return value if isinstance(value, str) and value else None

@@ -6,7 +6,10 @@ import json
 import math
 import os
 import re
+import resource
 import shutil
+import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -147,6 +150,85 @@ ERROR_CASES = [
         ["customers"],
         id="generate-zero-customers",
     ),
+    # Numbers PyDP or float64 sums cannot handle: a one-line error naming the field (issue 15).
+    pytest.param([*RUN, "--epsilon", "1e-15"], {}, 2, ["budget.epsilon", "2^-50"], id="eps-1e-15"),
+    pytest.param(
+        [*RUN, "--min-value", "-1e308", "--max-value", "1e308"],
+        {},
+        2,
+        ["--min-value (bounds.min_value)", "1e+15"],
+        id="bounds-1e308",
+    ),
+    pytest.param(
+        [*RUN, "--max-partitions-contributed", str(10**23)],
+        {},
+        2,
+        ["--max-partitions-contributed", "2,147,483,647"],
+        id="l0-1e23",
+    ),
+    pytest.param(
+        [*RUN, "--pre-threshold", str(10**23)],
+        {},
+        2,
+        ["--pre-threshold", "2,147,483,647"],
+        id="pre-threshold-1e23",
+    ),
+    pytest.param(
+        [*RUN, "--epsilon", "3000", "--noise", "gaussian"],
+        {},
+        2,
+        ["budget.epsilon", "Gaussian", "use laplace"],
+        id="gaussian-beyond-pydp",
+    ),
+    # What a user typed is quoted as a short, escaped excerpt.
+    pytest.param(
+        [*RUN, "--metrics", "x" * 100_000],
+        {},
+        2,
+        ["--metrics", "(100,000 characters)"],
+        id="long-metrics",
+    ),
+    pytest.param(
+        [*RUN, "--epsilon", "9" * 100_000 + "x"],
+        {},
+        2,
+        ["--epsilon", "(100,001 characters)"],
+        id="long-number",
+    ),
+    pytest.param(
+        [*RUN, "--partition-selection", "x" * 100_000],
+        {},
+        2,
+        ["--partition-selection", "(100,000 characters)"],
+        id="long-choice",
+    ),
+    pytest.param(
+        [*RUN, "--noise", "gauss\nian"], {}, 2, ["--noise", "gauss\\nian"], id="newline-choice"
+    ),
+    pytest.param(
+        [*RUN, "--config", "{aux}/job.yaml"],
+        {"job.yaml": "budget:\n  epsilon: 1\nbudget:\n  epsilon: 9\n"},
+        2,
+        ["job.yaml", "line 3", "'budget' given twice"],
+        id="config-duplicate-key",
+    ),
+    pytest.param(
+        [*RUN, "--config", "{aux}/job.yaml"],
+        {"job.yaml": "name: " + "A" * 1_000_000 + "\n"},
+        2,
+        ["job.yaml", "name:", "(1,000,000 characters)"],
+        id="config-long-name",
+    ),
+    pytest.param(
+        [*RUN, "--config", "{aux}/job.yaml"],
+        {
+            "job.yaml": "queries:\n  - name: q\n    filter: "
+            + " or ".join(["TERMINAL_ID < 1"] * 501)
+        },
+        2,
+        ["queries.q.filter", "more than 500 conditions"],
+        id="config-filter-too-long",
+    ),
 ]
 
 
@@ -172,6 +254,7 @@ def test_error_is_one_line_and_leaves_no_output(
     lines = stderr_lines(result)
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("dppipeline")
+    assert len(lines[0]) < 1000, lines[0][:1000]
     for word in words:
         assert word in lines[0]
     # Neither the release, nor a staging or retired folder, nor a quarantine folder.
@@ -475,3 +558,227 @@ def test_spark_without_java_fails_in_one_line(tmp_path, small_inputs):
     ]
     assert "Traceback" not in result.stderr
     assert not output.exists()
+
+
+# --------------------------------------------------------------------------- failures as one line
+
+LIVE_STATES = ("reserved", "reading")
+
+
+def ledger_states(ledger: Path) -> list[str]:
+    if not ledger.exists():
+        return []
+    with sqlite3.connect(ledger) as db:
+        return [row[0] for row in db.execute("SELECT state FROM releases")]
+
+
+def check_one_line_failure(result, exit_code: int, *words: str) -> str:
+    assert result.returncode == exit_code, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    errors = [line for line in stderr_lines(result) if not line.startswith("[")]
+    assert len(errors) == 1, result.stderr
+    for word in words:
+        assert word in errors[0], errors[0]
+    return errors[0]
+
+
+def run_release_into(output: Path, inputs, ledger: Path, prefix=(), **kwargs):
+    """`dppipeline run` of the small input into `output`, in a subprocess (`prefix`: a
+    command that runs it, e.g. setpriv; `kwargs`: for subprocess.run)."""
+    env = {k: v for k, v in os.environ.items() if k != "DPPIPELINE_DEBUG"}
+    argv = [
+        *prefix,
+        sys.executable,
+        "-m",
+        "dppipeline",
+        "run",
+        "--input",
+        str(inputs["parquet"]),
+        "--output",
+        str(output),
+        "--ledger",
+        f"sqlite:///{ledger}",
+        "--public-partitions",
+        "0..99999",  # a release of 100,000 rows: a few MB
+        *BOUNDS,
+    ]
+    return subprocess.run(
+        argv, capture_output=True, text=True, env=env, timeout=120, check=False, **kwargs
+    )
+
+
+def without_root_override() -> list[str]:
+    """A command prefix under which file modes hold: root ignores them unless it gives up
+    CAP_DAC_OVERRIDE (util-linux's setpriv); nothing for another user."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: file modes cannot be enforced")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+
+
+def test_read_only_output_folder_is_one_line(tmp_path, small_inputs):
+    parent = tmp_path / "read-only"
+    parent.mkdir()
+    parent.chmod(0o555)
+    ledger = tmp_path / "ledger.sqlite"
+    try:
+        result = run_release_into(parent / "release", small_inputs, ledger, without_root_override())
+    finally:
+        parent.chmod(0o755)
+    check_one_line_failure(result, 1, str(parent), "Permission denied (EACCES)")
+    assert list(parent.iterdir()) == []
+    assert not set(ledger_states(ledger)) & {*LIVE_STATES, "committed"}
+
+
+def test_output_under_a_regular_file_is_one_line(tmp_path, small_inputs):
+    regular = tmp_path / "a-file"
+    regular.write_text("not a folder\n")
+    ledger = tmp_path / "ledger.sqlite"
+    result = run_release_into(regular / "release", small_inputs, ledger)
+    check_one_line_failure(result, 1, str(regular))
+    assert regular.read_text() == "not a folder\n"
+    assert not set(ledger_states(ledger)) & {*LIVE_STATES, "committed"}
+
+
+def _file_size_limit(limit: int):
+    def apply() -> None:  # in the child, before exec: writes past `limit` fail with EFBIG
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+def test_disk_full_is_one_line(tmp_path, small_inputs):
+    """The disk fills up while the release is written. RLIMIT_FSIZE makes the kernel refuse
+    any write past 1 MB in the child process (EFBIG, as ENOSPC would on a full disk): the
+    ledger stays small, the 100,000-row release does not fit."""
+    parent = tmp_path / "out"
+    parent.mkdir()
+    ledger = tmp_path / "ledger.sqlite"
+    result = run_release_into(
+        parent / "release", small_inputs, ledger, preexec_fn=_file_size_limit(1 << 20)
+    )
+    check_one_line_failure(result, 1, "File too large (EFBIG)")
+    assert list(parent.iterdir()) == []  # no release, no staging folder
+    assert not set(ledger_states(ledger)) & {*LIVE_STATES, "committed"}
+
+
+def test_no_space_left_is_one_line(tmp_path, small_inputs):
+    """The same on a real full file system: a 256 kB tmpfs mounted in a user and mount
+    namespace (`unshare`, no root needed where unprivileged namespaces are allowed)."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True, check=False).returncode:
+        pytest.skip("user namespaces are not available here")
+    parent = tmp_path / "small-disk"
+    parent.mkdir()
+    ledger = tmp_path / "ledger.sqlite"
+    # The mount exists only inside the namespace: list what is left there, after the run.
+    script = (
+        f'mount -t tmpfs -o size=256k tmpfs "{parent}" && "$@"; code=$?; '
+        f'ls -A "{parent}" >&2; exit $code'
+    )
+    result = run_release_into(
+        parent / "release", small_inputs, ledger, ["unshare", "-rm", "sh", "-c", script, "sh"]
+    )
+    line = check_one_line_failure(result, 1, "No space left on device (ENOSPC)")
+    assert line.startswith("dppipeline run: error: ")  # the `ls` printed nothing: no leftovers
+    assert not set(ledger_states(ledger)) & {*LIVE_STATES, "committed"}
+
+
+BUG = """
+import sys
+sys.modules["apache_beam"] = None  # as `cli.main` does for plan: no warning from its import
+import dppipeline.plan
+from dppipeline import cli
+
+def render_plan(spec, plan):  # a bug whose message quotes a data value
+    raise KeyError("TX_AMOUNT=4242.42 of customer 1234567")
+
+dppipeline.plan.render_plan = render_plan
+sys.exit(cli.main(["plan", "--min-value", "0", "--max-value", "100"]))
+"""
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_bug_is_one_line_without_its_message(debug):
+    env = {k: v for k, v in os.environ.items() if k != "DPPIPELINE_DEBUG"}
+    if debug:
+        env["DPPIPELINE_DEBUG"] = "1"
+    result = subprocess.run(
+        [sys.executable, "-c", BUG],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    if debug:  # the full traceback, message included, for the one who debugs
+        assert result.returncode == 1
+        assert "Traceback" in result.stderr
+        assert "4242.42" in result.stderr
+        return
+    line = check_one_line_failure(result, 70)
+    assert re.fullmatch(
+        r"dppipeline plan: error: internal error \(a bug\): KeyError at dppipeline\.cli:\d+; "
+        r"set DPPIPELINE_DEBUG=1 for the traceback",
+        line,
+    ), line
+    assert "4242" not in result.stderr
+
+
+SPARK_FAILURES = """
+import json, os, sys
+from pathlib import Path
+from dppipeline import cli
+from dppipeline.engines.spark_session import get_spark
+
+spark = get_spark(app_name="t", master="local[1]", conf={"spark.ui.enabled": "false"})
+folder = Path(sys.argv[1])
+(folder / "rows.txt").write_text("a\\n")
+
+def lost_file(args):  # a file deleted after Spark listed it
+    frame = spark.read.text(str(folder / "rows.txt"))
+    os.remove(folder / "rows.txt")
+    frame.collect()
+
+failures = {
+    "java-bug": lambda args: spark.sql("SELECT raise_error('TX_AMOUNT=4242.42')").collect(),
+    "missing-path": lambda args: spark.read.parquet(str(folder / "nowhere")).collect(),
+    "lost-file": lost_file,
+}
+results = {}
+for name, failure in failures.items():
+    cli.COMMANDS["plan"] = failure
+    code = cli.main(["plan"])
+    results[name] = code
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.usefixtures("spark")
+def test_spark_java_errors_are_one_line(tmp_path):
+    """Py4J and PySpark errors carry Java traces and messages that can quote data: the line
+    names the Java class or Spark's error condition only."""
+    env = {k: v for k, v in os.environ.items() if k != "DPPIPELINE_DEBUG"}
+    result = subprocess.run(
+        [sys.executable, "-c", SPARK_FAILURES, str(tmp_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    codes = json.loads(result.stdout.strip().splitlines()[-1])
+    assert codes == {"java-bug": 70, "missing-path": 1, "lost-file": 1}, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("dppipeline")]
+    assert len(lines) == 3, result.stderr[-3000:]
+    assert "internal error (a bug, or Spark failed)" in lines[0]
+    assert "PATH_NOT_FOUND" in lines[1]
+    assert "FAILED_READ_FILE" in lines[2]
+    for line in lines:
+        assert "4242" not in line
+        assert "Traceback" not in line
+    assert "Traceback" not in result.stderr
