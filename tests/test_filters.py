@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import datetime as dt
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -865,3 +866,19 @@ def test_spark_string_literals_mean_the_same_whatever_the_parser_setting(spark, 
                 assert kept == [value], (text, kept)
     finally:
         spark.conf.set("spark.sql.parser.escapedStringLiterals", previous)
+
+
+def test_every_filter_of_the_readme_and_the_configs_still_works(transactions):
+    repo = Path(__file__).resolve().parents[1]
+    texts = [repo / "README.md", *sorted((repo / "jobs" / "configs").glob("*.yaml"))]
+    found = [
+        match.group(1)
+        for path in texts
+        for match in re.finditer(r'filter: "([^"]+)"', path.read_text())
+    ]
+    assert len(found) >= 5
+    rows = transactions.to_dicts()
+    for text in found:
+        expr = parse_filter(text, TX)
+        assert parse_filter(to_text(expr), TX) == expr
+        assert _polars_kept(transactions, expr) == oracle(expr, rows), text
