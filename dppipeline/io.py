@@ -1,4 +1,4 @@
-"""Files: daily partition discovery, public key lists, and atomic publication of a release.
+"""Files: daily partition discovery and public key lists (publication: `publication.py`).
 
 Two input layouts, as data lakes and the book's data set use them:
 `DIR/date=YYYY-MM-DD/*.parquet` (Hive-style folders) and `DIR/YYYY-MM-DD.csv` (one file a day).
@@ -7,17 +7,13 @@ Two input layouts, as data lakes and the book's data set use them:
 from __future__ import annotations
 
 import datetime as dt
-import os
 import re
-import shutil
-import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from dppipeline.errors import InputError, OutputError
+from dppipeline.errors import InputError
 
 _DAY = r"(\d{4}-\d{2}-\d{2})"
 _PARQUET_DIR = re.compile(rf"^date={_DAY}$")
@@ -126,52 +122,3 @@ def read_public_partitions(path: str | Path, key_column: str, dtype: str) -> pd.
     if dtype == "int64":
         frame[key_column] = frame[key_column].astype("int64")
     return frame
-
-
-def check_release_target(output: str | Path, overwrite: bool) -> Path:
-    """Fails before any work when a release exists and `overwrite` is off."""
-    output = Path(output)
-    if output.exists() and not output.is_dir():
-        raise OutputError(f"output {output} exists and is not a folder")
-    if output.is_dir() and any(output.iterdir()) and not overwrite:
-        raise OutputError(f"release {output} already exists; pass --overwrite to replace it")
-    return output
-
-
-def publish_atomically(output: Path, write: Callable[[Path], None], overwrite: bool) -> None:
-    """Writes into a hidden sibling folder, then renames it into place.
-
-    Readers see either the old release or the complete new one; a failure leaves no trace.
-    """
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    token = uuid.uuid4().hex[:12]
-    staging = output.parent / f".{output.name}.staging-{token}"
-    retired = output.parent / f".{output.name}.retired-{token}"
-    staging.mkdir()
-    try:
-        write(staging)
-        _fsync_tree(staging)
-        if output.is_dir() and any(output.iterdir()):
-            if not overwrite:
-                raise OutputError(f"release {output} already exists; pass --overwrite")
-            os.rename(output, retired)
-        elif output.is_dir():
-            output.rmdir()
-        os.rename(staging, output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        if retired.exists() and not output.exists():
-            os.rename(retired, output)
-        raise
-    shutil.rmtree(retired, ignore_errors=True)
-
-
-def _fsync_tree(folder: Path) -> None:
-    for path in folder.rglob("*"):
-        if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime as dt
-import hashlib
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -510,15 +508,11 @@ class JobSpec:
         return _jsonable(dataclasses.asdict(self))
 
     def spec_hash(self) -> str:
-        """sha256 of what decides the release's numbers (paths and ledger policy excluded), for
-        idempotence keys."""
-        content = self.to_dict()
-        content.pop("output", None)
-        content["input"].pop("path", None)
-        for ledger_only in ("scope", "cap_epsilon", "cap_delta", "window_days"):
-            content["budget"].pop(ledger_only, None)
-        blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()
+        """sha256 of the canonical spec: what decides the release's numbers, defaults left
+        out, public key files by content (see `spec_hash.py`); for release keys."""
+        from dppipeline.spec_hash import spec_hash  # noqa: PLC0415
+
+        return spec_hash(self)
 
 
 def _check_queries(queries: tuple[QuerySpec, ...]) -> None:

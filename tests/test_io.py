@@ -1,4 +1,5 @@
-"""Files: daily partition discovery, day selection, public key lists, atomic publication."""
+"""Files: daily partition discovery, day selection, public key lists (publication:
+test_publication.py)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from dppipeline.errors import InputError, OutputError
+from dppipeline.errors import InputError
 from dppipeline.io import (
     DailyPartition,
-    check_release_target,
     discover_partitions,
-    publish_atomically,
     read_public_partitions,
     select_days,
 )
@@ -24,10 +23,6 @@ def touch(path: Path, text: str = "x") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
-
-
-def siblings(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir())
 
 
 # --------------------------------------------------------------------------- discovery
@@ -212,93 +207,3 @@ def test_read_public_partitions_missing_file(tmp_path):
     with pytest.raises(InputError) as info:
         read_public_partitions(tmp_path / "keys.csv", "TERMINAL_ID", "int64")
     assert str(tmp_path / "keys.csv") in str(info.value)
-
-
-# --------------------------------------------------------------------------- publication
-
-
-def write_release(text: str):
-    def write(folder: Path) -> None:
-        touch(folder / "data" / "part-00000.parquet", text)
-        touch(folder / "manifest.json", text)
-
-    return write
-
-
-def read_tree(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): p.read_text() for p in root.rglob("*") if p.is_file()}
-
-
-def test_publish_creates_the_release(tmp_path):
-    output = tmp_path / "releases" / "out"  # the parent is created too
-    publish_atomically(output, write_release("new"), overwrite=False)
-    assert read_tree(output) == {"data/part-00000.parquet": "new", "manifest.json": "new"}
-    assert siblings(output.parent) == ["out"]
-
-
-def test_publish_into_an_existing_empty_folder(tmp_path):
-    output = tmp_path / "out"
-    output.mkdir()
-    publish_atomically(output, write_release("new"), overwrite=False)
-    assert read_tree(output)["manifest.json"] == "new"
-    assert siblings(tmp_path) == ["out"]
-
-
-class WriteFailedError(Exception):
-    pass
-
-
-def failing_write(folder: Path) -> None:
-    touch(folder / "manifest.json", "half")
-    raise WriteFailedError("disk full")
-
-
-def test_failed_write_leaves_nothing(tmp_path):
-    output = tmp_path / "out"
-    with pytest.raises(WriteFailedError):
-        publish_atomically(output, failing_write, overwrite=False)
-    assert siblings(tmp_path) == []
-
-
-@pytest.mark.parametrize("overwrite", [False, True])
-def test_failed_write_keeps_the_old_release(tmp_path, overwrite):
-    output = tmp_path / "out"
-    publish_atomically(output, write_release("old"), overwrite=False)
-    with pytest.raises(WriteFailedError):
-        publish_atomically(output, failing_write, overwrite=overwrite)
-    assert read_tree(output) == {"data/part-00000.parquet": "old", "manifest.json": "old"}
-    assert siblings(tmp_path) == ["out"]
-
-
-def test_overwrite_replaces_the_release(tmp_path):
-    output = tmp_path / "out"
-    publish_atomically(output, write_release("old"), overwrite=False)
-    touch(output / "stale.txt")  # a file only the old release had
-    publish_atomically(output, write_release("new"), overwrite=True)
-    assert read_tree(output) == {"data/part-00000.parquet": "new", "manifest.json": "new"}
-    assert siblings(tmp_path) == ["out"]  # no staging or retired folder left
-
-
-def test_existing_release_is_refused_without_overwrite(tmp_path):
-    output = tmp_path / "out"
-    publish_atomically(output, write_release("old"), overwrite=False)
-    with pytest.raises(OutputError) as info:
-        publish_atomically(output, write_release("new"), overwrite=False)
-    assert "--overwrite" in str(info.value)
-    assert info.value.exit_code == 1
-    assert read_tree(output)["manifest.json"] == "old"
-    assert siblings(tmp_path) == ["out"]
-
-
-def test_check_release_target(tmp_path):
-    output = tmp_path / "out"
-    assert check_release_target(output, overwrite=False) == output  # absent: fine
-    output.mkdir()
-    assert check_release_target(output, overwrite=False) == output  # empty: fine
-    touch(output / "manifest.json")
-    with pytest.raises(OutputError, match="--overwrite"):
-        check_release_target(output, overwrite=False)
-    assert check_release_target(output, overwrite=True) == output
-    file_target = touch(tmp_path / "file")
-    with pytest.raises(OutputError, match="not a folder"):
-        check_release_target(file_target, overwrite=True)

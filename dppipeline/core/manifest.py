@@ -50,9 +50,13 @@ def build_manifest(
     released_partitions: Mapping[str, int],
     public_keys: Mapping[str, int | None],
     created_at: dt.datetime | None = None,
+    spec_hash: str | None = None,
+    ledger: str | None = None,
 ) -> dict[str, Any]:
     """The release's own description: the job, then per query its dataset, keys, filter,
-    bounds, selection, metrics with their noise, and its share of the budget."""
+    bounds, selection, metrics with their noise, and its share of the budget. `spec_hash`:
+    the one its ledger key used (default: computed now); `ledger`: where its spend is
+    recorded (a file path, or a PostgreSQL URL without credentials), None without one."""
     created = created_at or dt.datetime.now(dt.UTC)
     queries = {
         query.name: _query_entry(
@@ -96,7 +100,8 @@ def build_manifest(
             "files": input_files,
         },
         "released_partitions": sum(released_partitions.values()),
-        "spec_hash": spec.spec_hash(),
+        "spec_hash": spec_hash or spec.spec_hash(),
+        "ledger": ledger,
         "spec": _public_spec(spec),
         "versions": {
             "dppipeline": __version__,
