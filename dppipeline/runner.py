@@ -503,7 +503,8 @@ def _tolerant(say: Callable[[str], None]) -> Callable[[str], None]:
         try:
             say(line)
         except OSError as exc:
-            if exc.errno not in (errno.EPIPE, errno.ECONNRESET):
+            closed = isinstance(exc, BrokenPipeError | ConnectionResetError)
+            if not closed and exc.errno not in (errno.EPIPE, errno.ECONNRESET):
                 raise
             broken = True
 
