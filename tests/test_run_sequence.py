@@ -327,7 +327,7 @@ def test_data_dependent_failures_stay_charged(tmp_path, small_inputs, case):
             day.write_text(header + "\n")
         else:  # every tenth customer id is not a number (the privacy unit is always read)
             cells = [r.split(",") for r in rows]
-            bad = [",".join(c[:2] + ["abc"] + c[3:]) if n % 10 == 0 else ",".join(c)
+            bad = [",".join([*c[:2], "abc", *c[3:]]) if n % 10 == 0 else ",".join(c)
                    for n, c in enumerate(cells)]  # fmt: skip
             day.write_text("\n".join([header, *bad]) + "\n")
     url = url_of(tmp_path / "state" / "ledger.sqlite")
