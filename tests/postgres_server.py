@@ -111,3 +111,17 @@ def start() -> PostgresServer:
         failure = started.stderr + (folder / "log").read_text(errors="replace")[-2000:]
     shutil.rmtree(folder, ignore_errors=True)
     raise RuntimeError(f"PostgreSQL did not start: {failure}")
+
+
+if __name__ == "__main__":  # for tests run by another Python (the Airflow DAG tests)
+    import json
+    import sys
+
+    if sys.argv[1:2] == ["start"]:
+        server = start()
+        print(json.dumps({"folder": str(server.folder), "port": server.port,
+                          "url": server.new_database()}))  # fmt: skip
+    elif sys.argv[1:2] == ["stop"]:
+        PostgresServer(Path(sys.argv[2]), 0).stop()
+    else:
+        raise SystemExit("usage: postgres_server.py start | stop FOLDER")
