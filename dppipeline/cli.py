@@ -361,7 +361,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.check_budget:
         if args.no_ledger:
             raise UsageError("--check-budget needs a ledger (drop --no-ledger)")
-        _print(check_budget(spec, args.ledger or default_ledger()))
+        _print(check_budget(spec, args.ledger or default_ledger(), new_release=args.new_release))
         return 0
     result = run_job(
         spec,

@@ -174,7 +174,11 @@ def settle_expired(book: Ledger, scope: str, say: Callable[[str], None]) -> None
 
 
 def check_budget(
-    spec: JobSpec, ledger: Ledger | str | Path, echo: Callable[[str], None] | None = None
+    spec: JobSpec,
+    ledger: Ledger | str | Path,
+    echo: Callable[[str], None] | None = None,
+    *,
+    new_release: bool = False,
 ) -> str:
     """Would the ledger accept this release now? Reads no data; settles expired reservations
     in the scope as `run` does (a dead run's reservation must not look like spent budget), and
@@ -189,7 +193,7 @@ def check_budget(
     assert book is not None
     key = release_key(spec, days)
     settle_expired(book, key.scope, say)
-    existing = book.committed(key)
+    existing = None if new_release else book.committed(key)
     if existing is not None:
         return (
             f"already published by run {existing.run_id} to {existing.output}: "
@@ -452,14 +456,15 @@ def _existing_release(
     guard: dict,
 ) -> RunResult:
     """The committed release with this key, at `output` (copied byte for byte if it was
-    published elsewhere). No noise is drawn and nothing is spent."""
+    published elsewhere and `output` does not hold a copy yet). No noise is drawn and nothing
+    is spent."""
     published = Path(row.output)
     if published_run_id(published) != row.run_id:
         raise InputError(
             f"this release (run {row.run_id}) was published to {published}, which no longer "
             "holds it; pass --new-release to draw new noise and spend the budget again"
         )
-    if published.resolve() != output.resolve():
+    if published.resolve() != output.resolve() and published_run_id(output) != row.run_id:
         check_release_target(output, overwrite, **guard)
         copy_id = new_run_id()
         with output_lock(published):  # no run replaces it while it is copied

@@ -159,6 +159,9 @@ def test_same_key_returns_the_same_release_without_new_spend(tmp_path, own_input
     assert tree_bytes(copy) == published
     assert len(ledger.rows()) == 1
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    again_copied = run_job(job_spec(folder, copy, keys), "local", ledger=url, echo=print)
+    assert again_copied.run_id == first.run_id  # a retried copy: returned, not refused
+    assert tree_bytes(copy) == published
 
     # --new-release --overwrite: new noise, a second row.
     redrawn = run_job(
