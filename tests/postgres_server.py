@@ -23,13 +23,30 @@ from pathlib import Path
 UNPRIVILEGED = "nobody"
 
 
-def bin_dir() -> Path:
-    """pgserver's bundled PostgreSQL binaries (found without importing pgserver, whose import
-    creates runtime folders and locks)."""
+def install_dir() -> Path:
+    """pgserver's bundled PostgreSQL (bin, lib, share), found without importing pgserver,
+    whose import creates runtime folders and locks."""
     spec = importlib.util.find_spec("pgserver")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("the pgserver package is not installed (make setup installs it)")
-    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall"
+
+
+def _binaries(folder: Path) -> Path:
+    """The bin folder to run. As root, a copy inside the server's own folder: `nobody` may
+    not be able to reach the virtualenv (a checkout under /root is mode 0700). The copy keeps
+    the wheel's layout: PostgreSQL finds lib and share beside bin, and the binaries find
+    libpq in `$ORIGIN/../../../pgserver.libs`."""
+    source = install_dir()
+    if os.geteuid() != 0:
+        return source / "bin"
+    site = folder / "site"
+    for part in ("bin", "lib", "share"):
+        shutil.copytree(source / part, site / "pgserver" / "pginstall" / part, symlinks=True)
+    libs = source.parent.parent / "pgserver.libs"
+    if libs.is_dir():
+        shutil.copytree(libs, site / "pgserver.libs", symlinks=True)
+    return site / "pgserver" / "pginstall" / "bin"
 
 
 def _as_user(argv: list[str]) -> list[str]:
@@ -70,8 +87,10 @@ class PostgresServer:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
 
     def stop(self) -> None:
+        copied = self.folder / "site" / "pgserver" / "pginstall" / "bin"
+        binaries = copied if copied.is_dir() else install_dir() / "bin"
         subprocess.run(
-            _as_user([str(bin_dir() / "pg_ctl"), "-D", str(self.folder / "data"), "-m",
+            _as_user([str(binaries / "pg_ctl"), "-D", str(self.folder / "data"), "-m",
                       "immediate", "-w", "stop"]),
             capture_output=True,
             check=False,
@@ -88,7 +107,7 @@ def start() -> PostgresServer:
         user = pwd.getpwnam(UNPRIVILEGED)
         os.chown(folder, user.pw_uid, user.pw_gid)
     data = folder / "data"
-    binaries = bin_dir()
+    binaries = _binaries(folder)
     init = subprocess.run(
         _as_user([str(binaries / "initdb"), "-D", str(data), "-U", "postgres",
                   "--auth=trust", "--encoding=UTF8", "--no-sync"]),
