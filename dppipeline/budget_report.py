@@ -102,13 +102,15 @@ def history(url: str, scope: str | None) -> str:
         return f"ledger {ledger.location}: no releases yet"
     lines = [
         f"{'id':>4} {'state':9} {'scope':28} {'job':16} {'data':23} {'epsilon':>8} "
-        f"{'delta':>9} {'reserved at (UTC)':19} run / output"
+        f"{'delta':>9} {'reserved at (UTC)':19} run / output / host"
     ]
     for r in rows:
         lines.append(
             f"{r.id:>4} {r.state:9} {r.scope[:28]:28} {r.job[:16]:16} "
             f"{r.start_date}..{r.end_date} {r.epsilon:>8.4g} {r.delta:>9.3g} "
-            f"{r.reserved_at[:19]:19} {r.run_id} {r.output}" + (f" ({r.note})" if r.note else "")
+            f"{r.reserved_at[:19]:19} {r.run_id} {r.output}"
+            + (f" on {r.host_id or r.host}" if r.host_id or r.host else "")
+            + (f" ({r.note})" if r.note else "")
         )
     if changes:
         lines += ["", "cap changes:"]

@@ -489,7 +489,8 @@ def test_an_uncapped_or_other_cap_run_in_a_capped_scope_is_refused_unread(tmp_pa
 def test_budget_set_cap_show_and_history(tmp_path, small_inputs):
     url = url_of(tmp_path / "state" / "ledger.sqlite")
     base = ["run", "--input", small_inputs["parquet"], *JOB, "--ledger", url, "--scope", "s"]
-    assert run_cli(*base, "--output", tmp_path / "r1").returncode == 0  # uncapped: epsilon 1
+    first = run_cli(*base, "--output", tmp_path / "r1", env={"DPPIPELINE_HOST_ID": "worker-7"})
+    assert first.returncode == 0, first.stderr  # uncapped: epsilon 1
     set_cap = run_cli("budget", "set-cap", "s", "--epsilon", "0.5", "--ledger", url)
     assert set_cap.returncode == 0, set_cap.stderr
     assert "scope 's': cap epsilon 0.5 for all time (was: no cap)" in set_cap.stdout
@@ -509,6 +510,7 @@ def test_budget_set_cap_show_and_history(tmp_path, small_inputs):
     assert history.returncode == 0, history.stderr
     text = history.stdout
     assert text.count(" committed ") == 2
+    assert text.count(" on worker-7") == 1  # the host id, for operators
     changes = text.split("cap changes:")[1].strip().splitlines()
     assert len(changes) == 2
     assert "cap epsilon 0.5 for all time (was: no cap) by budget set-cap by " in changes[0]
