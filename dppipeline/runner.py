@@ -36,6 +36,8 @@ from dppipeline.ledger import (
     ReleaseKey,
     input_fingerprint,
 )
+from dppipeline.quarantine import default_root as quarantine_root
+from dppipeline.quarantine import run_folder
 from dppipeline.queries import check_query_columns, plan_tasks
 from dppipeline.spec import JobSpec
 
@@ -67,9 +69,10 @@ def make_plan(spec: JobSpec) -> JobPlan:
     )
 
 
-def default_quarantine(output: Path, run_id: str) -> Path:
-    """Beside the release, never inside it: `<output>_quarantine/<run_id>/`."""
-    return output.parent / f"{output.name}_quarantine" / run_id
+def default_quarantine(run_id: str, output: Path) -> Path:
+    """With the operator's state, never beside or inside a release:
+    `<state dir>/quarantine/<run_id>/` (see `dppipeline.quarantine`)."""
+    return run_folder(quarantine_root(), run_id, output)
 
 
 def load_engine(name: str, options: Sequence[str] = ()) -> Engine:
@@ -199,7 +202,11 @@ def run_job(
         plan=plan,
         tasks=tasks,
         days=days,
-        quarantine=quarantine or default_quarantine(output, run_id),
+        quarantine=(
+            run_folder(Path(chosen), run_id, output)
+            if (chosen := quarantine or spec.input.quarantine)
+            else default_quarantine(run_id, output)
+        ),
         seed=seed,
         progress=lambda line: say(f"[{engine_impl.name}] {line}"),
     )
