@@ -134,13 +134,15 @@ def test_validate_transactions_tags_rejected_rows_and_counts_them():
     sources = dict.fromkeys(SCHEMA.names, Source.TEXT)
     rows = FileRows("day1.csv", frame.lazy(), sources, rules_for(SCHEMA, sources, csv=True))
     pipeline = BeamTestPipeline()
-    checked = pipeline | beam.Create([RawBatch(rows)]) | ValidateTransactions(SCHEMA)
+    checked = pipeline | beam.Create([RawBatch(0, rows)]) | ValidateTransactions(SCHEMA)
     valid = checked.valid | "ValidIds" >> beam.FlatMap(
         lambda element: element[1].get_column("CUSTOMER_ID").to_list()
     )
     rejected = checked.rejected | "Reasons" >> beam.FlatMap(
-        lambda table: zip(
-            table.column("_row").to_pylist(), table.column("_reason").to_pylist(), strict=True
+        lambda element: zip(
+            element[1].column("_row").to_pylist(),
+            element[1].column("_reason").to_pylist(),
+            strict=True,
         )
     )
     assert_that(valid, equal_to([1]), label="valid rows")
@@ -252,8 +254,8 @@ def test_release_dp_aligns_public_partitions_and_releases_exact_values_at_huge_e
         }
     )
 
-    def check(tables):
-        out = pd.concat([t.to_pandas() for t in tables]).sort_values("TERMINAL_ID")
+    def check(elements):
+        out = pd.concat([t.to_pandas() for _, t in elements]).sort_values("TERMINAL_ID")
         assert out["TERMINAL_ID"].tolist() == [1, 2, 3, 4, 5]
         np.testing.assert_allclose(out["count"], [7, 8, 9, 0, 0], atol=1e-2)
         np.testing.assert_allclose(out["sum"], [70, 80, 90, 0, 0], atol=1e-1)
@@ -274,11 +276,11 @@ def test_write_release_writes_the_release_schema(tmp_path):
     with BeamTestPipeline() as pipeline:
         _ = (
             pipeline
-            | beam.Create([to_release_table(table, "TERMINAL_ID", spec.metrics)])
-            | WriteRelease(tmp_path / "ds", schema)
+            | beam.Create([(3, to_release_table(table, "TERMINAL_ID", spec.metrics))])
+            | WriteRelease(tmp_path / "ds[1]", schema)  # a folder name that is no pattern
         )
-    files = sorted((tmp_path / "ds").glob("part-*.parquet"))
-    assert files and [p.name for p in (tmp_path / "ds").iterdir()] == [f.name for f in files]
+    files = sorted((tmp_path / "ds[1]").glob("part-*.parquet"))
+    assert [p.name for p in (tmp_path / "ds[1]").iterdir()] == ["part-00003.parquet"]
     assert pq.read_schema(files[0]).names == schema.names
     assert pq.read_table(files[0]).to_pandas()["count"].tolist() == [3.5, -1.0]
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import shutil
 import time
 import zlib
 from collections.abc import Iterator, Sequence
@@ -50,7 +51,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.io.parquetio import WriteToParquetBatched
 from apache_beam.metrics.metric import Metrics, MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.typehints import KV, Any
@@ -72,7 +72,6 @@ from dppipeline.engines.bounding import (
 )
 from dppipeline.engines.local import task_rows
 from dppipeline.engines.local_read import (
-    SOURCE,
     FileRows,
     csv_rows,
     first_rejected,
@@ -175,8 +174,10 @@ def _rng(seed: int | None, *parts: object) -> np.random.Generator:
 @dataclass(frozen=True)
 class InputPart:
     """What one read element covers: a whole CSV file, or one row group of a Parquet file
-    (`first_row`: the 0-based position of its first row in the file, from the footer)."""
+    (`first_row`: the 0-based position of its first row in the file, from the footer).
+    `index`: its place in the launcher's list, which names its scratch files."""
 
+    index: int
     path: str
     day: dt.date
     fmt: str
@@ -188,6 +189,7 @@ class InputPart:
 class RawBatch:
     """Rows as read, before validation, or the reason the part could not be read."""
 
+    index: int
     rows: FileRows | None
     error: str | None = None
 
@@ -201,13 +203,13 @@ def input_parts(days: Sequence[DailyPartition], fmt: str, schema: Schema) -> lis
         for path in day.files:
             if fmt == "csv":
                 check_header(str(path), schema)
-                parts.append(InputPart(str(path), day.day, fmt))
+                parts.append(InputPart(len(parts), str(path), day.day, fmt))
                 continue
             metadata = _parquet_metadata(path)
             column_sources(str(path), metadata.schema.to_arrow_schema(), schema)
             first_row = 0
             for group in range(metadata.num_row_groups):
-                parts.append(InputPart(str(path), day.day, fmt, group, first_row))
+                parts.append(InputPart(len(parts), str(path), day.day, fmt, group, first_row))
                 first_row += metadata.row_group(group).num_rows
     return parts
 
@@ -225,21 +227,22 @@ def read_part(part: InputPart, schema: Schema) -> RawBatch:
     try:
         with FileSystems.open(part.path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             if part.fmt == "csv":
-                return RawBatch(csv_rows(f.read(), part.path, part.day, schema))
+                return RawBatch(part.index, csv_rows(f.read(), part.path, part.day, schema))
             parquet = pq.ParquetFile(f)
             sources = column_sources(part.path, parquet.schema_arrow, schema)
             table = parquet.read_row_group(part.row_group, columns=schema.names)
     except InputError as exc:
-        return RawBatch(None, str(exc))
+        return RawBatch(part.index, None, str(exc))
     except (OSError, pa.ArrowException) as exc:
-        return RawBatch(None, f"{part.path}: cannot read as {part.fmt}: {first_line(exc)}")
+        message = f"{part.path}: cannot read as {part.fmt}: {first_line(exc)}"
+        return RawBatch(part.index, None, message)
     start = part.first_row + 1
     frame = pl.from_arrow(table).with_columns(
         pl.int_range(start, start + table.num_rows, dtype=pl.Int64).alias(ROW),
         pl.lit(part.day).alias(DAY),
     )
     rows = FileRows(part.path, frame.lazy(), sources, rules_for(schema, sources, csv=False))
-    return RawBatch(rows)
+    return RawBatch(part.index, rows)
 
 
 class ReadTransactions(beam.PTransform):
@@ -269,19 +272,19 @@ class _ValidateBatch(beam.DoFn):
 
     def process(self, batch: RawBatch) -> list:
         if batch.rows is None:
-            return [beam.pvalue.TaggedOutput(self.UNREADABLE, batch.error)]
+            return [beam.pvalue.TaggedOutput(self.UNREADABLE, (batch.index, batch.error))]
         try:
             valid, rejected = validate_batch(batch.rows, self._schema)
         except pl.exceptions.PolarsError as exc:
             message = f"{batch.rows.path}: cannot read: {first_line(exc)}"
-            return [beam.pvalue.TaggedOutput(self.UNREADABLE, message)]
+            return [beam.pvalue.TaggedOutput(self.UNREADABLE, (batch.index, message))]
         outputs: list = []
         n_rejected = 0 if rejected is None else rejected.height
         self._rows_read.inc(valid.height + n_rejected)
         if rejected is not None:
             self._rows_rejected.inc(n_rejected)
             text = rejected.to_arrow().cast(rejected_arrow_schema(self._schema))
-            outputs.append(beam.pvalue.TaggedOutput(self.REJECTED, text))
+            outputs.append(beam.pvalue.TaggedOutput(self.REJECTED, (batch.index, text)))
         if valid.height:
             outputs.append((batch.rows.path, valid))
         return outputs
@@ -294,8 +297,8 @@ def rejected_arrow_schema(schema: Schema) -> pa.Schema:
 
 class ValidateTransactions(beam.PTransform):
     """RawBatch -> (source, valid rows: the job's columns, `_source_file`, `_row`) main
-    output; 'rejected' rows (Arrow, as text) and 'unreadable' messages as tagged outputs.
-    Counts go to Beam metrics."""
+    output; (part index, rejected rows as Arrow text) and (part index, unreadable message)
+    as tagged outputs 'rejected' and 'unreadable'. Counts go to Beam metrics."""
 
     def __init__(self, schema: Schema):
         super().__init__()
@@ -555,14 +558,15 @@ def _empty_aggregates(task: AggregationTask) -> pd.DataFrame:
 
 class _ReleaseShard(beam.DoFn):
     """Every task's exact aggregates of one partition shard (and the public keys that fall in
-    it) -> each query's released rows, by `core.release` (tagged by query)."""
+    it) -> each query's released rows, by `core.release`, as (shard, table) tagged by query
+    (the shard names the file the rows are written to)."""
 
     def __init__(self, plan: JobPlan, tasks: JobTasks, schemas: dict[str, pa.Schema]):
         self._plan, self._tasks, self._schemas = plan, tasks, schemas
         self._released = Metrics.counter(METRICS_NAMESPACE, "partitions_released")
 
     def process(self, element) -> list:
-        _, grouped = element
+        shard, grouped = element
         exact: dict[str, pd.DataFrame] = {}
         for task in self._tasks.tasks:
             frames = [f for f in grouped.get(task.name, ()) if f is not None]
@@ -588,7 +592,7 @@ class _ReleaseShard(beam.DoFn):
                     released[schema.names], schema=schema, preserve_index=False
                 )
                 self._released.inc(table.num_rows)
-                outputs.append(beam.pvalue.TaggedOutput(query, table))
+                outputs.append(beam.pvalue.TaggedOutput(query, (shard, table)))
         return outputs
 
 
@@ -631,17 +635,42 @@ class ReleaseDP(beam.PTransform):
         )
 
 
+class _WriteParquetFile(beam.DoFn):
+    """(number, Arrow table) -> `<folder>/<prefix>-<number>.parquet`, through Beam's file
+    systems. One file per number, so a retried bundle overwrites its own file, and an exact
+    name: Beam's file sinks match their temporary files as patterns, which breaks in a folder
+    whose name holds `[` or `*` (a path is a path)."""
+
+    def __init__(self, folder: str, prefix: str, schema: pa.Schema):
+        self._folder, self._prefix, self._schema = folder, prefix, schema
+
+    def process(self, element) -> None:
+        number, table = element
+        write_parquet(parquet_name(self._folder, self._prefix, number), table.cast(self._schema))
+
+
+def parquet_name(folder: str, prefix: str, number: int) -> str:
+    return FileSystems.join(folder, f"{prefix}-{number:05d}.parquet")
+
+
+def write_parquet(path: str, table: pa.Table) -> None:
+    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        pq.write_table(table, handle)
+
+
 class WriteRelease(beam.PTransform):
-    """Released tables -> Parquet files `part-SSSSS-of-NNNNN.parquet` in the dataset folder.
-    The folder is inside the runner's staging area, published by rename only on success."""
+    """(partition shard, released table) -> `part-SSSSS.parquet` in the dataset folder (a
+    shard with nothing released writes no file; the engine writes an empty one for a query
+    that released nothing). The folder is in the runner's staging area, published only on
+    success."""
 
     def __init__(self, dataset_dir: Path, schema: pa.Schema):
         super().__init__()
         self._dir, self._schema = dataset_dir, schema
 
     def expand(self, tables):
-        return tables | "WriteParquet" >> WriteToParquetBatched(
-            str(self._dir / "part"), schema=self._schema, file_name_suffix=".parquet"
+        return tables | "WriteParquet" >> beam.ParDo(
+            _WriteParquetFile(str(self._dir), "part", self._schema)
         )
 
 
@@ -715,7 +744,7 @@ class BeamEngine:
         # Rejected rows and unreadable-file reports go through Beam's file systems to a
         # folder in the staging area (which every worker can reach where the release can be
         # written), are read back here, and the folder is removed before this returns.
-        scratch = Scratch(FileSystems.join(str(staging), SCRATCH))
+        scratch = Scratch(FileSystems.join(str(staging), SCRATCH), len(parts))
         try:
             scratch.create()
             pipeline = beam.Pipeline(options=self._options)
@@ -745,13 +774,13 @@ class BeamEngine:
             rejects = self._check_input(counters, job, scratch)
         finally:
             scratch.remove()
-        released = {
-            query.name: sum(
-                pq.ParquetFile(p).metadata.num_rows
-                for p in sorted((staging / query.name).glob("*.parquet"))
-            )
-            for query in job.plan.queries
-        }
+        released = {}
+        for query in job.plan.queries:
+            files = sorted((staging / query.name).glob("*.parquet"))
+            if not files:  # nothing released: the dataset still has its schema
+                empty = job.release_schema(query.name).empty_table()
+                write_parquet(parquet_name(str(staging / query.name), "part", 0), empty)
+            released[query.name] = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
         return EngineRun(rejects=rejects, released_partitions=released)
 
     def _build(
@@ -769,14 +798,11 @@ class BeamEngine:
         schema = input_schema(spec.privacy_unit, job.tasks.tasks)
         batches = pipeline | "ReadTransactions" >> ReadTransactions(parts, schema)
         checked = batches | "ValidateTransactions" >> ValidateTransactions(schema)
-        _ = checked[_ValidateBatch.REJECTED] | "WriteRejected" >> WriteToParquetBatched(
-            scratch.rejected,
-            schema=rejected_arrow_schema(schema),
-            num_shards=1,
-            shard_name_template="",
+        _ = checked[_ValidateBatch.REJECTED] | "WriteRejected" >> beam.ParDo(
+            _WriteParquetFile(scratch.folder, "rejected", rejected_arrow_schema(schema))
         )
-        _ = checked[_ValidateBatch.UNREADABLE] | "WriteUnreadable" >> beam.io.WriteToText(
-            scratch.unreadable, num_shards=1, shard_name_template=""
+        _ = checked[_ValidateBatch.UNREADABLE] | "WriteUnreadable" >> beam.ParDo(
+            _WriteText(scratch.folder, "unreadable")
         )
         aggregates = {
             task.name: (
@@ -805,17 +831,13 @@ class BeamEngine:
         if messages:
             raise InputError(messages[0])
         rows = counters.get("rows_read", 0)
-        rejected = scratch.rejected_rows()
+        schema = rejected_arrow_schema(input_schema(job.spec.privacy_unit, job.tasks.tasks))
+        rejected = scratch.rejected_rows(schema)  # parts in file order, rows in row order
         summary = RejectSummary(rows, rejected.num_rows, None)
         if rejected.num_rows:
-            order = {str(path): i for i, path in enumerate(p for d in job.days for p in d.files)}
-            frame = pl.from_arrow(rejected).with_columns(
-                pl.col(SOURCE).replace_strict(order, return_dtype=pl.Int64).alias("_file")
-            )
-            frame = frame.sort("_file", ROW).drop("_file")
-            path = write_rejected(frame.to_arrow(), job.quarantine)
-            first = first_rejected(frame, job.spec.input.format)
-            summary = RejectSummary(rows, frame.height, first, path)
+            path = write_rejected(rejected, job.quarantine)
+            first = first_rejected(pl.from_arrow(rejected), job.spec.input.format)
+            summary = RejectSummary(rows, rejected.num_rows, first, path)
         check_rejected_fraction(summary, job.spec.input.max_rejected_fraction)
         return summary
 
@@ -826,40 +848,60 @@ SCRATCH = "_scratch"
 @dataclass(frozen=True)
 class Scratch:
     """The folder (under the staging area) where workers leave rejected rows and unreadable
-    file reports for the launcher, through Beam's file systems. Exact file names (one shard
-    each), so nothing is matched as a pattern."""
+    file reports for the launcher, through Beam's file systems: one file per input part,
+    named by the part's index (exact names: nothing is matched as a pattern)."""
 
     folder: str
+    parts: int
 
     @property
-    def rejected(self) -> str:
-        return FileSystems.join(self.folder, "rejected.parquet")
-
-    @property
-    def unreadable(self) -> str:
-        return FileSystems.join(self.folder, "unreadable.txt")
+    def is_local(self) -> bool:
+        return FileSystems.get_scheme(self.folder) is None
 
     def create(self) -> None:
-        if FileSystems.get_scheme(self.folder) is None:
+        if self.is_local:
             private_folder(Path(self.folder))  # raw rows: owner-only, even for a moment
         else:
             FileSystems.mkdirs(self.folder)
 
     def unreadable_messages(self) -> list[str]:
-        if not FileSystems.exists(self.unreadable):
-            return []
-        with FileSystems.open(self.unreadable, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            return sorted(line for line in f.read().decode().splitlines() if line)
+        """The reports, in the launcher's order of the parts (files in day order)."""
+        messages = []
+        for index in range(self.parts):
+            path = FileSystems.join(self.folder, f"unreadable-{index:05d}.txt")
+            if FileSystems.exists(path):
+                with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                    messages.append(f.read().decode())
+        return messages
 
-    def rejected_rows(self) -> pa.Table:
-        if not FileSystems.exists(self.rejected):
-            return pa.table({SOURCE: pa.array([], pa.string())})
-        with FileSystems.open(self.rejected, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            return pq.read_table(f)
+    def rejected_rows(self, schema: pa.Schema) -> pa.Table:
+        """Every part's rejected rows, in the launcher's order of the parts."""
+        tables = [schema.empty_table()]
+        for index in range(self.parts):
+            path = parquet_name(self.folder, "rejected", index)
+            if FileSystems.exists(path):
+                with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                    tables.append(pq.read_table(f))
+        return pa.concat_tables(tables)
 
     def remove(self) -> None:
-        if FileSystems.exists(self.folder):
+        if self.is_local:  # Beam's local delete matches its argument as a pattern
+            shutil.rmtree(self.folder, ignore_errors=True)
+        elif FileSystems.exists(self.folder):
             FileSystems.delete([self.folder])
+
+
+class _WriteText(beam.DoFn):
+    """(number, text) -> `<folder>/<prefix>-<number>.txt` through Beam's file systems."""
+
+    def __init__(self, folder: str, prefix: str):
+        self._folder, self._prefix = folder, prefix
+
+    def process(self, element) -> None:
+        number, text = element
+        path = FileSystems.join(self._folder, f"{self._prefix}-{number:05d}.txt")
+        with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            f.write(text.encode())
 
 
 def _counters(result) -> dict[str, int]:
