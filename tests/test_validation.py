@@ -17,14 +17,24 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import DAYS
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dppipeline.engines.local_read import read_validated
+from dppipeline.engines.polars_rules import broken, column_flag, parsed, parsed_name
 from dppipeline.errors import InputError
 from dppipeline.io import DailyPartition
 from dppipeline.runner import run_job
 from dppipeline.schemas import transactions_schema
 from dppipeline.spec import build_spec
-from dppipeline.validation import RejectedRow, RejectSummary, check_rejected_fraction
+from dppipeline.validation import (
+    Check,
+    RejectedRow,
+    RejectSummary,
+    Source,
+    check_rejected_fraction,
+    rules_for,
+)
 
 HEADER = "TRANSACTION_ID,TX_DATETIME,CUSTOMER_ID,TERMINAL_ID,TX_AMOUNT"
 COLUMNS = HEADER.split(",")
@@ -507,3 +517,44 @@ def test_only_the_columns_a_job_reads_are_validated(engine, tmp_path, small_inpu
     said, rejected = run("by_day", ["day"])
     assert any(f"read {rows_total:,} rows; rejected 2" in line for line in said), said
     assert sorted(rejected["_reason"]) == ["CUSTOMER_ID is null", "TX_DATETIME is null"]
+
+
+# --------------------------------------------------------------------------- the rules
+
+
+NUMBER_CHARACTERS = [*"0123456789+-.eE \t\n,_xXdf", "inf", "nan", "Infinity", "\u0663", "\ufffd"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(NUMBER_CHARACTERS), max_size=6).map("".join), min_size=1))
+def test_polars_fast_flags_equal_the_whole_rule_chain(texts):
+    """For int64 and float64 text, the local engine flags a row by its failed parse alone and
+    runs the contract's regular expressions only for the reasons of rejected rows: the same
+    rows as the whole chain of rules, because Polars parses exactly the contract's grammars."""
+    schema = transactions_schema().subset(["TERMINAL_ID", "TX_AMOUNT"])
+    sources = dict.fromkeys(schema.names, Source.TEXT)
+    rules = rules_for(schema, sources, csv=False)
+    frame = pl.DataFrame({"TERMINAL_ID": texts, "TX_AMOUNT": texts}).with_columns(
+        parsed(f, Source.TEXT).alias(parsed_name(f.name)) for f in schema.fields
+    )
+    for field in schema.fields:
+        mine = [r for r in rules if r.column == field.name]
+        fast = frame.select(column_flag(field, Source.TEXT, rules)).to_series()
+        whole = frame.select(pl.any_horizontal([broken(r, sources) for r in mine])).to_series()
+        assert fast.to_list() == whole.to_list(), field.name
+
+
+def test_every_check_has_a_reason_that_names_its_column_and_no_value():
+    schema = transactions_schema()
+    for sources in (
+        dict.fromkeys(schema.names, Source.TEXT),
+        {**dict.fromkeys(schema.names, Source.FLOAT), "TX_DATETIME": Source.ZONED_TIMESTAMP},
+    ):
+        rules = rules_for(schema, sources, csv=True)
+        assert rules[0].check is Check.FIELDS
+        for rule in rules[1:]:
+            assert rule.reason.startswith(f"{rule.column} ")
+        assert len({r.reason for r in rules}) == len(rules) - sum(  # one text per rule, but
+            r.check is Check.NON_FINITE_TEXT
+            for r in rules  # nan text reads "not finite" too
+        )
