@@ -770,6 +770,19 @@ def test_non_finite_values_are_rejected_in_every_column_aggregated_or_filtered(
     assert np.abs(small.sort_index().to_numpy() - exact.to_numpy()).max() <= 20 * std
 
 
+def test_spark_public_text_keys_are_values_never_sql(spark):
+    """Issue 15 item 9: text keys go through the semi-join, which passes values: `${...}` is
+    kept as it is (Spark substitutes variables in SQL text), quotes and backslashes too."""
+    from dppipeline.engines.spark import keep_public
+
+    keys = pd.DataFrame({"k": ["${spark.app.name}", "a'b", "c\\d", "${x}"]})
+    candidates = [*keys["k"], "dppipeline-tests", "other"]
+    rows = spark.createDataFrame(pd.DataFrame({"k": candidates, "n": range(len(candidates))}))
+    kept = keep_public(rows, ["k"], keys)
+    assert "LeftSemi" in kept._jdf.queryExecution().analyzed().toString()
+    assert sorted(r["k"] for r in kept.collect()) == sorted(keys["k"])
+
+
 # ---------------------------------------------------------------------------------------------
 # The rules themselves, compiled twice
 

@@ -14,7 +14,6 @@ import pytest
 from dppipeline.cli import main
 from dppipeline.engines.beam import BeamEngine
 from dppipeline.errors import UsageError
-from dppipeline.quarantine import check_place
 from dppipeline.runner import run_job
 from dppipeline.spec import build_spec
 
@@ -126,6 +125,8 @@ def test_a_chosen_quarantine_is_used_from_the_flag_or_the_spec(small_inputs, tmp
 
 
 def test_a_quarantine_elsewhere_is_accepted(tmp_path):
+    from dppipeline.quarantine import check_place
+
     output = tmp_path / "share" / "release"
     check_place(tmp_path / "state" / "quarantine", output)
     check_place(tmp_path / "share" / "x" / "y", output)  # not in the parent's listing
@@ -142,12 +143,19 @@ def test_beam_leaves_no_scratch_outside_the_staging_area(small_inputs, tmp_path,
     with_one_bad_row(small_inputs, tmp_path / "in")
     output = tmp_path / "release"
     said: list[str] = []
-    run_job(
-        spec(tmp_path / "in", output),
-        BeamEngine(unit_shards=2, partition_shards=2),
-        echo=said.append,
-    )
+    seen: dict[str, list[str]] = {}
+
+    def echo(line: str) -> None:
+        said.append(line)
+        if "pipeline done" in line:  # the workers are done, the launcher has not read back
+            seen["temp"] = [p.name for p in local_temp.iterdir()]
+            seen["scratch"] = [p.name for p in tmp_path.glob(".release.staging-*/_scratch/*")]
+
+    engine = BeamEngine(unit_shards=2, partition_shards=2)
+    run_job(spec(tmp_path / "in", output), engine, echo=echo)
     assert any("rejected 1" in line for line in said), said
+    assert seen["scratch"] == ["rejected-00000.parquet"], seen
+    assert not [name for name in seen["temp"] if name.startswith("dppipeline")], seen
     assert not [p for p in local_temp.iterdir() if p.name.startswith("dppipeline")]
     assert sorted(p.name for p in output.iterdir()) == ["manifest.json", "terminal_stats"]
     assert not list(tmp_path.glob(".release*"))  # staging and its scratch removed

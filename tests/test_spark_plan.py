@@ -100,17 +100,6 @@ def test_public_filter_as_sql_text_equals_the_semi_join(spark, monkeypatch, keys
     assert len(kept_text) == 2 * len(values)
 
 
-def test_public_text_keys_are_values_never_sql(spark):
-    """Text keys go through the semi-join, which passes values: `${...}` is kept as it is
-    (Spark substitutes variables in SQL text), quotes and backslashes too."""
-    keys = pd.DataFrame({"k": ["${spark.app.name}", "a'b", "c\\d", "${x}"]})
-    candidates = [*keys["k"], "dppipeline-tests", "other"]
-    rows = spark.createDataFrame(pd.DataFrame({"k": candidates, "n": range(len(candidates))}))
-    kept = keep_public(rows, ["k"], keys)
-    assert "LeftSemi" in kept._jdf.queryExecution().analyzed().toString()
-    assert sorted(r["k"] for r in kept.collect()) == sorted(keys["k"])
-
-
 def test_bounding_shuffles_rows_once_by_privacy_unit(spark):
     """The plan's exchanges: the rows by privacy unit (serving both Linf and L0 bounding, so
     the per-unit ranking needs no exchange of its own), then the pair aggregates by key."""
