@@ -111,8 +111,9 @@ def _split_simple(
     if ends[-1] == (breaks[-1] + 1 if len(breaks) else 0):  # ends with a line break
         ends = ends[:-1]
     starts = np.concatenate(([0], ends[:-1] + 1))
-    commas = np.flatnonzero(raw == 0x2C)
-    fields = np.diff(np.searchsorted(commas, np.concatenate(([0], ends)))) + 1
+    # Commas per line: each line's span [start, next start) holds its bytes and its break.
+    commas = (raw == 0x2C).view(np.uint8)
+    fields = np.add.reduceat(commas, starts, dtype=np.int64) + 1
     lengths = ends - starts
     first = raw[np.minimum(starts, len(raw) - 1)]
     blank = (lengths == 0) | ((lengths == 1) & (first == 0x0D))

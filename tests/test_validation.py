@@ -523,20 +523,28 @@ def test_only_the_columns_a_job_reads_are_validated(engine, tmp_path, small_inpu
 
 
 NUMBER_CHARACTERS = [*"0123456789+-.eE \t\n,_xXdf", "inf", "nan", "Infinity", "\u0663", "\ufffd"]
+TIME_PIECES = ["2026-01-01", "2026-02-30", "2026-1-1", "0999-01-01", " ", "T", "\t"]
+TIME_PIECES += ["10:00:00", "23:59:60", "24:00:00", "9:00:00", ".5", ".1234567", "Z", "+01:00"]
+TIME_PIECES += [" UTC", "\ufffd", "\n", ":", "0", ""]
+
+
+def texts(pieces: list[str], size: int):
+    return st.lists(st.sampled_from(pieces), max_size=size).map("".join)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.lists(st.sampled_from(NUMBER_CHARACTERS), max_size=6).map("".join), min_size=1))
-def test_polars_fast_flags_equal_the_whole_rule_chain(texts):
-    """For int64 and float64 text, the local engine flags a row by its failed parse alone and
-    runs the contract's regular expressions only for the reasons of rejected rows: the same
-    rows as the whole chain of rules, because Polars parses exactly the contract's grammars."""
-    schema = transactions_schema().subset(["TERMINAL_ID", "TX_AMOUNT"])
+@given(st.lists(st.tuples(texts(NUMBER_CHARACTERS, 6), texts(TIME_PIECES, 5)), min_size=1))
+def test_polars_fast_flags_equal_the_whole_rule_chain(rows):
+    """The local engine flags int64 and float64 text by a failed parse alone and timestamp
+    text by its grammar (not also its UTF-8 and zone checks): the same rows as the whole
+    chain of rules, so the extra regular expressions run only for rejected rows' reasons."""
+    schema = transactions_schema().subset(["TX_DATETIME", "TERMINAL_ID", "TX_AMOUNT"])
     sources = dict.fromkeys(schema.names, Source.TEXT)
     rules = rules_for(schema, sources, csv=False)
-    frame = pl.DataFrame({"TERMINAL_ID": texts, "TX_AMOUNT": texts}).with_columns(
-        parsed(f, Source.TEXT).alias(parsed_name(f.name)) for f in schema.fields
-    )
+    numbers, times = [r[0] for r in rows], [r[1] for r in rows]
+    frame = pl.DataFrame(
+        {"TERMINAL_ID": numbers, "TX_AMOUNT": numbers, "TX_DATETIME": times, "_day": DAYS[0]}
+    ).with_columns(parsed(f, Source.TEXT).alias(parsed_name(f.name)) for f in schema.fields)
     for field in schema.fields:
         mine = [r for r in rules if r.column == field.name]
         fast = frame.select(column_flag(field, Source.TEXT, rules)).to_series()
