@@ -228,52 +228,67 @@ def _decoded(uri: Column) -> Column:
 # CSV
 
 
+_FILE = "_file"  # a CSV record's file, as its index in the listed files
+FILES_PER_TASK_TARGET = 4  # CSV tasks per core: whole files each, a few per task
+
+
 def _csv_groups(spark: SparkSession, days: list[DailyPartition], schema: Schema) -> list[_Group]:
     listed = [(str(path), day.day) for day in days for path in day.files]
     for path, _ in listed:  # the driver reads only the headers, to fail before any job
         check_header(path, schema)
     arrow_schema = csv_arrow_schema(schema)
-    files = spark.createDataFrame(listed, "path string, day date").repartition(len(listed))
-    frame = files.mapInArrow(
-        lambda batches: _tokenize(batches, schema, arrow_schema),
-        _spark_ddl(arrow_schema),
+    tasks = min(len(listed), spark.sparkContext.defaultParallelism * FILES_PER_TASK_TARGET)
+    indexed = [(i, path) for i, (path, _) in enumerate(listed)]
+    files = spark.createDataFrame(
+        spark.sparkContext.parallelize(indexed, tasks), "index int, path string"
+    )
+    records = files.mapInArrow(
+        lambda batches: _tokenize(batches, schema, arrow_schema), _spark_ddl(arrow_schema)
+    )
+    # The file's path and day travel as its index, not as text on every row.
+    paths = F.array(*[F.lit(path) for path, _ in listed])
+    days_ = F.array(*[F.lit(day) for _, day in listed])
+    position = F.col(_FILE) + 1
+    frame = records.select(
+        *[c for c in records.columns if c != _FILE],
+        F.element_at(paths, position).alias(SOURCE),
+        F.element_at(days_, position).alias(DAY),
     )
     sources = dict.fromkeys(schema.names, Source.TEXT)
     return [_Group(frame, sources, rules_for(schema, sources, csv=True))]
 
 
 def csv_arrow_schema(schema: Schema) -> pa.Schema:
+    """What the executors hand back per CSV record (or one `_error` row per unreadable file)."""
     return pa.schema(
         [pa.field(name, pa.string()) for name in schema.names]
         + [
-            pa.field(SOURCE, pa.string()),
+            pa.field(_FILE, pa.int32()),
             pa.field(ROW, pa.int64()),
             pa.field(FIELDS, pa.int32()),
             pa.field(HEADER_FIELDS, pa.int32()),
-            pa.field(DAY, pa.date32()),
             pa.field(ERROR, pa.string()),
         ]
     )
 
 
 def _spark_ddl(arrow_schema: pa.Schema) -> str:
-    types = {pa.string(): "string", pa.int64(): "bigint", pa.int32(): "int", pa.date32(): "date"}
+    types = {pa.string(): "string", pa.int64(): "bigint", pa.int32(): "int"}
     return ", ".join(f"`{f.name}` {types[f.type]}" for f in arrow_schema)
 
 
 def _tokenize(
     batches: Iterator[pa.RecordBatch], schema: Schema, arrow_schema: pa.Schema
 ) -> Iterator[pa.RecordBatch]:
-    """(path, day) rows -> each file's records (runs on the executors)."""
+    """(index, path) rows -> each file's records (runs on the executors)."""
     for batch in batches:
-        for path, day in zip(
-            batch.column("path").to_pylist(), batch.column("day").to_pylist(), strict=True
-        ):
-            yield from _file_records(path, day, schema, arrow_schema)
+        indexes, paths = batch.column("index").to_pylist(), batch.column("path").to_pylist()
+        for index, path in zip(indexes, paths, strict=True):
+            yield from _file_records(index, path, schema, arrow_schema)
 
 
 def _file_records(
-    path: str, day: dt.date, schema: Schema, arrow_schema: pa.Schema
+    index: int, path: str, schema: Schema, arrow_schema: pa.Schema
 ) -> Iterator[pa.RecordBatch]:
     import polars as pl  # noqa: PLC0415 (executors import it when they run this)
 
@@ -283,21 +298,19 @@ def _file_records(
         records = read_csv_records(data, path, schema)
     except OSError as exc:
         message = f"cannot read {path}: {exc.strerror or type(exc).__name__}"
-        yield _error_batch(path, message, arrow_schema)
+        yield _error_batch(index, message, arrow_schema)
         return
     except InputError as exc:
-        yield _error_batch(path, str(exc), arrow_schema)
+        yield _error_batch(index, str(exc), arrow_schema)
         return
     table = records.with_columns(
-        pl.lit(path).alias(SOURCE),
-        pl.lit(day).alias(DAY),
-        pl.lit(None, pl.String).alias(ERROR),
+        pl.lit(index, pl.Int32).alias(_FILE), pl.lit(None, pl.String).alias(ERROR)
     ).to_arrow()
     yield from table.select(arrow_schema.names).cast(arrow_schema).to_batches()
 
 
-def _error_batch(path: str, message: str, arrow_schema: pa.Schema) -> pa.RecordBatch:
-    values = {name: [None] for name in arrow_schema.names} | {SOURCE: [path], ERROR: [message]}
+def _error_batch(index: int, message: str, arrow_schema: pa.Schema) -> pa.RecordBatch:
+    values = {name: [None] for name in arrow_schema.names} | {_FILE: [index], ERROR: [message]}
     return pa.RecordBatch.from_pydict(values, schema=arrow_schema)
 
 
