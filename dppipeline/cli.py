@@ -179,7 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--start-date", type=_date, help="first day, inclusive")
     run.add_argument("--end-date", type=_date, help="last day, inclusive")
     run.add_argument("--max-rejected-fraction", type=float, help="fail above this reject share")
-    run.add_argument("--quarantine", help="folder for rejected rows (default <output>_quarantine)")
+    run.add_argument(
+        "--quarantine",
+        help="operator-only folder for rejected rows (default $DPPIPELINE_STATE_DIR/quarantine; "
+        "never inside or beside the release)",
+    )
     run.add_argument("--overwrite", action="store_true", help="replace an existing release")
     _add_ledger_flags(run)
     run.add_argument("--no-ledger", action="store_true", help="run without a budget ledger")

@@ -43,7 +43,6 @@ from dppipeline.queries import (
     input_schema,
     public_key_set,
     task_for,
-    validated_value,
 )
 from dppipeline.runner import input_days, make_plan, run_job
 from dppipeline.spec import JobSpec, QuerySpec, metric_column, percentile_of
@@ -119,7 +118,7 @@ def read_rows(spec: JobSpec, days: Sequence[DailyPartition]) -> pl.DataFrame:
     computed over exactly what the released values were computed from."""
     tasks = [task_for(q) for q in spec.query_specs]
     schema = input_schema(spec.privacy_unit, tasks)
-    return read_validated(list(days), spec.input.format, schema, validated_value(tasks)).rows
+    return read_validated(list(days), spec.input.format, schema).rows
 
 
 def true_values(rows: pl.DataFrame, query: QuerySpec, unit: str) -> pd.DataFrame:

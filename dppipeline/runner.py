@@ -55,6 +55,8 @@ from dppipeline.publication import (
     refuse_unsafe_target,
     remove_release,
 )
+from dppipeline.quarantine import default_root as quarantine_root
+from dppipeline.quarantine import run_folder
 from dppipeline.queries import check_query_columns, plan_tasks
 from dppipeline.signals import signals_deferred
 from dppipeline.spec import JobSpec
@@ -87,9 +89,10 @@ def make_plan(spec: JobSpec) -> JobPlan:
     )
 
 
-def default_quarantine(output: Path, run_id: str) -> Path:
-    """Beside the release, never inside it: `<output>_quarantine/<run_id>/`."""
-    return output.parent / f"{output.name}_quarantine" / run_id
+def default_quarantine(run_id: str, output: Path) -> Path:
+    """With the operator's state, never beside or inside a release:
+    `<state dir>/quarantine/<run_id>/` (see `dppipeline.quarantine`)."""
+    return run_folder(quarantine_root(), run_id, output)
 
 
 def load_engine(name: str, options: Sequence[str] = ()) -> Engine:
@@ -241,7 +244,10 @@ def run_job(
         raise InputError("a public key file changed while it was being read; run again")
     run_id = new_run_id()
     output = Path(spec.output)
-    quarantine = quarantine or default_quarantine(output, run_id)
+    chosen = quarantine or spec.input.quarantine
+    quarantine = (
+        run_folder(Path(chosen), run_id, output) if chosen else default_quarantine(run_id, output)
+    )
     guard = {
         "input_path": spec.input.path,
         "ledger_file": book.path if book is not None else None,

@@ -58,9 +58,17 @@ class InputSpec:
         default=0.001,
         metadata=_doc("Fail the run when more than this share of rows is rejected."),
     )
+    quarantine: str | None = field(
+        default=None,
+        metadata=_doc(
+            "Operator-only folder for rejected rows (default $DPPIPELINE_STATE_DIR/quarantine);"
+            " never inside or beside the release."
+        ),
+    )
 
     def __post_init__(self) -> None:
         _path_as_text(self, "path", "input.path")
+        _path_as_text(self, "quarantine", "input.quarantine")
         _one_of("input.format", self.format, INPUT_FORMATS)
         for name in ("start_date", "end_date"):
             value = getattr(self, name)
@@ -656,7 +664,12 @@ _SpecLoader.yaml_implicit_resolvers = {
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 
-_PATH_FIELDS = (("input", "path"), ("output",), ("partition_selection", "public_partitions"))
+_PATH_FIELDS = (
+    ("input", "path"),
+    ("input", "quarantine"),
+    ("output",),
+    ("partition_selection", "public_partitions"),
+)
 
 
 def resolve_paths(raw: Mapping[str, Any], base: Path) -> dict[str, Any]:

@@ -46,7 +46,7 @@ from dppipeline.engines.local import task_rows
 from dppipeline.engines.local_read import read_validated
 from dppipeline.errors import UsageError
 from dppipeline.ledger import Reservation
-from dppipeline.queries import input_schema, plan_tasks, validated_value
+from dppipeline.queries import input_schema, plan_tasks
 from dppipeline.runner import (
     budget_policy,
     input_days,
@@ -281,7 +281,7 @@ def _measure(spec, query, task, days, *, eps, partitions, progress) -> Tuning:
     # The raw value (no clipping: the quantiles choose the clipping bounds); every key.
     raw = replace(task, clip=(-math.inf, math.inf), public_keys=None)
     schema = input_schema(unit, [raw])
-    rows = read_validated(days, spec.input.format, schema, validated_value([raw])).rows
+    rows = read_validated(days, spec.input.format, schema).rows
     frame = task_rows(rows, raw, unit)
     keys = task.key_names or ["_all"]
     if not task.key_names:

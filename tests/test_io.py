@@ -4,6 +4,7 @@ test_publication.py)."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,59 @@ def test_discover_generated_inputs(small_inputs):
     csv = discover_partitions(small_inputs["csv"], "csv")
     assert [d.day for d in parquet] == [d.day for d in csv] == [D1, D2, D3]
     assert all(len(d.files) == 1 for d in parquet + csv)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+@pytest.mark.parametrize("kind", ["dangling", "looping"])
+def test_discover_refuses_a_broken_day_link(tmp_path, fmt, kind):
+    """A day file (or folder, or Parquet file) that is a broken or looping symbolic link is
+    an error naming it, never a day skipped while the manifest claims the whole range
+    (issue 15 item 9)."""
+    if fmt == "csv":
+        touch(tmp_path / "2026-01-01.csv")
+        link = tmp_path / "2026-01-02.csv"
+    else:
+        touch(tmp_path / "date=2026-01-01" / "part-00000.parquet")
+        touch(tmp_path / "date=2026-01-02" / "part-00000.parquet")
+        link = tmp_path / "date=2026-01-02" / "part-00001.parquet"
+    if kind == "dangling":
+        link.symlink_to(tmp_path / "gone.csv")
+    else:
+        link.symlink_to(link)
+    with pytest.raises(InputError) as info:
+        discover_partitions(tmp_path, fmt)
+    assert str(info.value) == f"{link}: a broken or looping symbolic link"
+
+
+def test_discover_refuses_a_dangling_day_folder(tmp_path):
+    touch(tmp_path / "date=2026-01-01" / "part-00000.parquet")
+    (tmp_path / "date=2026-01-02").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(InputError, match="date=2026-01-02: a broken or looping symbolic link"):
+        discover_partitions(tmp_path, "parquet")
+
+
+def test_discover_follows_a_good_link(tmp_path):
+    target = touch(tmp_path / "store" / "jan1.csv")
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "2026-01-01.csv").symlink_to(target)
+    assert discover_partitions(tmp_path / "in", "csv")[0].day == D1
+
+
+def test_discover_refuses_a_folder_named_like_a_parquet_file(tmp_path):
+    touch(tmp_path / "date=2026-01-01" / "part-00000.parquet" / "inner.parquet")
+    with pytest.raises(InputError, match=r"part-00000\.parquet: not a file"):
+        discover_partitions(tmp_path, "parquet")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any folder")
+def test_discover_unreadable_folder_is_one_line(tmp_path):
+    touch(tmp_path / "in" / "2026-01-01.csv")
+    (tmp_path / "in").chmod(0)
+    try:
+        with pytest.raises(InputError, match=r"cannot list input folder .*in: Permission denied"):
+            discover_partitions(tmp_path / "in", "csv")
+    finally:
+        (tmp_path / "in").chmod(0o755)
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
@@ -179,21 +233,56 @@ def test_read_public_partitions_strings(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("text", "line", "bad"),
+    ("text", "line", "bad", "rule"),
     [
-        ("TERMINAL_ID\n1\n2\nx7\n", 4, "x7"),
-        ("1\n\n2.5\n", 3, "2.5"),
-        ("terminal_id\n1\n", 1, "terminal_id"),
+        ("TERMINAL_ID\n1\n2\nx7\n", 4, "x7", "not a valid TERMINAL_ID key"),
+        ("1\n\n2.5\n", 3, "2.5", "not a valid TERMINAL_ID key"),
+        ("terminal_id\n1\n", 1, "terminal_id", "not a valid TERMINAL_ID key"),
+        ("1\n\u0663\n", 2, "\u0663", "not a valid TERMINAL_ID key"),  # not an ASCII digit
+        ("1\n9223372036854775808\n", 2, "9223372036854775808", "outside the int64 range"),
+        ("1\n-9223372036854775809\n", 2, "9223372036854775809", "outside the int64 range"),
     ],
 )
-def test_read_public_partitions_bad_key_names_the_line(tmp_path, text, line, bad):
+def test_read_public_partitions_bad_key_names_the_line(tmp_path, text, line, bad, rule):
+    """The line and the rule, never the key's text (issue 15 item 8: a key above int64 was a
+    traceback)."""
     path = touch(tmp_path / "keys.csv", text)
     with pytest.raises(InputError) as info:
         read_public_partitions(path, "TERMINAL_ID", "int64")
     message = str(info.value)
     assert str(path) in message
     assert f"line {line}:" in message
-    assert bad in message
+    assert rule in message
+    assert bad not in message
+
+
+def test_read_public_partitions_int64_limits(tmp_path):
+    path = touch(tmp_path / "keys.csv", "-9223372036854775808\n9223372036854775807\n+5\n")
+    keys = read_public_partitions(path, "TERMINAL_ID", "int64")["TERMINAL_ID"].tolist()
+    assert keys == [-(2**63), 2**63 - 1, 5]
+
+
+@pytest.mark.parametrize("dtype", ["int64", "string"])
+def test_read_public_partitions_strips_a_byte_order_mark(tmp_path, dtype):
+    path = tmp_path / "keys.csv"
+    path.write_bytes(b"\xef\xbb\xbfTERMINAL_ID\n3\n1\n")
+    keys = read_public_partitions(path, "TERMINAL_ID", dtype)["TERMINAL_ID"].tolist()
+    assert keys == ([3, 1] if dtype == "int64" else ["3", "1"])
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", ": a binary file, not text (one key per line)"),
+        (b"TERMINAL_ID\n1\n\xe9t\xe9\n", " line 3: not UTF-8 text"),
+    ],
+)
+def test_read_public_partitions_refuses_binary_or_non_utf8(tmp_path, data, words):
+    path = tmp_path / "keys.csv"
+    path.write_bytes(data)
+    with pytest.raises(InputError) as info:
+        read_public_partitions(path, "TERMINAL_ID", "int64")
+    assert str(info.value) == f"public partitions {path}{words}"
 
 
 @pytest.mark.parametrize("text", ["", "\n\n", "TERMINAL_ID\n"])

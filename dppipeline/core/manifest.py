@@ -173,10 +173,12 @@ def _query_entry(
 
 
 def _public_spec(spec: JobSpec) -> dict[str, Any]:
-    """The spec without local paths of the input and the release (not the partner's business)."""
+    """The spec without local paths of the input, the quarantine and the release (not the
+    partner's business)."""
     content = spec.to_dict()
     content.pop("output", None)
     content["input"].pop("path", None)
+    content["input"].pop("quarantine", None)
     return content
 
 

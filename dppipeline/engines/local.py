@@ -25,12 +25,12 @@ from dppipeline.engines.bounding import (
 from dppipeline.engines.local_read import read_validated
 from dppipeline.engines.polars_filter import to_polars
 from dppipeline.io import DailyPartition
+from dppipeline.quarantine import write_rejected
 from dppipeline.queries import (
     AggregationTask,
     KeyColumn,
     canonical_keys,
     input_schema,
-    validated_value,
 )
 from dppipeline.validation import RejectSummary, check_rejected_fraction
 
@@ -43,14 +43,6 @@ class EngineResult:
 
     aggregates: dict[str, pd.DataFrame]
     rejects: RejectSummary
-
-
-def write_quarantine(rejected: pl.DataFrame, folder: Path) -> Path:
-    """Rejected rows, as text with file, row and reason, in a folder outside the release."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "rejected.parquet"
-    rejected.write_parquet(path)
-    return path
 
 
 def key_expr(key: KeyColumn) -> pl.Expr:
@@ -139,10 +131,10 @@ def compute_aggregates(
     seed: int | None = None,
 ) -> EngineResult:
     """Read + validate once -> per task: filter, keys, clip, bound, aggregate per partition."""
-    validated = read_validated(days, fmt, input_schema(unit, tasks), validated_value(tasks))
+    validated = read_validated(days, fmt, input_schema(unit, tasks))
     summary = validated.summary
     if summary.rows_rejected:
-        path = write_quarantine(validated.rejected, quarantine)
+        path = write_rejected(validated.rejected.to_arrow(), quarantine)
         summary = RejectSummary(summary.rows_read, summary.rows_rejected, summary.first, path)
     check_rejected_fraction(summary, max_rejected_fraction)
     rng = np.random.default_rng(seed)

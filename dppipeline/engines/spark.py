@@ -43,14 +43,14 @@ from dppipeline.core.release import (
 )
 from dppipeline.engines import spark_read
 from dppipeline.engines.base import EngineRun, ReleaseJob, release_to_datasets
-from dppipeline.engines.local_read import first_rejected_row
 from dppipeline.engines.spark_filter import to_spark
 from dppipeline.engines.spark_session import (
     shuffle_partitions,
     start_spark_early,
     started_spark,
 )
-from dppipeline.errors import UsageError
+from dppipeline.errors import InputError, UsageError
+from dppipeline.quarantine import FILE_NAME, private_folder, seal
 from dppipeline.queries import (
     GLOBAL_KEY,
     AggregationTask,
@@ -58,7 +58,7 @@ from dppipeline.queries import (
     canonical_keys,
     input_schema,
 )
-from dppipeline.validation import RejectSummary, check_rejected_fraction
+from dppipeline.validation import RejectedRow, RejectSummary, check_rejected_fraction
 
 log = logging.getLogger("dppipeline.spark")
 
@@ -80,15 +80,17 @@ _ARROW_TO_SPARK = {
 
 
 def key_column(key: KeyColumn) -> Column:
-    """A partition key as a Spark column (time buckets from TX_DATETIME; weeks start Monday)."""
+    """A partition key as a Spark column (time buckets from TX_DATETIME; weeks start Monday).
+    TX_DATETIME is `timestamp_ntz` in UTC, and every bucket is computed from its date alone
+    (`date_trunc` and `date_format` would go through the session time zone)."""
     if key.bucket is None:
         return F.col(key.name)
-    moment = F.col(key.source)
+    day = F.to_date(F.col(key.source))
     if key.bucket == "day":
-        return F.to_date(moment).alias(key.name)
+        return day.alias(key.name)
     if key.bucket == "week":
-        return F.to_date(F.date_trunc("week", moment)).alias(key.name)
-    return F.date_format(moment, "yyyy-MM").alias(key.name)
+        return F.date_sub(day, F.weekday(day)).alias(key.name)
+    return F.format_string("%04d-%02d", F.year(day), F.month(day)).alias(key.name)
 
 
 def group_keys(task: AggregationTask) -> list[str]:
@@ -110,23 +112,23 @@ def task_rows(rows: DataFrame, task: AggregationTask, unit: str) -> DataFrame:
 
 
 def sql_literal(value: object) -> str | None:
-    """A key as Spark SQL literal text (int, text, date), or None for any other type."""
+    """A key as Spark SQL literal text (int or date), or None for any other type. Text keys
+    are never written as SQL: Spark would substitute `${...}` in them and its unescaping
+    depends on session settings; they take the semi-join, which passes values."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | np.integer):
         return str(int(value))
     if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
         return f"DATE'{value.isoformat()}'"
-    if isinstance(value, str):
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
     return None
 
 
 def keep_public(rows: DataFrame, keys: list[str], public_keys: pd.DataFrame) -> DataFrame:
-    """Rows whose key is listed: for one key column with up to INSET_MAX_KEYS keys an IN-set
-    filter written as SQL text (one call to the JVM, where `isin` makes one per key: 0.1 s
-    against 0.5 s for 1,000 keys, 0.5 s against 4.5 s for 10,000), else a broadcast
-    semi-join."""
+    """Rows whose key is listed: for one int or date key column with up to INSET_MAX_KEYS
+    keys an IN-set filter written as SQL text (one call to the JVM, where `isin` makes one per
+    key: 0.1 s against 0.5 s for 1,000 keys, 0.5 s against 4.5 s for 10,000), else a
+    broadcast semi-join."""
     if len(keys) == 1 and len(public_keys) <= INSET_MAX_KEYS:
         literals = [sql_literal(v) for v in public_keys[keys[0]].tolist()]
         if literals and None not in literals:
@@ -256,14 +258,9 @@ class SparkEngine:
             partitions = shuffle_partitions(input_bytes, parallelism)
             spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
         spark.sparkContext.setJobGroup("dppipeline", f"dppipeline {spec.name}: read + bound")
-        raw = spark_read.read_raw(spark, job.days, spec.input.format, schema)
-        validated = spark_read.validate(raw, schema, job.tasks.value_column)
+        inputs = spark_read.read_validated(spark, job.days, spec.input.format, schema)
         observation = Observation("validation")
-        validated = validated.observe(
-            observation,
-            F.count(F.lit(1)).alias("rows"),
-            F.count_if(F.col(spark_read.BAD)).alias("rejected"),
-        )
+        validated = inputs.validated.observe(observation, *spark_read.observed_counts())
         valid = spark_read.valid_rows(validated, schema)
         if len(tasks) > 1:  # read and validate once for all queries
             valid = valid.persist(StorageLevel.MEMORY_AND_DISK)
@@ -272,16 +269,21 @@ class SparkEngine:
                 job,
                 valid,
                 observation=observation,
-                validated=validated,
+                rejected=inputs.rejected,
                 staging=staging,
                 progress=progress,
             )
+        except Exception as exc:  # a file Spark could not read: one line naming it
+            failure = spark_read.read_failure(exc, [p for day in job.days for p in day.files])
+            if failure is None:
+                raise
+            raise failure from None
         finally:
             if len(tasks) > 1:
                 valid.unpersist()
 
     def _run_tasks(
-        self, job: ReleaseJob, valid: DataFrame, *, observation, validated, staging, progress
+        self, job: ReleaseJob, valid: DataFrame, *, observation, rejected, staging, progress
     ) -> EngineRun:
         """Each task's aggregates to the driver (one job per task: read, bound, aggregate),
         then the release by the core; or, for a one-query job with more partitions than the
@@ -297,9 +299,7 @@ class SparkEngine:
             frame = aggregates.limit(limit + 1).toPandas()
             if rejects is None:
                 progress("checking rejected rows")
-                rejects = self._check_rejects(
-                    observation.get, validated, job, input_schema(unit, tasks)
-                )
+                rejects = self._check_rejects(observation.get, rejected, job)
             if len(frame) > limit:
                 if len(tasks) > 1 or not task.keys:
                     raise UsageError(
@@ -317,26 +317,26 @@ class SparkEngine:
         assert rejects is not None
         return EngineRun(rejects=rejects, released_partitions=released_rows)
 
-    def _check_rejects(
-        self, metrics: dict, validated: DataFrame, job: ReleaseJob, schema
-    ) -> RejectSummary:
-        rows, rejected = int(metrics["rows"]), int(metrics["rejected"])
-        if rejected == 0:
-            summary = RejectSummary(rows, 0, None)
-            check_rejected_fraction(summary, job.spec.input.max_rejected_fraction)
-            return summary
-        quarantine = job.quarantine / "rejected.parquet"
-        bad = spark_read.rejected_rows(validated, schema, job.tasks.value_column)
-        bad.write.mode("overwrite").parquet(str(quarantine))
-        first_file = bad.select(F.min(spark_read.SOURCE)).first()[0]
-        first = first_rejected_row(
-            spark_read.local_path(first_file),
-            job.days,
-            job.spec.input.format,
-            schema,
-            job.tasks.value_column,
-        )
-        summary = RejectSummary(rows, rejected, first, quarantine)
+    def _check_rejects(self, metrics: dict, rejected: DataFrame, job: ReleaseJob) -> RejectSummary:
+        """A file that could not be split fails the run; rejected rows go to the quarantine
+        (a folder of Parquet parts, owner-only), and above max_rejected_fraction fail it,
+        naming the first bad file and row."""
+        if metrics["error"] is not None:
+            raise InputError(metrics["error"])
+        rows, count = int(metrics["rows"]), int(metrics["rejected"])
+        summary = RejectSummary(rows, count, None)
+        if count:
+            quarantine = private_folder(job.quarantine) / FILE_NAME
+            rejected.write.mode("overwrite").parquet(f"file:{quarantine}")
+            seal(quarantine)
+            head = rejected.orderBy(spark_read.SOURCE, spark_read.ROW).first()
+            first = RejectedRow(
+                file=head[spark_read.SOURCE],
+                row=head[spark_read.ROW],
+                reason=head[spark_read.REASON],
+                fmt=job.spec.input.format,
+            )
+            summary = RejectSummary(rows, count, first, quarantine)
         check_rejected_fraction(summary, job.spec.input.max_rejected_fraction)
         return summary
 
