@@ -200,7 +200,7 @@ def run_job(
         tasks=tasks,
         days=days,
         quarantine=quarantine or default_quarantine(output, run_id),
-        seed=seed,
+        salt=ReleaseJob.sampling_salt(seed),
         progress=lambda line: say(f"[{engine_impl.name}] {line}"),
     )
     eps_total, delta_total = plan.total_spent()

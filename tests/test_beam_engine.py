@@ -31,6 +31,7 @@ from dppipeline.engines.beam import (
     ValidateTransactions,
     WriteRelease,
 )
+from dppipeline.engines.sampling import new_salt
 from dppipeline.errors import InputError, UsageError
 from dppipeline.queries import plan_tasks, task_for
 from dppipeline.runner import make_plan
@@ -64,7 +65,7 @@ def batches(frame: pl.DataFrame, n: int) -> list[tuple[str, pl.DataFrame]]:
     return [(f"batch{i}", frame.slice(i * size, size)) for i in range(n)]
 
 
-def check_bounded_aggregates(elements, spec, check, shards=3, seed=None) -> None:
+def check_bounded_aggregates(elements, spec, check, shards=3, salt=None) -> None:
     """BoundContributions + AggregatePerPartition in a TestPipeline; `check` runs on the exact
     aggregates (one frame indexed by TERMINAL_ID) inside assert_that, as Beam matchers do."""
 
@@ -78,7 +79,7 @@ def check_bounded_aggregates(elements, spec, check, shards=3, seed=None) -> None
         aggregates = (
             pipeline
             | beam.Create(elements, reshuffle=False)
-            | BoundContributions(task, spec.privacy_unit, shards, shards, seed)
+            | BoundContributions(task, spec.privacy_unit, shards, shards, salt or new_salt())
             | AggregatePerPartition(task)
         )
         assert_that(aggregates, matcher)
@@ -119,7 +120,7 @@ def test_validate_transactions_tags_rejected_rows_and_counts_them():
             "TX_AMOUNT": ["10.5", "abc", "3"],
         }
     )
-    batch = RawBatch("day1.csv", "csv", text, whole_file=True)
+    batch = RawBatch("day1.csv", "csv", text)
     pipeline = BeamTestPipeline()
     checked = pipeline | beam.Create([batch]) | ValidateTransactions(SCHEMA, "TX_AMOUNT")
     valid = checked.valid | "ValidIds" >> beam.FlatMap(
@@ -171,7 +172,7 @@ def test_bound_contributions_holds_the_bounds_on_skewed_input():
         # The heavy customer's only terminal is always kept, with exactly Linf of its rows.
         assert linf <= agg.loc[0, "count"] <= counts.loc[pd.IndexSlice[:, 0]].sum()
 
-    check_bounded_aggregates(batches(shuffled, 5), spec, check, seed=3)
+    check_bounded_aggregates(batches(shuffled, 5), spec, check, salt=new_salt(3))
 
 
 def test_linf_sampling_is_uniform_across_bundles():

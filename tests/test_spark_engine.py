@@ -11,6 +11,7 @@ import pytest
 from conftest import check_count_noise_as_planned, release_small
 from scipy.stats import norm
 
+from dppipeline.engines.sampling import new_salt
 from dppipeline.engines.spark import bound_and_aggregate
 from dppipeline.errors import InputError
 from dppipeline.queries import task_for
@@ -27,15 +28,18 @@ def spec_for(**overrides):
     return build_spec({}, base)
 
 
-def frame(spark, customers, terminals, values):
+def frame(spark, customers, terminals, values, partitions=4):
+    """Valid rows as the reader gives them: typed columns and the row identity."""
     pdf = pd.DataFrame(
         {
             "CUSTOMER_ID": np.asarray(customers, dtype=np.int64),
             "TERMINAL_ID": np.asarray(terminals, dtype=np.int64),
             "TX_AMOUNT": np.asarray(values, dtype=np.float64),
+            "_source_file": "memory",
+            "_row": np.arange(len(customers), dtype=np.int64),
         }
     )
-    return spark.createDataFrame(pdf)
+    return spark.createDataFrame(pdf).repartition(partitions)
 
 
 def test_skewed_input_respects_bounds(spark):
@@ -53,7 +57,7 @@ def test_skewed_input_respects_bounds(spark):
     )
     task = task_for(spec.query_specs[0])  # no public keys: every key is aggregated
     agg = (
-        bound_and_aggregate(rows, task, spec.privacy_unit, seed=3)
+        bound_and_aggregate(rows, task, spec.privacy_unit, new_salt(3))
         .toPandas()
         .set_index("TERMINAL_ID")
     )
@@ -84,7 +88,10 @@ def test_linf_sampling_is_uniform(spark):
     )
     task = task_for(spec.query_specs[0])
     sums = (
-        bound_and_aggregate(rows, task, spec.privacy_unit).toPandas()["sum"].astype(int).to_numpy()
+        bound_and_aggregate(rows, task, spec.privacy_unit, new_salt())
+        .toPandas()["sum"]
+        .astype(int)
+        .to_numpy()
     )
     assert len(sums) == n_customers
     kept = (sums[:, None] >> np.arange(n_rows)) & 1

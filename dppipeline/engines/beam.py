@@ -12,12 +12,14 @@ Bounding is exact whatever the bundles are:
 
 - Rows are routed to `unit_shards` shards by a stable hash of the privacy unit, so all of a
   unit's rows meet in one shard.
-- Linf: every row gets a uniform random priority and a combiner keeps, per (privacy unit,
-  partition) pair, the `max_contributions_per_partition` lowest. Bottom-k of random priorities
-  is a uniform sample and composes across bundles, so the combiner cuts data before the
-  shuffle (a customer with 100,000 rows at one terminal ships 10 of them).
-- L0: per shard, `bounding.sample_contributions` (the local engine's code) keeps a uniform
-  sample of `max_partitions_contributed` partitions per unit and aggregates them.
+- Linf: every row gets its priority, a keyed hash of the run's secret salt and the row's
+  identity (file, row number), and a combiner keeps, per (privacy unit, partition) pair, the
+  `max_contributions_per_partition` lowest. Bottom-k composes across bundles, so the combiner
+  cuts data before the shuffle (a customer with 100,000 rows at one terminal ships 10 of
+  them), and a retried bundle keeps the same rows.
+- L0: per shard, `bounding.sample_contributions` (the local engine's code) keeps the
+  `max_partitions_contributed` pairs per unit of lowest keyed hash of (salt, key, unit) and
+  aggregates them.
 - Per-partition partial aggregates are routed to `partition_shards` shards by a stable hash of
   the key, summed by a combiner, aligned with the public partitions (a PCollection joined by
   CoGroupByKey) and released by `core.release` in a DoFn: one batch per shard.
@@ -34,7 +36,6 @@ import math
 import shutil
 import tempfile
 import time
-import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +47,9 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io import fileio
-from apache_beam.io.parquetio import ReadAllFromParquetBatched, WriteToParquetBatched
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.io.parquetio import WriteToParquetBatched
 from apache_beam.metrics.metric import Metrics, MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.typehints import KV, Any
@@ -76,6 +79,12 @@ from dppipeline.engines.local_read import (
     ragged_csv_line,
     validate_batch,
 )
+from dppipeline.engines.sampling import (
+    SamplingKeys,
+    pair_priorities,
+    partition_seeds,
+    row_priorities,
+)
 from dppipeline.errors import InputError, UsageError
 from dppipeline.queries import (
     AggregationTask,
@@ -84,7 +93,7 @@ from dppipeline.queries import (
     input_schema,
     release_job,
 )
-from dppipeline.schemas import Schema
+from dppipeline.schemas import Schema, transactions_schema
 from dppipeline.validation import RejectSummary, check_rejected_fraction
 
 log = logging.getLogger("dppipeline.beam")
@@ -110,13 +119,14 @@ class RawBatch:
     source: str
     fmt: str
     frame: pl.DataFrame | None
-    whole_file: bool
+    first_row: int | None = None  # a Parquet row group: its first row's number in the file
     error: str | None = None
 
 
 @dataclass(frozen=True)
 class ContributionBlock:
-    """Clipped contributions, column-wise, each with its uniform random priority."""
+    """Clipped contributions, column-wise, each with its Linf sampling priority (a keyed hash
+    of the run's salt and the row's identity, see `engines.sampling`)."""
 
     unit: np.ndarray
     key: np.ndarray
@@ -142,30 +152,32 @@ class ContributionBlock:
             *(np.concatenate([getattr(b, f) for b in blocks]) for f in _BLOCK_FIELDS)
         )
 
-    def pair_codes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(unit codes, key codes, key values, pair codes) for the rows of this block."""
-        unit_codes, _ = pd.factorize(self.unit)
+    def pair_codes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(unit codes, unit values, key codes, key values, pair codes) for this block's rows;
+        code i has value values[i]."""
+        unit_codes, unit_values = pd.factorize(self.unit)
         key_codes, key_values = pd.factorize(self.key)
         n_keys = max(len(key_values), 1)
         pair = unit_codes.astype(np.int64) * n_keys + key_codes
-        return unit_codes, key_codes.astype(np.int64), np.asarray(key_values), pair
+        return (
+            unit_codes.astype(np.int64),
+            np.asarray(unit_values),
+            key_codes.astype(np.int64),
+            np.asarray(key_values),
+            pair,
+        )
 
     def bottom_k_per_pair(self, k: int) -> ContributionBlock:
-        """The k lowest-priority rows of each (privacy unit, partition) pair."""
+        """The k lowest-priority rows of each (privacy unit, partition) pair (equal
+        priorities, a hash collision, settled by value: the same rows whatever the order
+        bundles arrive in)."""
         if len(self) <= k:
             return self
-        _, _, _, pair = self.pair_codes()
-        return self.take(bottom_k_per_group(pair, self.priority, k))
+        *_, pair = self.pair_codes()
+        return self.take(bottom_k_per_group(pair, self.priority, k, self.value))
 
 
 _BLOCK_FIELDS = ("unit", "key", "priority", "value")
-
-
-def _rng(seed: int | None, *parts: object) -> np.random.Generator:
-    """Fresh entropy, or (tests) a generator derived from the seed and the element."""
-    if seed is None:
-        return np.random.default_rng()
-    return np.random.default_rng([seed, *(zlib.crc32(str(p).encode()) for p in parts)])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,13 +196,30 @@ class _ParseCsvFile(beam.DoFn):
             line = ragged_csv_line(data.decode(errors="replace").splitlines())
             where = f" line {line}: wrong number of fields" if line else ""
             message = f"{path}{where}: cannot read as csv: {first_line(exc)}"
-            return [RawBatch(path, "csv", None, True, message)]
-        return [RawBatch(path, "csv", frame, True)]
+            return [RawBatch(path, "csv", None, error=message)]
+        return [RawBatch(path, "csv", frame)]
+
+
+class _ReadParquetRowGroups(beam.DoFn):
+    """One Parquet file -> one batch per row group, each with its first row's number in the
+    file (rows keep their identity, `_row`, whichever worker reads them)."""
+
+    def __init__(self, columns: Sequence[str]):
+        self._columns = list(columns)
+
+    def process(self, path: str) -> Iterator[RawBatch]:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            parquet = pq.ParquetFile(handle)
+            first_row = 1
+            for group in range(parquet.num_row_groups):
+                table = parquet.read_row_group(group, columns=self._columns)
+                yield RawBatch(path, "parquet", pl.from_arrow(table), first_row=first_row)
+                first_row += table.num_rows
 
 
 class ReadTransactions(beam.PTransform):
-    """The selected daily files -> RawBatch elements. Parquet through Beam's Parquet source
-    (splittable by row group); CSV through `fileio` (one element per file)."""
+    """The selected daily files -> RawBatch elements. Parquet one row group at a time (with
+    its first row's number); CSV through `fileio` (one element per file)."""
 
     def __init__(self, files: Sequence[str], fmt: str, schema: Schema):
         super().__init__()
@@ -201,14 +230,8 @@ class ReadTransactions(beam.PTransform):
         if self._fmt == "parquet":
             return (
                 files
-                | "ReadParquetRowGroups"
-                >> ReadAllFromParquetBatched(columns=self._schema.names, with_filename=True)
-                | "ToBatches"
-                >> beam.MapTuple(
-                    lambda path, table: RawBatch(
-                        path, "parquet", pl.from_arrow(table), whole_file=False
-                    )
-                )
+                | "SpreadFiles" >> beam.Reshuffle()
+                | "ReadParquetRowGroups" >> beam.ParDo(_ReadParquetRowGroups(self._schema.names))
             )
         return (
             files
@@ -236,7 +259,7 @@ class _ValidateBatch(beam.DoFn):
                 batch.fmt,
                 self._schema,
                 self._value,
-                row_numbers=batch.whole_file,
+                first_row=batch.first_row,
             )
         except InputError as exc:
             return [beam.pvalue.TaggedOutput(self.UNREADABLE, str(exc))]
@@ -326,14 +349,15 @@ def encode_key_frame(keys: pd.DataFrame, task: AggregationTask) -> np.ndarray:
 
 class _ClipAndShard(beam.DoFn):
     """Valid rows -> (unit shard, ContributionBlock): the task's filter, keys and public
-    keys applied, values clipped, every row given a uniform random priority."""
+    keys applied, values clipped, every row given its Linf priority from its identity."""
 
-    def __init__(self, task: AggregationTask, unit: str, unit_shards: int, seed: int | None):
+    def __init__(self, task: AggregationTask, unit: str, unit_shards: int, salt: bytes):
         self._task, self._unit = task, unit
-        self._shards, self._seed = unit_shards, seed
+        self._shards, self._salt = unit_shards, salt
         self._public: pl.DataFrame | None = None
 
     def setup(self) -> None:
+        self._keys = SamplingKeys.from_salt(self._salt)
         if self._task.public_keys is not None:  # converted once per worker, not per batch
             self._public = pl.from_pandas(self._task.public_keys, include_index=False)
 
@@ -345,8 +369,12 @@ class _ClipAndShard(beam.DoFn):
         units = frame.get_column(self._unit).to_numpy()
         keys = encode_keys(frame, self._task)
         values = frame.get_column("_value").to_numpy()
-        rng = _rng(self._seed, self._task.name, source, len(units), units[0], keys[-1])
-        block = ContributionBlock(units, keys, rng.random(len(units)), values)
+        # A batch holds rows of one file: (source, `_row`) identifies each row.
+        positions = frame.get_column(ROW).to_numpy() if ROW in frame.columns else None
+        if positions is None:  # rows built in memory (tests): numbered within the batch
+            positions = np.arange(frame.height)
+        priority = row_priorities(self._keys, [source], np.zeros(len(units), np.int64), positions)
+        block = ContributionBlock(units, keys, priority, values)
         shard = stable_shard(units, self._shards)
         order = np.argsort(shard, kind="stable")
         bounds = np.flatnonzero(np.diff(shard[order])) + 1
@@ -401,27 +429,38 @@ class _SampleRowsPerPair(_CompactingCombineFn):
 class _SamplePartitionsPerUnit(beam.DoFn):
     """L0 + aggregation within a unit shard -> (partition shard, partial aggregates)."""
 
-    def __init__(self, task: AggregationTask, partition_shards: int, seed: int | None):
+    def __init__(self, task: AggregationTask, unit: str, partition_shards: int, salt: bytes):
         self._task, self._key = task, encoded_key(task)
-        self._shards, self._seed = partition_shards, seed
+        self._unit_kind = transactions_schema().field(unit).type
+        self._shards, self._salt = partition_shards, salt
         self._pairs = Metrics.counter(METRICS_NAMESPACE, "pairs_after_linf")
 
+    def setup(self) -> None:
+        self._keys = SamplingKeys.from_salt(self._salt)
+
     def process(self, element) -> list:
-        shard, block = element
+        _, block = element
         if block is None or len(block) == 0:
             return []
-        unit_codes, key_codes, key_values, _ = block.pair_codes()
+        unit_codes, unit_values, key_codes, key_values, _ = block.pair_codes()
         n_keys = max(len(key_values), 1)
         task = self._task
+        seeds = partition_seeds(
+            self._keys, decode_keys(key_values, task), [k.kind for k in task.keys]
+        )
         # The rows are already <= Linf per pair; sample_contributions keeps them all and
-        # samples L0 partitions per unit, uniformly, exactly as the local engine does.
+        # keeps the L0 pairs of lowest priority per unit, exactly as the local engine does.
         sample = sample_contributions(
-            unit_codes.astype(np.int64),
+            unit_codes,
             key_codes,
             n_keys=n_keys,
             max_partitions_contributed=task.max_partitions_contributed,
             max_contributions_per_partition=task.max_contributions_per_partition,
-            rng=_rng(self._seed, task.name, "l0", shard),
+            row_priority=block.priority,
+            pair_priority=lambda units, codes: pair_priorities(
+                seeds[codes], unit_values[units], self._unit_kind
+            ),
+            values=block.value,
         )
         self._pairs.inc(len(sample.pair_key_codes))
         bounded = aggregate_per_partition(
@@ -442,7 +481,7 @@ class _SamplePartitionsPerUnit(beam.DoFn):
 
 class BoundContributions(beam.PTransform):
     """(source, valid rows) -> (partition shard, partial aggregates) of one task: Linf then
-    L0, uniform."""
+    L0, each keeping the entries of lowest priority under the run's salt."""
 
     def __init__(
         self,
@@ -450,10 +489,10 @@ class BoundContributions(beam.PTransform):
         unit: str,
         unit_shards: int,
         partition_shards: int,
-        seed: int | None,
+        salt: bytes,
     ):
         super().__init__()
-        self._task, self._unit, self._seed = task, unit, seed
+        self._task, self._unit, self._salt = task, unit, salt
         self._unit_shards, self._partition_shards = unit_shards, partition_shards
 
     def expand(self, valid):
@@ -462,13 +501,13 @@ class BoundContributions(beam.PTransform):
             valid
             | "ClipAndShardByPrivacyUnit"
             >> beam.ParDo(
-                _ClipAndShard(task, self._unit, self._unit_shards, self._seed)
+                _ClipAndShard(task, self._unit, self._unit_shards, self._salt)
             ).with_output_types(KV[int, Any])
             | "SampleRowsPerPartition"
             >> beam.CombinePerKey(_SampleRowsPerPair(task.max_contributions_per_partition))
             | "SamplePartitionsPerUnit"
             >> beam.ParDo(
-                _SamplePartitionsPerUnit(task, self._partition_shards, self._seed)
+                _SamplePartitionsPerUnit(task, self._unit, self._partition_shards, self._salt)
             ).with_output_types(KV[int, Any])
         )
 
@@ -763,7 +802,7 @@ class BeamEngine:
                 checked.valid
                 | f"BoundContributions[{task.name}]"
                 >> BoundContributions(
-                    task, spec.privacy_unit, unit_shards, partition_shards, job.seed
+                    task, spec.privacy_unit, unit_shards, partition_shards, job.salt
                 )
                 | f"AggregatePerPartition[{task.name}]" >> AggregatePerPartition(task)
             )

@@ -33,7 +33,8 @@ ROW = "_row"
 
 @dataclass
 class ValidatedInput:
-    """Rows that passed validation (schema types) and those that did not (all as text)."""
+    """Rows that passed validation (schema types, plus their identity `_source_file` and
+    `_row`) and those that did not (all as text)."""
 
     rows: pl.DataFrame
     rejected: pl.DataFrame
@@ -145,19 +146,19 @@ def validate_batch(
     schema: Schema,
     value_column: str,
     *,
-    row_numbers: bool = True,
+    first_row: int | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame | None]:
     """Validates rows already in memory (e.g. a Beam element): the same rules as a file.
 
-    `row_numbers=False` for a batch that does not start at the file's first row (a Parquet
-    row group): its rejected rows then carry no row number rather than a wrong one.
+    `first_row`: the row number of the batch's first row in its file, for a batch that does
+    not start the file (a Parquet row group); rows keep their numbers in the file.
     """
     error = missing_column_error(frame.columns, source, schema)
     if error:
         raise error
     flagged = parse_and_flag(frame.lazy(), frame.schema, schema, value_column).collect()
     return split_rows(
-        flagged, source, fmt, schema, _rules(schema, value_column), row_numbers=row_numbers
+        flagged, source, fmt, schema, _rules(schema, value_column), first_row=first_row
     )
 
 
@@ -201,23 +202,23 @@ def split_rows(
     schema: Schema,
     rules: list[tuple[pl.Expr, pl.Expr]],
     *,
-    row_numbers: bool = True,
+    first_row: int | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame | None]:
-    """(valid rows with schema types, rejected rows as text with file, row and reason)."""
-    first_row = 2 if fmt == "csv" else 1  # CSV: the header is line 1
+    """(valid rows with schema types and `_row`, rejected rows as text with file, row and
+    reason). `first_row`: the row number of the frame's first row (default: the file's)."""
+    if first_row is None:
+        first_row = 2 if fmt == "csv" else 1  # CSV: the header is line 1
+    # Row identity (sampling priorities): every row's line or row number in its file, taken
+    # before blank lines are dropped so that line numbers survive their removal.
+    frame = frame.with_row_index(ROW, offset=first_row)
     if fmt == "csv":
-        # A blank line reads as a row of nulls: not a transaction, not a reject. The row index
-        # is taken first so that line numbers survive its removal.
+        # A blank line reads as a row of nulls: not a transaction, not a reject.
         blank = pl.all_horizontal(pl.col(schema.names).is_null())
-        frame = frame.with_row_index(ROW, offset=first_row).filter(~blank)
+        frame = frame.filter(~blank)
     bad = frame.get_column(_BAD)
     rejected = None
     if bad.any():
         frame = frame.rechunk()  # polars can panic filtering a multi-chunk frame by a mask
-        if not row_numbers:
-            frame = frame.with_columns(pl.lit(None, pl.UInt32).alias(ROW))
-        elif ROW not in frame.columns:
-            frame = frame.with_row_index(ROW, offset=first_row)
         rejected = frame.filter(bad.rechunk()).select(
             pl.lit(source).alias(SOURCE),
             ROW,
@@ -225,7 +226,10 @@ def split_rows(
             *[pl.col(n).cast(pl.String) for n in schema.names],
         )
         frame = frame.filter(~bad.rechunk())
-    return frame.select(pl.col(_parsed(n)).alias(n) for n in schema.names), rejected
+    valid = frame.select(
+        *[pl.col(_parsed(n)).alias(n) for n in schema.names], pl.col(ROW).cast(pl.Int64)
+    )
+    return valid, rejected
 
 
 def read_validated(
@@ -240,10 +244,12 @@ def read_validated(
         _raise_for_unreadable_file(files, frames, fmt)
         raise
     rules = _rules(schema, value_column)
+    # Row identity (sampling priorities): the file as text, stored once per file (an Enum).
+    file_type = pl.Enum([str(path) for path in files])
     valid_parts, rejected_parts = [], []
     for path, frame in zip(files, collected, strict=True):
         valid, rejected = split_rows(frame, str(path), fmt, schema, rules)
-        valid_parts.append(valid)
+        valid_parts.append(valid.with_columns(pl.lit(str(path), dtype=file_type).alias(SOURCE)))
         if rejected is not None:
             rejected_parts.append(rejected)
     rows = pl.concat(valid_parts, rechunk=True) if valid_parts else pl.DataFrame()

@@ -44,6 +44,7 @@ from dppipeline.core.release import (
 from dppipeline.engines import spark_read
 from dppipeline.engines.base import EngineRun, ReleaseJob, release_to_datasets
 from dppipeline.engines.local_read import first_rejected_row
+from dppipeline.engines.sampling import SamplingKeys
 from dppipeline.engines.spark_filter import to_spark
 from dppipeline.engines.spark_session import (
     shuffle_partitions,
@@ -70,6 +71,8 @@ def driver_release_max_partitions() -> int:
 
 
 VALUE = "_value"
+PRIORITY = "_priority"
+LINF_SECRET, L0_SECRET = "_linf_secret", "_l0_secret"
 INSET_MAX_KEYS = 10_000
 _ARROW_TO_SPARK = {
     "int64": "bigint",
@@ -97,7 +100,7 @@ def group_keys(task: AggregationTask) -> list[str]:
 
 
 def task_rows(rows: DataFrame, task: AggregationTask, unit: str) -> DataFrame:
-    """(unit, keys..., clipped value) of the rows the task's filter keeps."""
+    """(unit, keys..., clipped value, row identity) of the rows the task's filter keeps."""
     if task.filter is not None:
         rows = rows.where(to_spark(task.filter))
     keys = [key_column(k) for k in task.keys] or [F.lit(0).alias(GLOBAL_KEY)]
@@ -106,7 +109,7 @@ def task_rows(rows: DataFrame, task: AggregationTask, unit: str) -> DataFrame:
     else:
         low, high = task.clip
         value = F.least(F.greatest(F.col(task.value).cast("double"), F.lit(low)), F.lit(high))
-    return rows.select(unit, *keys, value.alias(VALUE))
+    return rows.select(unit, *keys, value.alias(VALUE), spark_read.SOURCE, spark_read.ROW)
 
 
 def sql_literal(value: object) -> str | None:
@@ -136,57 +139,100 @@ def keep_public(rows: DataFrame, keys: list[str], public_keys: pd.DataFrame) -> 
     return rows.join(F.broadcast(listed), on=keys, how="left_semi")
 
 
-def bound_and_aggregate(
-    rows: DataFrame, task: AggregationTask, unit: str, seed: int | None = None
-) -> DataFrame:
-    """Typed input rows -> the task's exact bounded aggregates per partition."""
+def sampling_secrets(spark: SparkSession, salt: bytes) -> DataFrame:
+    """The run's two sampling secrets (`engines.sampling`) as a one-row DataFrame: data, not
+    literals, which every Spark plan, `explain` and the SQL tab of the UI would print."""
+    keys = SamplingKeys.from_salt(salt)
+    return spark.createDataFrame([(keys.linf, keys.l0)], f"{LINF_SECRET} long, {L0_SECRET} long")
+
+
+def with_secret(frame: DataFrame, secrets: DataFrame, name: str) -> DataFrame:
+    """`frame` with one secret as a column (a broadcast cross join with the one-row table)."""
+    return frame.crossJoin(F.broadcast(secrets.select(name)))
+
+
+def bounded_pairs(rows: DataFrame, task: AggregationTask, unit: str, salt: bytes) -> DataFrame:
+    """Typed input rows -> one row per kept (privacy unit, partition) pair with its count,
+    sum, ...: at most Linf rows per pair and L0 pairs per unit, those of lowest priority."""
     keys = group_keys(task)
     rows = task_rows(rows, task, unit)
     if task.public_keys is not None:
         # Before L0 bounding, so no privacy unit spends its L0 on partitions never released;
         # before the shuffle, so rows of unlisted partitions never travel.
         rows = keep_public(rows, keys, task.public_keys)
-    # One shuffle of the (unit, keys, value) rows by privacy unit serves both bounding steps:
-    # every pair and every unit is then whole in one task, so Spark aggregates pairs and ranks
-    # a unit's pairs without another exchange (and collects each pair's values once, with no
-    # partial lists to merge).
+    secrets = sampling_secrets(rows.sparkSession, salt)
+    # Each row's Linf priority, one long computed before the shuffle (file names never
+    # travel): xxhash64(secret, file, row).
+    rows = with_secret(rows, secrets, LINF_SECRET).select(
+        unit,
+        *keys,
+        VALUE,
+        F.xxhash64(LINF_SECRET, spark_read.SOURCE, spark_read.ROW).alias(PRIORITY),
+    )
+    # One shuffle of the rows by privacy unit serves both bounding steps: every pair and every
+    # unit is then whole in one task, so Spark aggregates pairs and ranks a unit's pairs
+    # without another exchange (and collects each pair's entries once, with no partial lists
+    # to merge).
     rows = rows.repartition(unit)
-    # Linf: a uniform sample of rows per (privacy unit, partition): the pair's values are
-    # collected by a hash aggregate, randomly permuted, and the first Linf kept.
+    # Linf: a pair's (priority, value) entries are collected by a hash aggregate; only a pair
+    # with more than Linf of them is sorted (by priority, then value) and cut to its Linf
+    # lowest. The kept rows depend on neither the order the entries arrive in nor the task.
     linf = task.max_contributions_per_partition
-    sampled = F.slice(F.shuffle(F.collect_list(VALUE), seed), 1, linf)
+    entries = F.col("_entries")
+    kept = F.when(F.size(entries) > linf, F.slice(F.array_sort(entries), 1, linf)).otherwise(
+        entries
+    )
+    values = F.col("_values")
     pair_aggregates = [
-        F.size("_values").alias("count"),
-        F.aggregate("_values", F.lit(0.0), lambda total, x: total + x).alias("sum"),
+        F.size(values).alias("count"),
+        F.aggregate(values, F.lit(0.0), lambda total, x: total + x).alias("sum"),
     ]
     if task.sum_squares:
         pair_aggregates.append(
-            F.aggregate("_values", F.lit(0.0), lambda total, x: total + x * x).alias(SUM_SQUARES)
+            F.aggregate(values, F.lit(0.0), lambda total, x: total + x * x).alias(SUM_SQUARES)
         )
     if task.values:
-        pair_aggregates.append(F.col("_values"))
+        pair_aggregates.append(values)
     # (privacy unit, key) -> count, sum, ...
     pairs = (
         rows.groupBy(unit, *keys)
-        .agg(sampled.alias("_values"))
+        .agg(F.collect_list(F.struct(PRIORITY, VALUE)).alias("_entries"))
+        .select(unit, *keys, F.transform(kept, lambda e: e[VALUE]).alias("_values"))
         .select(unit, *keys, *pair_aggregates)
     )
-    # L0: a uniform sample of partitions per privacy unit, each counted once.
-    per_unit = Window.partitionBy(unit).orderBy(F.rand(None if seed is None else seed + 1))
-    pairs = pairs.withColumn("_rank", F.row_number().over(per_unit)).where(
-        F.col("_rank") <= task.max_partitions_contributed
+    # L0: per privacy unit, the pairs of lowest xxhash64(secret, key..., unit) (a global total
+    # has one pair per unit: nothing to rank).
+    if not task.keys:
+        return pairs
+    rank = F.xxhash64(L0_SECRET, *task.key_names, unit)
+    per_unit = Window.partitionBy(unit).orderBy(rank, *task.key_names)
+    return (
+        with_secret(pairs, secrets, L0_SECRET)
+        .withColumn("_rank", F.row_number().over(per_unit))
+        .where(F.col("_rank") <= task.max_partitions_contributed)
+        .drop("_rank", L0_SECRET)
     )
-    # (key) -> privacy_id_count, count, sum, ...
-    partition_aggregates = [
+
+
+def partition_aggregates(pairs: DataFrame, task: AggregationTask) -> DataFrame:
+    """Kept pairs -> per partition privacy_id_count, count, sum, ... (one exchange)."""
+    aggregates = [
         F.count(F.lit(1)).alias("privacy_id_count"),
         F.sum("count").alias("count"),
         F.sum("sum").cast("double").alias("sum"),
     ]
     if task.sum_squares:
-        partition_aggregates.append(F.sum(SUM_SQUARES).cast("double").alias(SUM_SQUARES))
+        aggregates.append(F.sum(SUM_SQUARES).cast("double").alias(SUM_SQUARES))
     if task.values:
-        partition_aggregates.append(F.flatten(F.collect_list("_values")).alias(VALUES))
-    return pairs.groupBy(*keys).agg(*partition_aggregates)
+        aggregates.append(F.flatten(F.collect_list("_values")).alias(VALUES))
+    return pairs.groupBy(*group_keys(task)).agg(*aggregates)
+
+
+def bound_and_aggregate(
+    rows: DataFrame, task: AggregationTask, unit: str, salt: bytes
+) -> DataFrame:
+    """Typed input rows -> the task's exact bounded aggregates per partition."""
+    return partition_aggregates(bounded_pairs(rows, task, unit, salt), task)
 
 
 def to_aggregates_frame(exact: pd.DataFrame, task: AggregationTask) -> pd.DataFrame:
@@ -293,7 +339,7 @@ class SparkEngine:
         for task in tasks:
             self.spark.sparkContext.setJobGroup("dppipeline", f"dppipeline {task.name}: bound")
             progress(f"{task.name}: filtering, bounding contributions, aggregating")
-            aggregates = bound_and_aggregate(valid, task, unit, job.seed)
+            aggregates = bound_and_aggregate(valid, task, unit, job.salt)
             frame = aggregates.limit(limit + 1).toPandas()
             if rejects is None:
                 progress("checking rejected rows")

@@ -152,8 +152,14 @@ def reason(schema: Schema, value_column: str) -> Column:
 
 
 def valid_rows(validated: DataFrame, schema: Schema) -> DataFrame:
+    """Rows that passed, with their schema types and their identity (sampling priorities):
+    `_source_file` and `_row`, the Parquet row number or, for CSV (Spark keeps no line
+    numbers), `monotonically_increasing_id()` of the scan, which a retried task recomputes
+    the same."""
     return validated.where(~F.col(BAD)).select(
-        *[F.col(_parsed(name)).alias(name) for name in schema.names]
+        *[F.col(_parsed(name)).alias(name) for name in schema.names],
+        F.col(SOURCE),
+        F.coalesce(F.col(ROW), F.monotonically_increasing_id()).alias(ROW),
     )
 
 
