@@ -73,6 +73,7 @@ def driver_release_max_partitions() -> int:
 VALUE = "_value"
 PRIORITY = "_priority"
 LINF_SECRET, L0_SECRET = "_linf_secret", "_l0_secret"
+MIN_BY_MAX_K = 100_000  # the largest k Spark's min_by takes
 INSET_MAX_KEYS = 10_000
 _ARROW_TO_SPARK = {
     "int64": "bigint",
@@ -170,18 +171,20 @@ def bounded_pairs(rows: DataFrame, task: AggregationTask, unit: str, salt: bytes
         F.xxhash64(LINF_SECRET, spark_read.SOURCE, spark_read.ROW).alias(PRIORITY),
     )
     # One shuffle of the rows by privacy unit serves both bounding steps: every pair and every
-    # unit is then whole in one task, so Spark aggregates pairs and ranks a unit's pairs
-    # without another exchange (and collects each pair's entries once, with no partial lists
-    # to merge).
+    # unit is then whole in one task, so Spark samples each pair's rows and ranks a unit's
+    # pairs without another exchange.
     rows = rows.repartition(unit)
-    # Linf: a pair's (priority, value) entries are collected by a hash aggregate; only a pair
-    # with more than Linf of them is sorted (by priority, then value) and cut to its Linf
-    # lowest. The kept rows depend on neither the order the entries arrive in nor the task.
+    # Linf: per pair, Spark's bottom-k aggregate (`min_by` with k) keeps the values of the Linf
+    # lowest (priority, value) entries, in that order: the same values and the same
+    # floating-point sums whatever order the rows arrive in.
     linf = task.max_contributions_per_partition
-    entries = F.col("_entries")
-    kept = F.when(F.size(entries) > linf, F.slice(F.array_sort(entries), 1, linf)).otherwise(
-        entries
-    )
+    order = F.struct(PRIORITY, VALUE)
+    if linf <= MIN_BY_MAX_K:
+        kept = F.min_by(VALUE, order, linf)
+    else:  # beyond min_by's limit: every entry collected, sorted, cut
+        kept = F.transform(
+            F.slice(F.array_sort(F.collect_list(order)), 1, linf), lambda e: e[VALUE]
+        )
     values = F.col("_values")
     pair_aggregates = [
         F.size(values).alias("count"),
@@ -195,10 +198,7 @@ def bounded_pairs(rows: DataFrame, task: AggregationTask, unit: str, salt: bytes
         pair_aggregates.append(values)
     # (privacy unit, key) -> count, sum, ...
     pairs = (
-        rows.groupBy(unit, *keys)
-        .agg(F.collect_list(F.struct(PRIORITY, VALUE)).alias("_entries"))
-        .select(unit, *keys, F.transform(kept, lambda e: e[VALUE]).alias("_values"))
-        .select(unit, *keys, *pair_aggregates)
+        rows.groupBy(unit, *keys).agg(kept.alias("_values")).select(unit, *keys, *pair_aggregates)
     )
     # L0: per privacy unit, the pairs of lowest xxhash64(secret, key..., unit) (a global total
     # has one pair per unit: nothing to rank).
