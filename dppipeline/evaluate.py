@@ -34,8 +34,8 @@ from dppipeline.core.intervals import half_width, sum_half_width
 from dppipeline.core.manifest import MANIFEST_NAME
 from dppipeline.engines.local import aggregate_task, key_expr
 from dppipeline.engines.local_read import read_validated
-from dppipeline.engines.sampling import SamplingKeys, new_salt
 from dppipeline.engines.polars_filter import to_polars
+from dppipeline.engines.sampling import SamplingKeys, new_salt
 from dppipeline.errors import UsageError
 from dppipeline.io import DailyPartition
 from dppipeline.queries import (
