@@ -57,6 +57,7 @@ from apache_beam.typehints import KV, Any
 from dppipeline.core.budget import JobPlan
 from dppipeline.core.release import (
     AGGREGATE_COLUMNS,
+    AGGREGATE_DTYPES,
     SUM_SQUARES,
     VALUES,
 )
@@ -105,7 +106,6 @@ BYTES_PER_ROW_ESTIMATE = 12  # compressed Parquet / CSV bytes per transaction, r
 MIN_SHARDS, MAX_SHARDS = 4, 4096
 COMPACT_EVERY = 16  # combiner: compact an accumulator after this many added blocks
 PUBLIC_CHUNK = 100_000
-AGGREGATE_DTYPES = {"privacy_id_count": "int64", "count": "int64", "sum": "float64"}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -267,6 +267,20 @@ def release_on_executors(
     return aggregates.mapInPandas(release_batches, StructType.fromDDL(ddl))
 
 
+EMPTY_RELATION_RULE = "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation"
+
+
+def keep_observations_of_empty_results(spark: SparkSession) -> None:
+    """Zero rows must not change a run's outcome. When a task's filter matches no row,
+    adaptive execution replaces the empty stage, with the CollectMetrics node that counts the
+    rows read, by an empty relation, and the observation never arrives (SPARK-54620): the run
+    would crash. Excluding that one AQE rule keeps the node (the empty stage still runs)."""
+    key = "spark.sql.adaptive.optimizer.excludedRules"
+    excluded = [r for r in (spark.conf.get(key, "") or "").split(",") if r.strip()]
+    if EMPTY_RELATION_RULE not in excluded:
+        spark.conf.set(key, ",".join([*excluded, EMPTY_RELATION_RULE]))
+
+
 class SparkEngine:
     """Spark engine: the same job on `local[*]`, a standalone cluster, YARN or Kubernetes."""
 
@@ -301,6 +315,7 @@ class SparkEngine:
             parallelism = spark.sparkContext.defaultParallelism
             partitions = shuffle_partitions(input_bytes, parallelism)
             spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+        keep_observations_of_empty_results(spark)
         spark.sparkContext.setJobGroup("dppipeline", f"dppipeline {spec.name}: read + bound")
         raw = spark_read.read_raw(spark, job.days, spec.input.format, schema)
         validated = spark_read.validate(raw, schema, job.tasks.value_column)
