@@ -212,13 +212,12 @@ def _query_section(name: str, query: dict[str, Any], rows: pd.DataFrame, chart: 
 
 
 def _bound_text(entry: dict[str, Any]) -> str:
-    """Mean and variance: the manifest's bound on their noise std, per partition size."""
+    """Mean and variance: the manifest's bound on their noise std, for partitions of n rows."""
     bound = entry["noise_stddev_bound"]
     at = ", ".join(
-        f"{fmt(std)} at {fmt(rows)} rows"
-        for rows, std in zip(bound["rows"], bound["stddev"], strict=True)
+        f"{fmt(std)} at n={fmt(n)}" for n, std in zip(bound["n"], bound["stddev"], strict=True)
     )
-    return f"at most {fmt(bound['stddev_times_rows_for_large_n'])} / rows ({at})"
+    return f"at most {fmt(bound['stddev_times_n_for_large_n'])} / n for n rows ({at})"
 
 
 def _cell(value: Any) -> Any:

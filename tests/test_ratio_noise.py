@@ -154,6 +154,6 @@ def test_plan_manifest_and_report_state_the_bound():
         assert f"{_num(bound(plan, 1000))} at n=1,000" in text
         entry = manifest["queries"][spec.name]["metrics"][metric]
         bound_entry = entry["noise_stddev_bound"]
-        stated = dict(zip(bound_entry["rows"], bound_entry["stddev"], strict=True))
+        stated = dict(zip(bound_entry["n"], bound_entry["stddev"], strict=True))
         assert stated[1000] == bound(plan, 1000)
-        assert "at 1,000 rows" in _bound_text(entry)
+        assert "at n=1,000" in _bound_text(entry)

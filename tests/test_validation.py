@@ -112,7 +112,7 @@ def test_csv_rejects_counted_with_reasons_and_lines(tmp_path):
     assert raw["TRANSACTION_ID"] == "3"
 
     rows = result.rows
-    assert rows.columns == COLUMNS
+    assert rows.columns == [*COLUMNS, "_row", "_source_file"]  # the row identity (sampling)
     assert rows.schema["TX_DATETIME"] == pl.Datetime("us")
     assert rows.schema["CUSTOMER_ID"] == pl.Int64
     assert rows.schema["TX_AMOUNT"] == pl.Float64
@@ -188,7 +188,7 @@ def test_parquet_rejects_counted_with_reasons_and_rows(tmp_path):
     assert "abc" in text_reasons[4]
 
     rows = result.rows
-    assert rows.columns == COLUMNS
+    assert rows.columns == [*COLUMNS, "_row", "_source_file"]  # the row identity (sampling)
     assert rows["TRANSACTION_ID"].to_list() == [0, 5, 6, 8]
     assert rows["TX_AMOUNT"].to_list() == [1.0, 5.0, 1.5, 3.5]
     assert rows["TX_DATETIME"][3] == dt.datetime(2026, 1, 2, 0, 0, 2)

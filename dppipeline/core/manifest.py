@@ -190,9 +190,9 @@ def _ratio_noise_entry(plan: BudgetPlan, metric: str) -> dict[str, Any]:
         return {}
     return {
         "noise_stddev_bound": {
-            "rows": list(STD_BOUND_ROWS),
+            "n": list(STD_BOUND_ROWS),
             "stddev": [ratio_stddev_bound(plan, metric, n) for n in STD_BOUND_ROWS],
-            "stddev_times_rows_for_large_n": ratio_stddev_times_rows(plan, metric),
+            "stddev_times_n_for_large_n": ratio_stddev_times_rows(plan, metric),
         }
     }
 
