@@ -195,9 +195,17 @@ def test_priorities_are_sparks_own_xxhash64(spark):
         index=pd.MultiIndex.from_frame(rows[["_source_file", "_row"]]),
     )
     assert spark_priority.sort_index().tolist() == mine.sort_index().tolist()
-    plan = frame.select(F.xxhash64(LINF_SECRET, "_source_file", "_row"))._jdf
+    # The secrets are data, not literals: no plan of a whole bounding shows them.
+    spec = spec_for(**{"bounds.max_partitions_contributed": 2})
+    pairs = bounded_pairs(
+        spark.createDataFrame(rows), task_for(spec.query_specs[0]), spec.privacy_unit, salt
+    )
+    pairs.collect()
+    execution = pairs._jdf.queryExecution()
+    plans = execution.toString() + execution.executedPlan().toString()
     keys = SamplingKeys.from_salt(salt)
-    assert str(keys.linf) not in plan.queryExecution().toString()  # data, not a literal
+    assert "xxhash64" in plans
+    assert str(keys.linf) not in plans and str(keys.l0) not in plans
 
 
 def test_same_salt_keeps_the_same_rows_whatever_the_partitioning(spark):

@@ -147,7 +147,10 @@ def sampling_secrets(spark: SparkSession, salt: bytes) -> DataFrame:
     """The run's two sampling secrets (`engines.sampling`) as a one-row DataFrame: data, not
     literals, which every Spark plan, `explain` and the SQL tab of the UI would print."""
     keys = SamplingKeys.from_salt(salt)
-    return spark.createDataFrame([(keys.linf, keys.l0)], f"{LINF_SECRET} long, {L0_SECRET} long")
+    # From pandas: a LocalRelation in the JVM (a list of tuples would be a Python RDD, which
+    # starts Python workers to produce one row).
+    secrets = pd.DataFrame({LINF_SECRET: [keys.linf], L0_SECRET: [keys.l0]}, dtype="int64")
+    return spark.createDataFrame(secrets)
 
 
 def with_secret(frame: DataFrame, secrets: DataFrame, name: str) -> DataFrame:
