@@ -35,6 +35,7 @@ from dppipeline.core.manifest import MANIFEST_NAME
 from dppipeline.engines.local import aggregate_task, key_expr
 from dppipeline.engines.local_read import read_validated
 from dppipeline.engines.polars_filter import to_polars
+from dppipeline.engines.sampling import SamplingKeys, new_salt
 from dppipeline.errors import UsageError
 from dppipeline.io import DailyPartition
 from dppipeline.queries import (
@@ -214,7 +215,8 @@ def bounded_values(
     """One sample of the exact aggregates after contribution bounding and clipping, with no
     noise: what the noise is added to. Same code as the local engine (unlisted public keys
     dropped before bounding, as it does)."""
-    exact = aggregate_task(rows, replace(task, public_keys=public), unit, np.random.default_rng(0))
+    keys = SamplingKeys.from_salt(new_salt(0))
+    exact = aggregate_task(rows, replace(task, public_keys=public), unit, keys)
     exact = exact.astype({"count": "float64", "sum": "float64", "privacy_id_count": "float64"})
     exact["mean"] = (exact["sum"] / exact["count"]).where(exact["count"] > 0)
     return exact

@@ -274,7 +274,7 @@ def run_job(
             tasks=tasks,
             days=days,
             quarantine=quarantine,
-            seed=seed,
+            salt=ReleaseJob.sampling_salt(seed),
             progress=lambda line: say(f"[{engine_impl.name}] {line}"),
         )
         manifest = _release(

@@ -7,7 +7,7 @@ covers a canonical form of the spec:
 
 - every field equal to its default is omitted, so a field added later with a default (an
   upgrade) keeps every existing key;
-- no paths (input folder, output folder, quarantine folder): moving data or releases changes nothing;
+- no paths (input, output and quarantine folders): moving data or releases changes nothing;
 - no ledger-only fields (`budget.scope`, caps, window): they govern the ledger, not the numbers;
 - public key files by the sha256 of their bytes, never by path: an edited key list is a new
   release, a moved one is not.

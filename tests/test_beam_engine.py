@@ -35,6 +35,7 @@ from dppipeline.engines.beam import (
     input_parts,
 )
 from dppipeline.engines.local_read import FileRows
+from dppipeline.engines.sampling import new_salt
 from dppipeline.errors import InputError, UsageError
 from dppipeline.io import discover_partitions
 from dppipeline.queries import plan_tasks, task_for
@@ -70,7 +71,7 @@ def batches(frame: pl.DataFrame, n: int) -> list[tuple[str, pl.DataFrame]]:
     return [(f"batch{i}", frame.slice(i * size, size)) for i in range(n)]
 
 
-def check_bounded_aggregates(elements, spec, check, shards=3, seed=None) -> None:
+def check_bounded_aggregates(elements, spec, check, shards=3, salt=None) -> None:
     """BoundContributions + AggregatePerPartition in a TestPipeline; `check` runs on the exact
     aggregates (one frame indexed by TERMINAL_ID) inside assert_that, as Beam matchers do."""
 
@@ -84,7 +85,7 @@ def check_bounded_aggregates(elements, spec, check, shards=3, seed=None) -> None
         aggregates = (
             pipeline
             | beam.Create(elements, reshuffle=False)
-            | BoundContributions(task, spec.privacy_unit, shards, shards, seed)
+            | BoundContributions(task, spec.privacy_unit, shards, shards, salt or new_salt())
             | AggregatePerPartition(task)
         )
         assert_that(aggregates, matcher)
@@ -189,7 +190,7 @@ def test_bound_contributions_holds_the_bounds_on_skewed_input():
         # The heavy customer's only terminal is always kept, with exactly Linf of its rows.
         assert linf <= agg.loc[0, "count"] <= counts.loc[pd.IndexSlice[:, 0]].sum()
 
-    check_bounded_aggregates(batches(shuffled, 5), spec, check, seed=3)
+    check_bounded_aggregates(batches(shuffled, 5), spec, check, salt=new_salt(3))
 
 
 def test_linf_sampling_is_uniform_across_bundles():
@@ -438,3 +439,52 @@ def test_cli_passes_pipeline_options_to_beam_and_refuses_them_elsewhere(
     )
     assert code == 0
     assert pq.read_table(tmp_path / "b" / "terminal_stats").num_rows > 0
+
+
+def test_same_salt_keeps_the_same_rows_whatever_the_bundles(tmp_path):
+    """A retried or re-split bundle must keep the same rows: the same rows (identified by file
+    and row number) cut into 3 or 7 elements in another order, with other shard counts, give
+    the same exact aggregates, equal to the local engine's; another salt gives others."""
+    from dppipeline.engines.local import aggregate_task
+    from dppipeline.engines.sampling import SamplingKeys
+
+    rng = np.random.default_rng(8)
+    n = 6000
+    frame = rows_frame(
+        rng.integers(0, 300, n), rng.integers(0, 40, n), rng.integers(1, 100, n).astype(float)
+    ).with_columns(pl.Series("_row", np.arange(1, n + 1, dtype=np.int64)))
+    spec = spec_for(
+        **{"bounds.max_partitions_contributed": 3, "bounds.max_contributions_per_partition": 2}
+    )
+    task = task_for(spec.query_specs[0])
+    salt = new_salt()
+
+    def elements(frame, parts):
+        size = math.ceil(frame.height / parts)
+        return [("day.parquet", frame.slice(i * size, size)) for i in range(parts)]
+
+    def keep(name):
+        def check(agg):  # runs on a pickled copy: the result comes back through a file
+            agg.to_parquet(tmp_path / f"{name}.parquet")
+
+        return check
+
+    shuffled = frame.sample(fraction=1.0, shuffle=True, seed=2)
+    for name, parts, shards, the_salt in (
+        ("a", 3, 2, salt),
+        ("b", 7, 5, salt),
+        ("other", 3, 2, new_salt()),
+    ):
+        source = frame if name == "a" else shuffled
+        check_bounded_aggregates(elements(source, parts), spec, keep(name), shards, the_salt)
+    results = {name: pd.read_parquet(tmp_path / f"{name}.parquet") for name in ("a", "b", "other")}
+    local = aggregate_task(
+        frame.with_columns(pl.lit("day.parquet").alias("_source_file")),
+        task,
+        spec.privacy_unit,
+        SamplingKeys.from_salt(salt),
+    ).set_index("TERMINAL_ID")
+    columns = ["privacy_id_count", "count", "sum"]
+    pd.testing.assert_frame_equal(results["a"][columns], results["b"][columns])
+    pd.testing.assert_frame_equal(results["a"][columns], local[columns], check_dtype=False)
+    assert not results["a"][columns].equals(results["other"][columns])

@@ -14,6 +14,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from dppipeline.engines import spark as spark_engine
+from dppipeline.engines.sampling import new_salt
 from dppipeline.engines.spark import bound_and_aggregate, keep_public, sql_literal
 from dppipeline.engines.spark_read import footer_ddl
 from dppipeline.queries import task_for
@@ -102,7 +103,8 @@ def test_public_filter_as_sql_text_equals_the_semi_join(spark, monkeypatch, keys
 
 def test_bounding_shuffles_rows_once_by_privacy_unit(spark):
     """The plan's exchanges: the rows by privacy unit (serving both Linf and L0 bounding, so
-    the per-unit ranking needs no exchange of its own), then the pair aggregates by key."""
+    the per-unit ranking needs no exchange of its own), then the pair aggregates by key; the
+    sampling secrets come as a broadcast one-row table."""
     spec = build_spec(
         {},
         {
@@ -116,11 +118,22 @@ def test_bounding_shuffles_rows_once_by_privacy_unit(spark):
         },
     )
     rows = spark.createDataFrame(
-        pd.DataFrame({"CUSTOMER_ID": [1, 1, 2], "TERMINAL_ID": [7, 8, 7], "TX_AMOUNT": [1.0] * 3})
+        pd.DataFrame(
+            {
+                "CUSTOMER_ID": [1, 1, 2],
+                "TERMINAL_ID": [7, 8, 7],
+                "TX_AMOUNT": [1.0] * 3,
+                "_source_file": "f",
+                "_row": [1, 2, 3],
+            }
+        )
     )
-    aggregates = bound_and_aggregate(rows, task_for(spec.query_specs[0]), "CUSTOMER_ID")
+    task = task_for(spec.query_specs[0])
+    aggregates = bound_and_aggregate(rows, task, "CUSTOMER_ID", new_salt())
     plan = aggregates._jdf.queryExecution().executedPlan().toString()
     exchanges = re.findall(r"Exchange hashpartitioning\((\w+)#", plan)
     assert exchanges == ["TERMINAL_ID", "CUSTOMER_ID"], plan  # top of the plan first
-    assert "ObjectHashAggregate" in plan and "Window" in plan
+    assert "min_by" in plan and "Window" in plan  # Linf bottom-k, L0 ranking
+    # The only other exchanges broadcast the one-row table of sampling secrets.
+    assert len(re.findall(r"Exchange", plan)) == 2 + len(re.findall(r"BroadcastExchange", plan))
     assert aggregates.agg(F.sum("count")).first()[0] == 3

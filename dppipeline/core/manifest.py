@@ -17,7 +17,14 @@ from typing import Any
 
 from dppipeline import __version__
 from dppipeline.core.budget import BudgetPlan, JobPlan, privacy_units_needed
-from dppipeline.core.intervals import INTERVAL_METRICS, LEVEL, metric_half_width
+from dppipeline.core.intervals import (
+    INTERVAL_METRICS,
+    LEVEL,
+    STD_BOUND_ROWS,
+    metric_half_width,
+    ratio_stddev_bound,
+    ratio_stddev_times_rows,
+)
 from dppipeline.spec import JobSpec, QuerySpec, metric_column, percentile_of
 
 MANIFEST_NAME = "manifest.json"
@@ -159,6 +166,7 @@ def _query_entry(
                 "column": metric_column(metric),
                 "noise_stddev": plan.metric_noise_stddev(metric),
                 "ci95_half_width": metric_half_width(plan, metric),
+                **_ratio_noise_entry(plan, metric),
                 "mechanisms": _metric_mechanisms(plan, metric),
                 **_interval_entry(plan, metric),
             }
@@ -180,6 +188,20 @@ def _public_spec(spec: JobSpec) -> dict[str, Any]:
     content["input"].pop("path", None)
     content["input"].pop("quarantine", None)
     return content
+
+
+def _ratio_noise_entry(plan: BudgetPlan, metric: str) -> dict[str, Any]:
+    """Mean and variance (ratios: no additive std): a bound on their noise's std for a
+    partition of n rows, worst case over the data (see `core.intervals`)."""
+    if metric not in ("mean", "variance"):
+        return {}
+    return {
+        "noise_stddev_bound": {
+            "n": list(STD_BOUND_ROWS),
+            "stddev": [ratio_stddev_bound(plan, metric, n) for n in STD_BOUND_ROWS],
+            "stddev_times_n_for_large_n": ratio_stddev_times_rows(plan, metric),
+        }
+    }
 
 
 def _interval_entry(plan: BudgetPlan, metric: str) -> dict[str, Any]:

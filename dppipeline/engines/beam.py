@@ -17,12 +17,14 @@ Bounding is exact whatever the bundles are:
 
 - Rows are routed to `unit_shards` shards by a stable hash of the privacy unit, so all of a
   unit's rows meet in one shard.
-- Linf: every row gets a uniform random priority and a combiner keeps, per (privacy unit,
-  partition) pair, the `max_contributions_per_partition` lowest. Bottom-k of random priorities
-  is a uniform sample and composes across bundles, so the combiner cuts data before the
-  shuffle (a customer with 100,000 rows at one terminal ships 10 of them).
-- L0: per shard, `bounding.sample_contributions` (the local engine's code) keeps a uniform
-  sample of `max_partitions_contributed` partitions per unit and aggregates them.
+- Linf: every row gets its priority, a keyed hash of the run's secret salt and the row's
+  identity (file, row number), and a combiner keeps, per (privacy unit, partition) pair, the
+  `max_contributions_per_partition` lowest. Bottom-k composes across bundles, so the combiner
+  cuts data before the shuffle (a customer with 100,000 rows at one terminal ships 10 of
+  them), and a retried bundle keeps the same rows.
+- L0: per shard, `bounding.sample_contributions` (the local engine's code) keeps the
+  `max_partitions_contributed` pairs per unit of lowest keyed hash of (salt, key, unit) and
+  aggregates them.
 - Per-partition partial aggregates are routed to `partition_shards` shards by a stable hash of
   the key, summed by a combiner, aligned with the public partitions (a PCollection joined by
   CoGroupByKey) and released by `core.release` in a DoFn: one batch per shard.
@@ -38,7 +40,6 @@ import logging
 import math
 import shutil
 import time
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,7 @@ from apache_beam.typehints import KV, Any
 from dppipeline.core.budget import JobPlan
 from dppipeline.core.release import (
     AGGREGATE_COLUMNS,
+    AGGREGATE_DTYPES,
     SUM_SQUARES,
     VALUES,
 )
@@ -79,6 +81,12 @@ from dppipeline.engines.local_read import (
     validate_batch,
 )
 from dppipeline.engines.polars_rules import DAY
+from dppipeline.engines.sampling import (
+    SamplingKeys,
+    pair_priorities,
+    partition_seeds,
+    row_priorities,
+)
 from dppipeline.errors import InputError, UsageError
 from dppipeline.io import DailyPartition, first_line
 from dppipeline.quarantine import private_folder, write_rejected
@@ -89,7 +97,7 @@ from dppipeline.queries import (
     input_schema,
     release_job,
 )
-from dppipeline.schemas import Schema
+from dppipeline.schemas import Schema, transactions_schema
 from dppipeline.validation import (
     RejectSummary,
     check_rejected_fraction,
@@ -106,7 +114,6 @@ BYTES_PER_ROW_ESTIMATE = 12  # compressed Parquet / CSV bytes per transaction, r
 MIN_SHARDS, MAX_SHARDS = 4, 4096
 COMPACT_EVERY = 16  # combiner: compact an accumulator after this many added blocks
 PUBLIC_CHUNK = 100_000
-AGGREGATE_DTYPES = {"privacy_id_count": "int64", "count": "int64", "sum": "float64"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,7 +122,8 @@ AGGREGATE_DTYPES = {"privacy_id_count": "int64", "count": "int64", "sum": "float
 
 @dataclass(frozen=True)
 class ContributionBlock:
-    """Clipped contributions, column-wise, each with its uniform random priority."""
+    """Clipped contributions, column-wise, each with its Linf sampling priority (a keyed hash
+    of the run's salt and the row's identity, see `engines.sampling`)."""
 
     unit: np.ndarray
     key: np.ndarray
@@ -141,30 +149,32 @@ class ContributionBlock:
             *(np.concatenate([getattr(b, f) for b in blocks]) for f in _BLOCK_FIELDS)
         )
 
-    def pair_codes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(unit codes, key codes, key values, pair codes) for the rows of this block."""
-        unit_codes, _ = pd.factorize(self.unit)
+    def pair_codes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(unit codes, unit values, key codes, key values, pair codes) for this block's rows;
+        code i has value values[i]."""
+        unit_codes, unit_values = pd.factorize(self.unit)
         key_codes, key_values = pd.factorize(self.key)
         n_keys = max(len(key_values), 1)
         pair = unit_codes.astype(np.int64) * n_keys + key_codes
-        return unit_codes, key_codes.astype(np.int64), np.asarray(key_values), pair
+        return (
+            unit_codes.astype(np.int64),
+            np.asarray(unit_values),
+            key_codes.astype(np.int64),
+            np.asarray(key_values),
+            pair,
+        )
 
     def bottom_k_per_pair(self, k: int) -> ContributionBlock:
-        """The k lowest-priority rows of each (privacy unit, partition) pair."""
+        """The k lowest-priority rows of each (privacy unit, partition) pair (equal
+        priorities, a hash collision, settled by value: the same rows whatever the order
+        bundles arrive in)."""
         if len(self) <= k:
             return self
-        _, _, _, pair = self.pair_codes()
-        return self.take(bottom_k_per_group(pair, self.priority, k))
+        *_, pair = self.pair_codes()
+        return self.take(bottom_k_per_group(pair, self.priority, k, self.value))
 
 
 _BLOCK_FIELDS = ("unit", "key", "priority", "value")
-
-
-def _rng(seed: int | None, *parts: object) -> np.random.Generator:
-    """Fresh entropy, or (tests) a generator derived from the seed and the element."""
-    if seed is None:
-        return np.random.default_rng()
-    return np.random.default_rng([seed, *(zlib.crc32(str(p).encode()) for p in parts)])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,14 +372,15 @@ def encode_key_frame(keys: pd.DataFrame, task: AggregationTask) -> np.ndarray:
 
 class _ClipAndShard(beam.DoFn):
     """Valid rows -> (unit shard, ContributionBlock): the task's filter, keys and public
-    keys applied, values clipped, every row given a uniform random priority."""
+    keys applied, values clipped, every row given its Linf priority from its identity."""
 
-    def __init__(self, task: AggregationTask, unit: str, unit_shards: int, seed: int | None):
+    def __init__(self, task: AggregationTask, unit: str, unit_shards: int, salt: bytes):
         self._task, self._unit = task, unit
-        self._shards, self._seed = unit_shards, seed
+        self._shards, self._salt = unit_shards, salt
         self._public: pl.DataFrame | None = None
 
     def setup(self) -> None:
+        self._keys = SamplingKeys.from_salt(self._salt)
         if self._task.public_keys is not None:  # converted once per worker, not per batch
             self._public = pl.from_pandas(self._task.public_keys, include_index=False)
 
@@ -381,8 +392,12 @@ class _ClipAndShard(beam.DoFn):
         units = frame.get_column(self._unit).to_numpy()
         keys = encode_keys(frame, self._task)
         values = frame.get_column("_value").to_numpy()
-        rng = _rng(self._seed, self._task.name, source, len(units), units[0], keys[-1])
-        block = ContributionBlock(units, keys, rng.random(len(units)), values)
+        # A batch holds rows of one file: (source, `_row`) identifies each row.
+        positions = frame.get_column(ROW).to_numpy() if ROW in frame.columns else None
+        if positions is None:  # rows built in memory (tests): numbered within the batch
+            positions = np.arange(frame.height)
+        priority = row_priorities(self._keys, [source], np.zeros(len(units), np.int64), positions)
+        block = ContributionBlock(units, keys, priority, values)
         shard = stable_shard(units, self._shards)
         order = np.argsort(shard, kind="stable")
         bounds = np.flatnonzero(np.diff(shard[order])) + 1
@@ -437,27 +452,38 @@ class _SampleRowsPerPair(_CompactingCombineFn):
 class _SamplePartitionsPerUnit(beam.DoFn):
     """L0 + aggregation within a unit shard -> (partition shard, partial aggregates)."""
 
-    def __init__(self, task: AggregationTask, partition_shards: int, seed: int | None):
+    def __init__(self, task: AggregationTask, unit: str, partition_shards: int, salt: bytes):
         self._task, self._key = task, encoded_key(task)
-        self._shards, self._seed = partition_shards, seed
+        self._unit_kind = transactions_schema().field(unit).type
+        self._shards, self._salt = partition_shards, salt
         self._pairs = Metrics.counter(METRICS_NAMESPACE, "pairs_after_linf")
 
+    def setup(self) -> None:
+        self._keys = SamplingKeys.from_salt(self._salt)
+
     def process(self, element) -> list:
-        shard, block = element
+        _, block = element
         if block is None or len(block) == 0:
             return []
-        unit_codes, key_codes, key_values, _ = block.pair_codes()
+        unit_codes, unit_values, key_codes, key_values, _ = block.pair_codes()
         n_keys = max(len(key_values), 1)
         task = self._task
+        seeds = partition_seeds(
+            self._keys, decode_keys(key_values, task), [k.kind for k in task.keys]
+        )
         # The rows are already <= Linf per pair; sample_contributions keeps them all and
-        # samples L0 partitions per unit, uniformly, exactly as the local engine does.
+        # keeps the L0 pairs of lowest priority per unit, exactly as the local engine does.
         sample = sample_contributions(
-            unit_codes.astype(np.int64),
+            unit_codes,
             key_codes,
             n_keys=n_keys,
             max_partitions_contributed=task.max_partitions_contributed,
             max_contributions_per_partition=task.max_contributions_per_partition,
-            rng=_rng(self._seed, task.name, "l0", shard),
+            row_priority=block.priority,
+            pair_priority=lambda units, codes: pair_priorities(
+                seeds[codes], unit_values[units], self._unit_kind
+            ),
+            values=block.value,
         )
         self._pairs.inc(len(sample.pair_key_codes))
         bounded = aggregate_per_partition(
@@ -478,7 +504,7 @@ class _SamplePartitionsPerUnit(beam.DoFn):
 
 class BoundContributions(beam.PTransform):
     """(source, valid rows) -> (partition shard, partial aggregates) of one task: Linf then
-    L0, uniform."""
+    L0, each keeping the entries of lowest priority under the run's salt."""
 
     def __init__(
         self,
@@ -486,10 +512,10 @@ class BoundContributions(beam.PTransform):
         unit: str,
         unit_shards: int,
         partition_shards: int,
-        seed: int | None,
+        salt: bytes,
     ):
         super().__init__()
-        self._task, self._unit, self._seed = task, unit, seed
+        self._task, self._unit, self._salt = task, unit, salt
         self._unit_shards, self._partition_shards = unit_shards, partition_shards
 
     def expand(self, valid):
@@ -498,13 +524,13 @@ class BoundContributions(beam.PTransform):
             valid
             | "ClipAndShardByPrivacyUnit"
             >> beam.ParDo(
-                _ClipAndShard(task, self._unit, self._unit_shards, self._seed)
+                _ClipAndShard(task, self._unit, self._unit_shards, self._salt)
             ).with_output_types(KV[int, Any])
             | "SampleRowsPerPartition"
             >> beam.CombinePerKey(_SampleRowsPerPair(task.max_contributions_per_partition))
             | "SamplePartitionsPerUnit"
             >> beam.ParDo(
-                _SamplePartitionsPerUnit(task, self._partition_shards, self._seed)
+                _SamplePartitionsPerUnit(task, self._unit, self._partition_shards, self._salt)
             ).with_output_types(KV[int, Any])
         )
 
@@ -809,7 +835,7 @@ class BeamEngine:
                 checked.valid
                 | f"BoundContributions[{task.name}]"
                 >> BoundContributions(
-                    task, spec.privacy_unit, unit_shards, partition_shards, job.seed
+                    task, spec.privacy_unit, unit_shards, partition_shards, job.salt
                 )
                 | f"AggregatePerPartition[{task.name}]" >> AggregatePerPartition(task)
             )
