@@ -13,7 +13,9 @@ and Beam installed.
 
 Every task is idempotent per data interval: a retried or re-triggered run for a day already
 released draws no new noise and spends no budget (the ledger returns the published release).
-Settings: the JSON Variable `dppipeline_terminal_stats` (see `dppipeline_common.py`).
+Settings: the JSON Variable `dppipeline_terminal_stats` (see `dppipeline_common.py`). Ledger:
+the Airflow connection `dppipeline_ledger` (PostgreSQL for workers on several hosts), read when
+the tasks run; without it, the project's `state/ledger.sqlite`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ from __future__ import annotations
 from typing import Any
 
 from airflow.providers.apache.beam.operators.beam import BeamRunPythonPipelineOperator
-from dppipeline_common import job_args, load_settings, release_dag, templated_params
+from dppipeline_common import (
+    LEDGER_TEMPLATE,
+    job_args,
+    load_settings,
+    release_dag,
+    templated_params,
+)
 
 SETTINGS = load_settings()
 
@@ -33,6 +41,7 @@ def job_options() -> dict[str, Any]:
     flags = {
         flag.removeprefix("--"): value for flag, value in zip(args[::2], args[1::2], strict=True)
     }
+    flags["ledger"] = LEDGER_TEMPLATE  # the connection dppipeline_ledger, rendered at run time
     return {**flags, **(SETTINGS.beam_options or {})}
 
 

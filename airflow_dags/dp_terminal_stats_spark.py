@@ -16,7 +16,9 @@ For each day (the data interval), in order:
 
 Every task is idempotent per data interval: a retried or re-triggered run for a day already
 released draws no new noise and spends no budget (the ledger returns the published release).
-Settings: the JSON Variable `dppipeline_terminal_stats` (see `dppipeline_common.py`).
+Settings: the JSON Variable `dppipeline_terminal_stats` (see `dppipeline_common.py`). Ledger:
+the Airflow connection `dppipeline_ledger` (PostgreSQL for workers on several hosts), read when
+the tasks run; without it, the project's `state/ledger.sqlite`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ from __future__ import annotations
 import os
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from dppipeline_common import job_args, load_settings, release_dag, templated_params
+from dppipeline_common import (
+    LEDGER_TEMPLATE,
+    job_args,
+    load_settings,
+    release_dag,
+    templated_params,
+)
 
 SETTINGS = load_settings()
 
@@ -41,6 +49,8 @@ def submit_spark_job() -> SparkSubmitOperator:
             "PYSPARK_DRIVER_PYTHON": SETTINGS.python,
             # spark-submit and its pyspark come from the project's virtualenv
             "PATH": f"{os.path.dirname(SETTINGS.python)}:{os.environ.get('PATH', '')}",
+            # the connection dppipeline_ledger, rendered when the task runs
+            "DPPIPELINE_LEDGER": LEDGER_TEMPLATE,
         },
     )
 

@@ -14,6 +14,15 @@ Paths of a run come from its data interval (`ds`), never from the current time: 
 the day's partition `<input_root>/date=<ds>` (CSV: `<input_root>/<ds>.csv`) and the release is
 `<release_root>/<ds>`. Params (`input_root`, `release_root`, ...) override the settings per
 triggered run.
+
+The privacy-budget ledger is the Airflow connection `dppipeline_ledger`, read inside the tasks
+when they run (never when the DAG file is parsed), so every worker on every host uses the one
+ledger it names; without that connection, the demo's SQLite file `<project>/state/ledger.sqlite`
+(one host only). A PostgreSQL connection (`postgresql://user:password@host:5432/db`, or the
+fields of a `postgres` connection) is the ledger for several workers; a `sqlite` connection's
+host is the file; `{"url": "..."}` in the extra gives any URL `dppipeline --ledger` takes. The
+URL reaches the jobs through the environment (`DPPIPELINE_LEDGER`) where the operator allows it
+(the checks, Spark) and as `--ledger` for Beam; Airflow masks the connection's password in logs.
 """
 
 from __future__ import annotations
@@ -25,11 +34,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 SETTINGS_VARIABLE = "dppipeline_terminal_stats"
 PROJECT = Path(os.environ.get("DPPIPELINE_HOME", Path(__file__).resolve().parent.parent))
 PUBLISHED_MARKER = "_PUBLISHED"
 BUDGET_REFUSED = 3  # dppipeline's exit code when the ledger refuses the spend
+LEDGER_CONNECTION = "dppipeline_ledger"
 
 
 @dataclass(frozen=True)
@@ -42,7 +53,6 @@ class DagSettings:
     input_root: str = str(PROJECT / "data" / "transactions")
     input_format: str = "parquet"
     release_root: str = str(PROJECT / "data" / "releases")
-    ledger: str = f"sqlite:///{PROJECT / 'state' / 'ledger.sqlite'}"
     schedule: str = "@daily"
     start_date: str = "2026-01-01"
     catchup: bool = False
@@ -58,7 +68,7 @@ class DagSettings:
     @property
     def run_params(self) -> dict[str, Any]:
         """The settings a triggered run may override (DAG params)."""
-        keys = ("config", "input_root", "input_format", "release_root", "ledger")
+        keys = ("config", "input_root", "input_format", "release_root")
         keys += ("sensor_timeout_seconds", "sensor_poke_seconds")
         return {key: getattr(self, key) for key in keys}
 
@@ -68,6 +78,11 @@ def load_settings() -> DagSettings:
     from airflow.sdk import Variable
 
     overrides = Variable.get(SETTINGS_VARIABLE, default=None, deserialize_json=True) or {}
+    if "ledger" in overrides:
+        raise ValueError(
+            f"Variable {SETTINGS_VARIABLE}: 'ledger' is no longer a setting; set the Airflow "
+            f"connection {LEDGER_CONNECTION} instead (read by the tasks on every worker)"
+        )
     known = {f.name for f in fields(DagSettings)}
     unknown = sorted(set(overrides) - known)
     if unknown:
@@ -99,7 +114,8 @@ def release_dir(params: dict[str, Any], ds: str) -> Path:
 
 
 def job_args(params: dict[str, Any], ds: str) -> list[str]:
-    """`dppipeline run` flags for the day `ds` (the same for Spark, Beam and the checks)."""
+    """`dppipeline run` flags for the day `ds` (the same for Spark, Beam and the checks); the
+    ledger comes from the connection (`ledger_url`), not from here."""
     return [
         "--config", params["config"],
         "--input", params["input_root"],
@@ -107,8 +123,52 @@ def job_args(params: dict[str, Any], ds: str) -> list[str]:
         "--start-date", ds,
         "--end-date", ds,
         "--output", str(release_dir(params, ds)),
-        "--ledger", params["ledger"],
     ]  # fmt: skip
+
+
+# -------------------------------------------------------------------------------------------------
+# The ledger: an Airflow connection, read when a task runs
+
+
+def demo_ledger() -> str:
+    """Where `make demo` and a checkout's `dppipeline run` keep their ledger (one host only)."""
+    return str(PROJECT / "state" / "ledger.sqlite")
+
+
+def connection_url(conn: Any) -> str:
+    """A `dppipeline --ledger` URL from an Airflow connection: `extra.url` as it is; a
+    `postgres` connection from its fields (extra keys such as `sslmode` as URL parameters); a
+    `sqlite` connection's host as the file."""
+    extra = conn.extra_dejson if conn.extra else {}
+    if extra.get("url"):
+        return str(extra["url"])
+    kind = (conn.conn_type or "").lower()
+    if kind in ("postgres", "postgresql"):
+        user = quote(conn.login or "", safe="")
+        secret = f":{quote(conn.password, safe='')}" if conn.password else ""
+        at = f"{user}{secret}@" if user else ""
+        port = f":{conn.port}" if conn.port else ""
+        query = f"?{urlencode(extra)}" if extra else ""
+        return f"postgresql://{at}{conn.host or 'localhost'}{port}/{conn.schema or ''}{query}"
+    if kind == "sqlite" and conn.host:
+        return str(conn.host)  # a file path: what `--ledger PATH` takes
+    raise ValueError(
+        f"connection {LEDGER_CONNECTION}: type {conn.conn_type!r} is not a ledger; use a "
+        'postgres or sqlite connection, or put the URL in its extra as {"url": "..."}'
+    )
+
+
+def ledger_url() -> str:
+    """The ledger of this task: connection `dppipeline_ledger`, else the demo's SQLite file.
+    Called only while a task runs (a template macro or a task body)."""
+    from airflow.sdk import Connection
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        conn = Connection.get(LEDGER_CONNECTION)
+    except AirflowNotFoundException:
+        return demo_ledger()
+    return connection_url(conn)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -126,13 +186,15 @@ def input_is_ready(params: dict[str, Any], ds: str) -> bool:
 
 
 def dppipeline(settings: DagSettings, *args: str) -> subprocess.CompletedProcess[str]:
-    """Runs the dppipeline CLI of the project's virtualenv; output is returned, not raised."""
+    """Runs the dppipeline CLI of the project's virtualenv with this task's ledger (in the
+    environment, so no password is on a command line); output is returned, not raised."""
     return subprocess.run(
         [settings.python, "-m", "dppipeline", *args],
         cwd=settings.project,
         capture_output=True,
         text=True,
         check=False,
+        env={**os.environ, "DPPIPELINE_LEDGER": ledger_url()},
     )
 
 
@@ -158,9 +220,7 @@ def validate_release(settings: DagSettings, params: dict[str, Any], ds: str) -> 
     """Manifest present, schema as schemas/terminal_stats.json says, ledger committed."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    done = dppipeline(
-        settings, "check-release", str(release_dir(params, ds)), "--ledger", params["ledger"]
-    )
+    done = dppipeline(settings, "check-release", str(release_dir(params, ds)))
     if done.returncode != 0:
         raise AirflowFailException(last_line(done.stderr))
     return last_line(done.stdout)
@@ -193,6 +253,9 @@ def templated_params(settings: DagSettings) -> dict[str, str]:
     return {key: f"{{{{ params.{key} }}}}" for key in settings.run_params}
 
 
+LEDGER_TEMPLATE = "{{ dppipeline_ledger_url() }}"  # the connection, looked up at render time
+
+
 def release_dag(
     dag_id: str,
     *,
@@ -216,6 +279,7 @@ def release_dag(
         max_active_runs=settings.max_active_runs,
         default_args=default_args(settings),
         params=settings.run_params,
+        user_defined_macros={"dppipeline_ledger_url": ledger_url},  # rendered when tasks run
         tags=["dppipeline", "differential-privacy", engine.lower()],
         doc_md=doc_md + "\n#### Settings in effect\n" + settings_doc(settings),
     ) as dag:

@@ -1,4 +1,4 @@
-"""`dppipeline budget show | history | plot`: what the ledger says, for people.
+"""`dppipeline budget show | history | plot | set-cap`: the ledger, for people and governance.
 
 Everything shown is already in the ledger: budget spent by releases (public parameters), never
 data. The chart is drawn with matplotlib's Agg backend (no display needed).
@@ -7,57 +7,118 @@ data. The chart is drawn with matplotlib's Agg backend (no display needed).
 from __future__ import annotations
 
 import datetime as dt
+import getpass
+import os
+import socket
 from pathlib import Path
 
 from dppipeline.charts import day_axis, pyplot
-from dppipeline.ledger import BudgetPolicy, Ledger, LedgerRow
+from dppipeline.ledger import CHARGED_STATES, BudgetPolicy, Ledger, LedgerRow
+from dppipeline.ledger.caps import over_cap, worst_spend
 
-SPENDING = ("reserved", "committed")
+SPENDING = CHARGED_STATES  # what counts against a cap: reserved, reading, committed, failed
 
 
 def _open(url: str) -> Ledger:
     return Ledger(url)
 
 
-def show(url: str, scope: str | None, policy: BudgetPolicy | None) -> str:
+def set_cap(url: str, scope: str, policy: BudgetPolicy) -> str:
+    """Stores a scope's cap (with a history row naming who changed it); one line saying so."""
     ledger = _open(url)
-    scopes = [scope] if scope else ledger.scopes()
-    if not scopes:
-        return f"ledger {ledger.path}: no releases yet"
-    lines = [f"ledger {ledger.path} (schema v{ledger.schema_version})"]
-    header = f"  {'scope':40} {'releases':>8} {'epsilon':>10} {'delta':>10}  cap"
-    lines.append(header)
-    for name in scopes:
-        rows = [r for r in ledger.rows(name) if r.state in SPENDING]
-        eps, delta = sum(r.epsilon for r in rows), sum(r.delta for r in rows)
-        cap = "-"
-        if policy is not None:
-            today = max((r.end_date for r in rows), default=dt.date.today())
-            used_eps, used_delta = ledger.spent(name, policy, today, today)
-            cap = policy.describe()
-            if policy.cap_epsilon is not None:
-                cap += f"; epsilon left {max(policy.cap_epsilon - used_eps, 0):g}"
-            if policy.cap_delta is not None:
-                cap += f", delta left {max(policy.cap_delta - used_delta, 0):g}"
-        lines.append(f"  {name:40} {len(rows):>8} {eps:>10.4g} {delta:>10.3g}  {cap}")
-    return "\n".join(lines)
+    try:
+        change = ledger.set_cap(scope, policy, changed_by=f"budget set-cap by {_who()}")
+        rows = [r for r in ledger.rows(scope) if r.charged]
+    finally:
+        ledger.close()
+    line = (
+        f"scope {scope!r}: {policy.describe()} (was: {change.previous}), recorded in ledger "
+        f"{ledger.location}"
+    )
+    used = worst_spend(rows, policy)
+    if over_cap(policy, used):
+        line += f"; the scope is already OVER this cap (epsilon {used[0]:g}, delta {used[1]:g})"
+    return line
+
+
+def _who() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        user = f"uid {os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
+
+
+def show(url: str, scope: str | None, policy: BudgetPolicy | None) -> str:
+    """Per scope: charged releases and spend, its stored cap (or the --config one for a scope
+    without a stored cap), what is left, and a flag on any scope over its cap."""
+    ledger = _open(url)
+    try:
+        scopes = [scope] if scope else ledger.scopes()
+        if not scopes:
+            return f"ledger {ledger.location}: no releases yet"
+        stored = ledger.caps()
+        lines = [f"ledger {ledger.location} (schema v{ledger.schema_version})"]
+        lines.append(f"  {'scope':40} {'releases':>8} {'epsilon':>10} {'delta':>10}  cap")
+        over = []
+        for name in scopes:
+            rows = [r for r in ledger.rows(name) if r.state in SPENDING]
+            eps, delta = sum(r.epsilon for r in rows), sum(r.delta for r in rows)
+            cap = stored[name].policy if name in stored else policy
+            text = "-"
+            if cap is not None and cap.is_capped:
+                text = cap.describe() + ("" if name in stored else " (--config; not stored)")
+                today = max((r.end_date for r in rows), default=dt.date.today())
+                used_eps, used_delta = ledger.spent(name, cap, today, today)
+                if cap.cap_epsilon is not None:
+                    text += f"; epsilon left {max(cap.cap_epsilon - used_eps, 0):g}"
+                if cap.cap_delta is not None:
+                    text += f", delta left {max(cap.cap_delta - used_delta, 0):g}"
+                worst = worst_spend(rows, cap)
+                if over_cap(cap, worst):
+                    text += f"; OVER CAP (epsilon {worst[0]:g}, delta {worst[1]:g} charged)"
+                    over.append(name)
+            failed = sum(r.state == "failed" for r in rows)
+            if failed:
+                text += f"; {failed} failed after reading (charged)"
+            lines.append(f"  {name:40} {len(rows):>8} {eps:>10.4g} {delta:>10.3g}  {text}")
+        if over:
+            lines.append(f"OVER CAP: {', '.join(over)} (spent more than the cap now stored)")
+        return "\n".join(lines)
+    finally:
+        ledger.close()
 
 
 def history(url: str, scope: str | None) -> str:
+    """Every reservation (with its state: committed, failed and reserved/reading are charged,
+    aborted is not), then every cap change."""
     ledger = _open(url)
-    rows = ledger.rows(scope)
-    if not rows:
-        return f"ledger {ledger.path}: no releases yet"
+    try:
+        rows = ledger.rows(scope)
+        changes = ledger.cap_history(scope)
+    finally:
+        ledger.close()
+    if not rows and not changes:
+        return f"ledger {ledger.location}: no releases yet"
     lines = [
         f"{'id':>4} {'state':9} {'scope':28} {'job':16} {'data':23} {'epsilon':>8} "
-        f"{'delta':>9} {'reserved at':25} run / output"
+        f"{'delta':>9} {'reserved at (UTC)':19} run / output / host"
     ]
     for r in rows:
         lines.append(
             f"{r.id:>4} {r.state:9} {r.scope[:28]:28} {r.job[:16]:16} "
             f"{r.start_date}..{r.end_date} {r.epsilon:>8.4g} {r.delta:>9.3g} "
-            f"{r.reserved_at:25} {r.run_id} {r.output}" + (f" ({r.note})" if r.note else "")
+            f"{r.reserved_at[:19]:19} {r.run_id} {r.output}"
+            + (f" on {r.host_id or r.host}" if r.host_id or r.host else "")
+            + (f" ({r.note})" if r.note else "")
         )
+    if changes:
+        lines += ["", "cap changes:"]
+        for c in changes:
+            lines.append(
+                f"{c.id:>4} {c.changed_at[:19]:19} {c.scope[:28]:28} {c.policy.describe()} "
+                f"(was: {c.previous}) by {c.changed_by}"
+            )
     return "\n".join(lines)
 
 
@@ -90,6 +151,9 @@ def plot(url: str, output: str | Path, scope: str | None, policy: BudgetPolicy |
     plt = pyplot("budget plot")
     ledger = _open(url)
     scopes = [scope] if scope else ledger.scopes()
+    stored = ledger.caps()
+    if len(scopes) == 1 and scopes[0] in stored:
+        policy = stored[scopes[0]].policy  # the governed cap wins over --config
     fig, ax = plt.subplots(figsize=(9, 4.8), dpi=110)
     plotted: list[dt.date] = []
     window = policy.window_days if policy is not None else None

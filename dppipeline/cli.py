@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
+import math
 import os
 import re
 import sys
@@ -25,6 +26,7 @@ from dppipeline.errors import (
     is_failure,
     one_line,
 )
+from dppipeline.signals import Terminated, handle_sigterm
 
 # CLI flag -> job spec field (dotted YAML path). Flags override the YAML.
 FLAG_FIELDS: dict[str, str] = {
@@ -134,14 +136,40 @@ def default_ledger() -> str:
     if os.environ.get("DPPIPELINE_LEDGER"):
         return os.environ["DPPIPELINE_LEDGER"]
     state = os.environ.get("DPPIPELINE_STATE_DIR", "state")
-    return f"sqlite:///{state}/ledger.sqlite"
+    return os.path.join(state, "ledger.sqlite")
 
 
 def _add_ledger_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ledger",
-        help="budget ledger, sqlite:///PATH (default $DPPIPELINE_LEDGER or state/ledger.sqlite)",
+        help="budget ledger: sqlite:////ABSOLUTE/PATH, sqlite:///PATH (relative to the working "
+        "folder), a file path, or postgresql://USER@HOST:PORT/DB shared by every host "
+        "(default $DPPIPELINE_LEDGER, else state/ledger.sqlite in $DPPIPELINE_STATE_DIR)",
     )
+
+
+def _cap_number(name: str, low: float, high: float | None = None):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: not a number: {text!r}") from None
+        if not (math.isfinite(value) and low <= value and (high is None or value <= high)):
+            bounds = f">= {low:g}" if high is None else f"in [{low:g}, {high:g}]"
+            raise argparse.ArgumentTypeError(f"{name}: must be {bounds}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _window_days(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,7 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--start-date", type=_date, help="first day, inclusive")
     run.add_argument("--end-date", type=_date, help="last day, inclusive")
     run.add_argument("--max-rejected-fraction", type=float, help="fail above this reject share")
-    run.add_argument("--quarantine", help="folder for rejected rows (default <output>_quarantine)")
+    run.add_argument(
+        "--quarantine",
+        help="operator-only folder for rejected rows (default $DPPIPELINE_STATE_DIR/quarantine; "
+        "never inside or beside the release)",
+    )
     run.add_argument("--overwrite", action="store_true", help="replace an existing release")
     _add_ledger_flags(run)
     run.add_argument("--no-ledger", action="store_true", help="run without a budget ledger")
@@ -206,18 +238,38 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="show the budget split and noise; reads no data")
     _add_privacy_flags(plan)
 
-    budget = sub.add_parser("budget", help="the privacy-budget ledger: show, history, plot")
+    budget = sub.add_parser(
+        "budget", help="the privacy-budget ledger: show, history, plot, set-cap"
+    )
     budget_sub = budget.add_subparsers(dest="budget_command", required=True, parser_class=_Parser)
+    set_cap = budget_sub.add_parser(
+        "set-cap",
+        help="store (or change) a scope's cap; every run and tune in the scope is held to it",
+        description="Store or change the cap of a scope, recorded with a history row (when, "
+        "what, by whom). The cap is exactly what is given: omitting --delta means no delta "
+        "cap, omitting --window-days means for all time.",
+    )
+    set_cap.add_argument("scope", help="the scope (e.g. transactions/CUSTOMER_ID)")
+    set_cap.add_argument(
+        "--epsilon", required=True, type=_cap_number("--epsilon", 0.0), help="epsilon cap"
+    )
+    set_cap.add_argument("--delta", type=_cap_number("--delta", 0.0, 1.0), help="delta cap")
+    set_cap.add_argument(
+        "--window-days", type=_window_days, help="caps hold per rolling window of N data days"
+    )
+    _add_ledger_flags(set_cap)
     for name, text in (
-        ("show", "spent and remaining budget per scope"),
-        ("history", "every release recorded in the ledger"),
+        ("show", "spent budget, stored caps and what is left, per scope"),
+        ("history", "every release and every cap change recorded in the ledger"),
         ("plot", "PNG chart of cumulative epsilon per scope against its cap"),
     ):
         cmd = budget_sub.add_parser(name, help=text)
         _add_ledger_flags(cmd)
         cmd.add_argument("--scope", help="only this scope")
         if name in ("show", "plot"):
-            cmd.add_argument("--config", help="job spec whose budget caps to show against")
+            cmd.add_argument(
+                "--config", help="job spec whose caps to show for scopes without a stored cap"
+            )
         if name == "plot":
             cmd.add_argument("--output", required=True, help="PNG file to write")
 
@@ -344,7 +396,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.check_budget:
         if args.no_ledger:
             raise UsageError("--check-budget needs a ledger (drop --no-ledger)")
-        print(check_budget(spec, args.ledger or default_ledger()))
+        _print(check_budget(spec, args.ledger or default_ledger(), new_release=args.new_release))
         return 0
     result = run_job(
         spec,
@@ -354,8 +406,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
         ledger=None if args.no_ledger else (args.ledger or default_ledger()),
         new_release=args.new_release,
     )
-    print(result.output)
+    _print(str(result.output))  # the release is committed and published whatever happens here
     return 0
+
+
+def _print(line: str) -> None:
+    """A result line on stdout; a reader that went away (`| head`) is not an error."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # nothing left to flush at exit
+        os.close(devnull)
 
 
 def _cmd_budget(args: argparse.Namespace) -> int:
@@ -369,7 +431,12 @@ def _cmd_budget(args: argparse.Namespace) -> int:
         budget = budget_from_dict(load_raw(args.config).get("budget"), source=args.config)
         policy = BudgetPolicy(budget.cap_epsilon, budget.cap_delta, budget.window_days)
     url = args.ledger or default_ledger()
-    if args.budget_command == "show":
+    if args.budget_command == "set-cap":
+        from dppipeline.ledger import BudgetPolicy  # noqa: PLC0415
+
+        cap = BudgetPolicy(args.epsilon, args.delta, args.window_days)
+        print(budget_report.set_cap(url, args.scope, cap))
+    elif args.budget_command == "show":
         print(budget_report.show(url, args.scope, policy))
     elif args.budget_command == "history":
         print(budget_report.history(url, args.scope))
@@ -530,11 +597,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # pipeline-dp imports apache_beam when it is installed, which warns about GCP extras.
     logging.getLogger().addFilter(lambda record: "apitools" not in record.getMessage())
+    handle_sigterm()  # Airflow and Kubernetes stop tasks with SIGTERM: handled like Ctrl-C
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
         print(f"dppipeline {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"dppipeline {args.command}: terminated", file=sys.stderr)
+        return 143
     except BaseException as exc:  # every failure ends as one line (a bug included)
         if not is_failure(exc) or os.environ.get("DPPIPELINE_DEBUG"):
             raise

@@ -35,6 +35,7 @@ from dppipeline.core.manifest import MANIFEST_NAME
 from dppipeline.engines.local import aggregate_task, key_expr
 from dppipeline.engines.local_read import read_validated
 from dppipeline.engines.polars_filter import to_polars
+from dppipeline.engines.sampling import SamplingKeys, new_salt
 from dppipeline.errors import UsageError
 from dppipeline.io import DailyPartition
 from dppipeline.queries import (
@@ -43,7 +44,6 @@ from dppipeline.queries import (
     input_schema,
     public_key_set,
     task_for,
-    validated_value,
 )
 from dppipeline.runner import input_days, make_plan, run_job
 from dppipeline.spec import JobSpec, QuerySpec, metric_column, percentile_of
@@ -119,7 +119,7 @@ def read_rows(spec: JobSpec, days: Sequence[DailyPartition]) -> pl.DataFrame:
     computed over exactly what the released values were computed from."""
     tasks = [task_for(q) for q in spec.query_specs]
     schema = input_schema(spec.privacy_unit, tasks)
-    return read_validated(list(days), spec.input.format, schema, validated_value(tasks)).rows
+    return read_validated(list(days), spec.input.format, schema).rows
 
 
 def true_values(rows: pl.DataFrame, query: QuerySpec, unit: str) -> pd.DataFrame:
@@ -215,7 +215,8 @@ def bounded_values(
     """One sample of the exact aggregates after contribution bounding and clipping, with no
     noise: what the noise is added to. Same code as the local engine (unlisted public keys
     dropped before bounding, as it does)."""
-    exact = aggregate_task(rows, replace(task, public_keys=public), unit, np.random.default_rng(0))
+    keys = SamplingKeys.from_salt(new_salt(0))
+    exact = aggregate_task(rows, replace(task, public_keys=public), unit, keys)
     exact = exact.astype({"count": "float64", "sum": "float64", "privacy_id_count": "float64"})
     exact["mean"] = (exact["sum"] / exact["count"]).where(exact["count"] > 0)
     return exact

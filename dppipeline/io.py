@@ -1,4 +1,4 @@
-"""Files: daily partition discovery, public key lists, and atomic publication of a release.
+"""Files: daily partition discovery and public key lists (publication: `publication.py`).
 
 Two input layouts, as data lakes and the book's data set use them:
 `DIR/date=YYYY-MM-DD/*.parquet` (Hive-style folders) and `DIR/YYYY-MM-DD.csv` (one file a day).
@@ -7,21 +7,20 @@ Two input layouts, as data lakes and the book's data set use them:
 from __future__ import annotations
 
 import datetime as dt
-import os
 import re
-import shutil
-import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from dppipeline.errors import InputError, OutputError
+from dppipeline.errors import InputError
 
 _DAY = r"(\d{4}-\d{2}-\d{2})"
 _PARQUET_DIR = re.compile(rf"^date={_DAY}$")
 _CSV_FILE = re.compile(rf"^{_DAY}\.csv$")
+_INT64_TEXT = re.compile(r"[+-]?[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -33,36 +32,84 @@ class DailyPartition:
 
 
 def discover_partitions(root: str | Path, fmt: str) -> list[DailyPartition]:
-    """All daily partitions under `root` in the given layout, sorted by day."""
+    """All daily partitions under `root` in the given layout, sorted by day. Names are
+    matched, never expanded as patterns; a day file or folder that is a broken or looping
+    symbolic link, or a `.parquet` entry that is not a file, is an error naming it (a day
+    must never be skipped silently)."""
     root = Path(root)
     if not root.exists():
         raise InputError(f"input folder {root} does not exist")
     if not root.is_dir():
         raise InputError(f"input {root} is not a folder")
     days: list[DailyPartition] = []
-    for entry in sorted(root.iterdir()):
+    for entry in _entries(root):
         if entry.name.startswith((".", "_")):
             continue
-        if fmt == "parquet":
-            match = _PARQUET_DIR.match(entry.name)
-            if match and entry.is_dir():
-                files = tuple(
-                    sorted(
-                        p
-                        for p in entry.iterdir()
-                        if p.suffix == ".parquet" and not p.name.startswith((".", "_"))
-                    )
-                )
-                if files:
-                    days.append(DailyPartition(_parse_day(match.group(1), entry), files))
-        else:
-            match = _CSV_FILE.match(entry.name)
-            if match and entry.is_file():
-                days.append(DailyPartition(_parse_day(match.group(1), entry), (entry,)))
+        pattern = _PARQUET_DIR if fmt == "parquet" else _CSV_FILE
+        match = pattern.match(entry.name)
+        if not match:
+            continue
+        _check_link(entry)
+        if fmt == "parquet" and entry.is_dir():
+            files = tuple(
+                _checked_parquet(p)
+                for p in _entries(entry)
+                if p.suffix == ".parquet" and not p.name.startswith((".", "_"))
+            )
+            if files:
+                days.append(DailyPartition(_parse_day(match.group(1), entry), files))
+        elif fmt == "csv" and entry.is_file():
+            days.append(DailyPartition(_parse_day(match.group(1), entry), (entry,)))
     if not days:
         layout = "date=YYYY-MM-DD/*.parquet folders" if fmt == "parquet" else "YYYY-MM-DD.csv files"
         raise InputError(f"no daily partitions ({layout}) in {root}")
     return days
+
+
+def _entries(folder: Path) -> list[Path]:
+    try:
+        return sorted(folder.iterdir())
+    except OSError as exc:
+        raise InputError(
+            f"cannot list input folder {folder}: {exc.strerror or type(exc).__name__}"
+        ) from None
+
+
+def _check_link(path: Path) -> None:
+    """A symbolic link must lead somewhere (`exists` is false for a broken or looping one)."""
+    if path.is_symlink() and not path.exists():
+        raise InputError(f"{path}: a broken or looping symbolic link")
+
+
+def _checked_parquet(path: Path) -> Path:
+    _check_link(path)
+    if not path.is_file():
+        raise InputError(f"{path}: not a file (a day folder holds Parquet files)")
+    return path
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of a reader's error message (at most `limit` characters), for one-line
+    errors about a file's structure (never used for messages about cell values)."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else type(exc).__name__
+
+
+def read_bytes(path: str | Path) -> bytes:
+    """A whole input file; an unreadable one is an InputError naming it."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or type(exc).__name__}") from None
+
+
+def parquet_footer(path: str | Path) -> pa.Schema:
+    """A Parquet file's schema from its footer; an unreadable footer names the file."""
+    try:
+        return pq.read_schema(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"{path}: cannot read as parquet: {first_line(exc)}") from None
 
 
 def select_days(
@@ -90,15 +137,13 @@ def _parse_day(text: str, path: Path) -> dt.date:
 def read_public_partitions(path: str | Path, key_column: str, dtype: str) -> pd.DataFrame:
     """A public key list: a CSV with a `key_column` header, or one key per line without one.
 
-    Keys are parsed to the key column's type; duplicates are dropped; a bad key names its line.
+    Keys are parsed to the key column's type; duplicates are dropped; a bad key names its line
+    (never its text: error messages quote no input value).
     """
     path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise InputError(f"cannot read public partitions {path}: {exc.strerror}") from None
+    lines = key_file_text(path).splitlines()
     entries = [(n, line.strip()) for n, line in enumerate(lines, start=1) if line.strip()]
-    header = [name.strip().lstrip("\ufeff") for name in entries[0][1].split(",")] if entries else []
+    header = [name.strip() for name in entries[0][1].split(",")] if entries else []
     if key_column in header:
         position = header.index(key_column)
         try:
@@ -113,13 +158,9 @@ def read_public_partitions(path: str | Path, key_column: str, dtype: str) -> pd.
     keys: list[object] = []
     for line_no, text in entries:
         if dtype == "int64":
-            try:
-                keys.append(int(text))
-            except ValueError:
-                raise InputError(
-                    f"public partitions {path} line {line_no}: {text!r} is not an int64 "
-                    f"{key_column}"
-                ) from None
+            keys.append(
+                parse_int64_key(text, f"public partitions {path} line {line_no}", key_column)
+            )
         else:
             keys.append(text)
     frame = pd.DataFrame({key_column: keys}).drop_duplicates(ignore_index=True)
@@ -128,50 +169,30 @@ def read_public_partitions(path: str | Path, key_column: str, dtype: str) -> pd.
     return frame
 
 
-def check_release_target(output: str | Path, overwrite: bool) -> Path:
-    """Fails before any work when a release exists and `overwrite` is off."""
-    output = Path(output)
-    if output.exists() and not output.is_dir():
-        raise OutputError(f"output {output} exists and is not a folder")
-    if output.is_dir() and any(output.iterdir()) and not overwrite:
-        raise OutputError(f"release {output} already exists; pass --overwrite to replace it")
-    return output
-
-
-def publish_atomically(output: Path, write: Callable[[Path], None], overwrite: bool) -> None:
-    """Writes into a hidden sibling folder, then renames it into place.
-
-    Readers see either the old release or the complete new one; a failure leaves no trace.
-    """
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    token = uuid.uuid4().hex[:12]
-    staging = output.parent / f".{output.name}.staging-{token}"
-    retired = output.parent / f".{output.name}.retired-{token}"
-    staging.mkdir()
+def key_file_text(path: Path) -> str:
+    """A public key file's text: UTF-8 (a byte-order mark dropped); a binary file or bytes
+    that are not UTF-8 are an error naming the file (and line)."""
     try:
-        write(staging)
-        _fsync_tree(staging)
-        if output.is_dir() and any(output.iterdir()):
-            if not overwrite:
-                raise OutputError(f"release {output} already exists; pass --overwrite")
-            os.rename(output, retired)
-        elif output.is_dir():
-            output.rmdir()
-        os.rename(staging, output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        if retired.exists() and not output.exists():
-            os.rename(retired, output)
-        raise
-    shutil.rmtree(retired, ignore_errors=True)
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(
+            f"cannot read public partitions {path}: {exc.strerror or type(exc).__name__}"
+        ) from None
+    if b"\x00" in data:
+        raise InputError(f"public partitions {path}: a binary file, not text (one key per line)")
+    data = data.removeprefix(b"\xef\xbb\xbf")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise InputError(f"public partitions {path} line {line}: not UTF-8 text") from None
 
 
-def _fsync_tree(folder: Path) -> None:
-    for path in folder.rglob("*"):
-        if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+def parse_int64_key(text: str, where: str, key_column: str) -> int:
+    """A public key as an int64: decimal digits with an optional sign, within range."""
+    if not _INT64_TEXT.fullmatch(text):
+        raise InputError(f"{where}: not a valid {key_column} key (an int64)")
+    value = int(text)
+    if not -(2**63) <= value < 2**63:
+        raise InputError(f"{where}: {key_column} key outside the int64 range")
+    return value

@@ -6,7 +6,12 @@ Everything printed derives from public parameters only, so planning spends no bu
 from __future__ import annotations
 
 from dppipeline.core.budget import BudgetPlan, JobPlan, privacy_units_needed
-from dppipeline.core.intervals import metric_half_width
+from dppipeline.core.intervals import (
+    STD_BOUND_ROWS,
+    metric_half_width,
+    ratio_stddev_bound,
+    ratio_stddev_times_rows,
+)
 from dppipeline.spec import JobSpec, QuerySpec, percentile_of
 
 
@@ -83,17 +88,18 @@ def _render_query(spec: JobSpec, query: QuerySpec, job_plan: JobPlan) -> list[st
 def _metric_line(plan: BudgetPlan, metric: str) -> str:
     params = plan.params
     if metric in ("mean", "variance"):
-        count_std = plan.mechanism("count").noise_stddev or 0.0
-        name = "centred_sum" if metric == "mean" else "centred_sum_of_squares"
-        std = plan.mechanism(name).noise_stddev or 0.0
         bound = (
             f"[{_num(params.min_value)}, {_num(params.max_value)}]"
             if metric == "mean"
             else f"[0, {_num(params.half_range**2)}]"
         )
+        at = ", ".join(
+            f"{_num(ratio_stddev_bound(plan, metric, n))} at n={n:,}" for n in STD_BOUND_ROWS
+        )
         return (
-            f"{metric:17} std ~ {_num(std)} / n for a partition of n rows "
-            f"(n >> {_num(count_std)}); clamped to {bound}"
+            f"{metric:17} std <= {_num(ratio_stddev_times_rows(plan, metric))} / n for a "
+            f"partition of n rows (n large; clamped to {bound})\n"
+            f"{'':22}worst case over the data, count noise included: {at}"
         )
     if percentile_of(metric) is not None:
         return (

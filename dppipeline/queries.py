@@ -15,7 +15,9 @@ form (int64, str, `datetime.date`), so results of every engine align and compare
 from __future__ import annotations
 
 import datetime as dt
+import io
 import itertools
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -31,7 +33,13 @@ from dppipeline.core.release import (
 )
 from dppipeline.errors import InputError, UsageError
 from dppipeline.filters import FilterExpr, any_of, columns, parse_filter, to_text
-from dppipeline.io import DailyPartition, read_public_partitions
+from dppipeline.io import (
+    DailyPartition,
+    first_line,
+    key_file_text,
+    parse_int64_key,
+    read_public_partitions,
+)
 from dppipeline.schemas import Schema, transactions_schema
 from dppipeline.spec import (
     _RANGE,
@@ -108,10 +116,6 @@ class JobTasks:
     def task(self, name: str) -> AggregationTask:
         return next(t for t in self.tasks if t.name == name)
 
-    @property
-    def value_column(self) -> str:
-        return validated_value(self.tasks)
-
 
 def input_schema(unit: str, tasks: Sequence[AggregationTask]) -> Schema:
     """The input columns a job reads, and so the only ones every engine validates: the
@@ -127,12 +131,6 @@ def input_schema(unit: str, tasks: Sequence[AggregationTask]) -> Schema:
         if task.filter is not None:
             names.update(columns(task.filter))
     return transactions_schema().subset(names)
-
-
-def validated_value(tasks: Sequence[AggregationTask]) -> str:
-    """The value column that validation checks for finite numbers: the first one a task
-    aggregates (every engine, and its reject report, checks the same one)."""
-    return next((t.value for t in tasks if t.clip is not None), tasks[0].value)
 
 
 def key_columns(query: QuerySpec) -> tuple[KeyColumn, ...]:
@@ -307,10 +305,11 @@ def _column_keys(
 
 def _key_file(path: Path, keys: Sequence[KeyColumn]) -> pd.DataFrame:
     """A CSV whose header names every key column; one key per line."""
+    text = key_file_text(path)
     try:
-        frame = pd.read_csv(path, dtype=str, skipinitialspace=True)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read public partitions {path}: {exc}") from None
+        frame = pd.read_csv(io.StringIO(text), dtype=str, skipinitialspace=True)
+    except (ValueError, pd.errors.ParserError) as exc:
+        raise InputError(f"cannot read public partitions {path}: {first_line(exc)}") from None
     missing = [k.name for k in keys if k.name not in frame.columns]
     if missing:
         raise InputError(f"public partitions {path}: no {missing[0]} column in the header")
@@ -327,21 +326,25 @@ def _key_file(path: Path, keys: Sequence[KeyColumn]) -> pd.DataFrame:
 
 
 def _parse_key(where: str, key: KeyColumn, value: object) -> object:
-    text = str(value).strip()
+    """A key in its canonical form; a bad one names where it is, never its text."""
+    missing = value is None or (isinstance(value, float) and math.isnan(value))
+    text = "" if missing else str(value).strip()
+    if key.kind == "int64":
+        if isinstance(value, float) and value.is_integer():
+            text = str(int(value))
+        return parse_int64_key(text, where, key.name)
     try:
-        if key.kind == "int64":
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
-            return int(text)
         if key.kind == "date":
             day = dt.date.fromisoformat(text)
             if key.bucket == "week" and day.weekday() != 0:
-                raise InputError(f"{where}: week {text} is not a Monday (weeks start on Monday)")
+                raise InputError(
+                    f"{where}: a week key that is not a Monday (weeks start on Monday)"
+                )
             return day
         if key.kind == "month" and not _MONTH.match(text):
             raise ValueError
     except ValueError:
-        raise InputError(f"{where}: {text!r} is not a valid {key.name} key") from None
+        raise InputError(f"{where}: not a valid {key.name} key") from None
     return text
 
 

@@ -40,12 +40,14 @@ def check_release(release: str | Path, ledger: str | None) -> str:
     if ledger is not None:
         book = Ledger(ledger)
         try:
-            states = [row.state for row in book.rows() if row.run_id == run_id]
+            row = book.row(run_id)
         finally:
             book.close()
-        if states != ["committed"]:
-            state = states[0] if states else "not recorded"
-            raise InputError(f"{release}: run {run_id} is {state} in the ledger, not committed")
+        if row is None or row.state != "committed":
+            state = row.state if row is not None else "not recorded"
+            raise InputError(
+                f"{release}: run {run_id} is {state} in ledger {book.location}, not committed"
+            )
     ledger_state = ", ledger committed" if ledger is not None else ""
     return (
         f"{release}: valid release of run {run_id}, {len(manifest['queries'])} "

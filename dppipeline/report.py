@@ -192,7 +192,7 @@ def _query_section(name: str, query: dict[str, Any], rows: pd.DataFrame, chart: 
     metrics = [
         [
             metric,
-            entry["noise_stddev"],
+            entry["noise_stddev"] if "noise_stddev_bound" not in entry else _bound_text(entry),
             entry["ci95_half_width"],
             " / ".join(entry.get("confidence_interval", {}).get("columns", [])) or "-",
         ]
@@ -209,6 +209,15 @@ def _query_section(name: str, query: dict[str, Any], rows: pd.DataFrame, chart: 
         + f"<h3>First {len(preview)} released rows</h3>"
         + _table(list(preview.columns), preview_rows)
     )
+
+
+def _bound_text(entry: dict[str, Any]) -> str:
+    """Mean and variance: the manifest's bound on their noise std, for partitions of n rows."""
+    bound = entry["noise_stddev_bound"]
+    at = ", ".join(
+        f"{fmt(std)} at n={fmt(n)}" for n, std in zip(bound["n"], bound["stddev"], strict=True)
+    )
+    return f"at most {fmt(bound['stddev_times_n_for_large_n'])} / n for n rows ({at})"
 
 
 def _cell(value: Any) -> Any:

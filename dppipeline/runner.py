@@ -1,14 +1,27 @@
 """One release, start to finish, on any engine: plan -> read -> bound -> release -> publish.
 
-The order matters for privacy and safety: the budget split is computed and the output target
-checked before any data is read; the release is written to a staging folder and renamed into
-place only when complete.
+The run sequence (every crash point is safe; see `publication.py` for the folders):
+
+1. plan the budget (no data), discover the input, read the public key lists, check the output
+   target; lock the output; settle expired reservations (`Ledger.repair`) and repair what
+   crashed runs left beside the output (`publication.heal`); return an already committed
+   release with the same key.
+2. reserve the budget (`reserved`; a lease renewed by a heartbeat thread).
+3. `reading`, immediately before the engine reads the first byte: from here on the budget is
+   charged whatever happens (`failed` if the run does not commit).
+4. the engine writes the complete release into the staging folder; manifest last; fsync.
+5. commit, only while the reservation is still this run's (a run whose lease ran out and was
+   settled by another process stops here and publishes nothing).
+6. publish: the staging folder becomes the release in one atomic step. SIGINT and SIGTERM are
+   held back from 5 to the end of 6: a committed release is always published.
+7. clean-up and progress lines: nothing here can change the ledger's outcome (a broken pipe on
+   stderr only stops the progress lines).
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
+import errno
 import json
 import logging
 import shutil
@@ -21,22 +34,31 @@ from pathlib import Path
 from dppipeline.core.budget import AggregationParams, JobPlan, plan_job
 from dppipeline.core.manifest import MANIFEST_NAME, build_manifest, published_run_id
 from dppipeline.engines.base import Engine, ReleaseJob
-from dppipeline.errors import InputError, UsageError
-from dppipeline.io import (
-    DailyPartition,
-    check_release_target,
-    discover_partitions,
-    publish_atomically,
-    select_days,
-)
+from dppipeline.errors import DPPipelineError, InputError, OutputError, UsageError
+from dppipeline.failpoints import failpoint
+from dppipeline.io import DailyPartition, discover_partitions, select_days
 from dppipeline.ledger import (
     BudgetPolicy,
     Ledger,
     LedgerRow,
     ReleaseKey,
+    Reservation,
     input_fingerprint,
 )
+from dppipeline.publication import (
+    check_release_target,
+    fsync_tree,
+    heal,
+    make_staging,
+    output_lock,
+    publish,
+    refuse_unsafe_target,
+    remove_release,
+)
+from dppipeline.quarantine import default_root as quarantine_root
+from dppipeline.quarantine import run_folder
 from dppipeline.queries import check_query_columns, plan_tasks
+from dppipeline.signals import signals_deferred
 from dppipeline.spec import JobSpec
 
 log = logging.getLogger("dppipeline")
@@ -67,9 +89,10 @@ def make_plan(spec: JobSpec) -> JobPlan:
     )
 
 
-def default_quarantine(output: Path, run_id: str) -> Path:
-    """Beside the release, never inside it: `<output>_quarantine/<run_id>/`."""
-    return output.parent / f"{output.name}_quarantine" / run_id
+def default_quarantine(run_id: str, output: Path) -> Path:
+    """With the operator's state, never beside or inside a release:
+    `<state dir>/quarantine/<run_id>/` (see `dppipeline.quarantine`)."""
+    return run_folder(quarantine_root(), run_id, output)
 
 
 def load_engine(name: str, options: Sequence[str] = ()) -> Engine:
@@ -133,27 +156,57 @@ def release_key(
     )
 
 
-def check_budget(spec: JobSpec, ledger: Ledger | str | Path) -> str:
-    """Would the ledger accept this release now? Reads no data and writes nothing: returns a
-    line saying the release is already published or the budget is available, or raises
-    BudgetExceededError (exit 3) like `run` would."""
+def new_run_id() -> str:
+    """`YYYYMMDDTHHMMSSZ-<8 hex>`: sortable by start time, unique, in every folder name."""
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
+
+
+def open_ledger(ledger: Ledger | str | Path | None) -> Ledger | None:
+    return Ledger(ledger) if isinstance(ledger, str | Path) else ledger
+
+
+def ledger_line(book: Ledger, text: str) -> str:
+    """A `[ledger]` progress line; every one says which ledger."""
+    return f"[ledger] {text} (ledger {book.location})"
+
+
+def settle_expired(book: Ledger, scope: str, say: Callable[[str], None]) -> None:
+    """`Ledger.repair` for one scope, each settled reservation on a `[ledger]` line."""
+    for settled_run, state in book.repair(scope):
+        say(ledger_line(book, f"settled expired reservation of run {settled_run}: {state}"))
+
+
+def check_budget(
+    spec: JobSpec,
+    ledger: Ledger | str | Path,
+    echo: Callable[[str], None] | None = None,
+    *,
+    new_release: bool = False,
+) -> str:
+    """Would the ledger accept this release now? Reads no data; settles expired reservations
+    in the scope as `run` does (a dead run's reservation must not look like spent budget), and
+    writes nothing else. Returns a line saying the release is already published or the budget
+    is available, or raises BudgetExceededError (exit 3) like `run` would."""
+    say = _tolerant(echo or _to_stderr)
     if spec.input.path is None:
         raise UsageError("--input: required (or input.path in the job spec)")
     plan = make_plan(spec)
     days = input_days(spec)
-    book = Ledger(ledger) if isinstance(ledger, str | Path) else ledger
+    book = open_ledger(ledger)
+    assert book is not None
     key = release_key(spec, days)
-    existing = book.committed(key)
+    settle_expired(book, key.scope, say)
+    existing = None if new_release else book.committed(key)
     if existing is not None:
         return (
             f"already published by run {existing.run_id} to {existing.output}: "
-            "a rerun spends nothing"
+            f"a rerun spends nothing (ledger {book.location})"
         )
     eps, delta = plan.total_spent()
-    book.check(key, epsilon=eps, delta=delta, policy=budget_policy(spec))
+    policy = book.check(key, epsilon=eps, delta=delta, policy=budget_policy(spec))
     return (
         f"budget available: epsilon={eps:g} delta={delta:g} in scope {key.scope!r} "
-        f"({budget_policy(spec).describe()})"
+        f"({policy.describe()}; ledger {book.location})"
     )
 
 
@@ -168,13 +221,14 @@ def run_job(
     ledger: Ledger | str | Path | None = None,
     new_release: bool = False,
 ) -> RunResult:
-    """Runs one release and returns where it is; raises DPPipelineError on bad input.
+    """Runs one release by the run sequence above and returns where it is; raises
+    DPPipelineError on bad input.
 
     With a ledger: a release already committed under the same key is returned as it is (no
     new noise, no new spend) unless `new_release`; otherwise the budget is reserved before any
-    data is read, committed once the release is published, and aborted if the run fails.
+    data is read and committed before the release is published.
     """
-    say = echo or (lambda line: print(line, file=sys.stderr))
+    say = _tolerant(echo or _to_stderr)
     engine_impl = load_engine(engine) if isinstance(engine, str) else engine
     if spec.input.path is None:
         raise UsageError("--input: required (or input.path in the job spec)")
@@ -183,30 +237,104 @@ def run_job(
     engine_impl.prepare()  # e.g. start the JVM while pipeline-dp plans the budget
     plan = make_plan(spec)  # before any data is read
     days = input_days(spec)
+    book = open_ledger(ledger)
+    spec_hash = spec.spec_hash()  # public key files by content
     tasks = plan_tasks(spec, plan, days)  # reads public key lists, not data
-    run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
-    book = Ledger(ledger) if isinstance(ledger, str | Path) else ledger
-    if book is not None:
-        key = release_key(spec, days)
-        for settled_run, state in book.repair(key.scope):
-            say(f"[ledger] settled interrupted run {settled_run}: {state}")
-        existing = None if new_release else book.committed(key)
-        if existing is not None:
-            return _existing_release(existing, Path(spec.output), overwrite, say)
-    output = check_release_target(spec.output, overwrite)
-    job = ReleaseJob(
-        spec=spec,
-        plan=plan,
-        tasks=tasks,
-        days=days,
-        quarantine=quarantine or default_quarantine(output, run_id),
-        seed=seed,
-        progress=lambda line: say(f"[{engine_impl.name}] {line}"),
+    if spec.spec_hash() != spec_hash:
+        raise InputError("a public key file changed while it was being read; run again")
+    run_id = new_run_id()
+    output = Path(spec.output)
+    chosen = quarantine or spec.input.quarantine
+    quarantine = (
+        run_folder(Path(chosen), run_id, output) if chosen else default_quarantine(run_id, output)
     )
-    eps_total, delta_total = plan.total_spent()
-    spend = contextlib.nullcontext()
+    guard = {
+        "input_path": spec.input.path,
+        "ledger_file": book.path if book is not None else None,
+        "quarantine": quarantine,
+    }
+    refuse_unsafe_target(output, **guard)
+    key = release_key(spec, days, spec_hash) if book is not None else None
+    with output_lock(output):
+        if book is not None:
+            assert key is not None
+            settle_expired(book, key.scope, say)
+        for line in heal(output, _fate(book, output)):
+            say(f"[publish] {output}: {line}")
+        if book is not None and not new_release:
+            existing = book.committed(key)  # type: ignore[arg-type]
+            if existing is not None:
+                return _existing_release(
+                    existing, output, overwrite=overwrite, say=say, book=book, guard=guard
+                )
+        check_release_target(output, overwrite, **guard)
+        job = ReleaseJob(
+            spec=spec,
+            plan=plan,
+            tasks=tasks,
+            days=days,
+            quarantine=quarantine,
+            salt=ReleaseJob.sampling_salt(seed),
+            progress=lambda line: say(f"[{engine_impl.name}] {line}"),
+        )
+        manifest = _release(
+            job,
+            engine_impl,
+            book=book,
+            key=key,
+            run_id=run_id,
+            output=output,
+            overwrite=overwrite,
+            guard=guard,
+            spec_hash=spec_hash,
+            say=say,
+        )
+    # Progress lines only: the release is committed and published.
     if book is not None:
-        spend = book.spending(
+        say(ledger_line(book, f"committed run {run_id}"))
+    for name, query in manifest["queries"].items():
+        say(f"[{engine_impl.name}] {name}: released {query['released_partitions']:,} partitions")
+    say(f"[{engine_impl.name}] release written to {output}")
+    return RunResult(output, run_id, manifest["released_partitions"], manifest)
+
+
+class _Unrecorded:
+    """The reservation of a run without a ledger: every step is a no-op."""
+
+    def __enter__(self) -> _Unrecorded:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def reading(self) -> None:
+        return None
+
+    def commit(self) -> None:
+        return None
+
+
+def _release(
+    job: ReleaseJob,
+    engine_impl: Engine,
+    *,
+    book: Ledger | None,
+    key: ReleaseKey | None,
+    run_id: str,
+    output: Path,
+    overwrite: bool,
+    guard: dict,
+    spec_hash: str,
+    say: Callable[[str], None],
+) -> dict:
+    """Steps 2 to 6 of the run sequence; returns the published manifest."""
+    spec = job.spec
+    eps_total, delta_total = job.plan.total_spent()
+    spend: Reservation | _Unrecorded = _Unrecorded()
+    if book is not None:
+        assert key is not None
+        spend = Reservation(
+            book,
             key,
             run_id=run_id,
             job=spec.name,
@@ -214,92 +342,181 @@ def run_job(
             delta=delta_total,
             output=str(output.resolve()),
             policy=budget_policy(spec),
-            failure_note="run failed before publishing",
         )
     with spend:
-        if book is not None:
+        if isinstance(spend, Reservation):
+            assert book is not None and key is not None and spend.policy is not None
             say(
-                f"[ledger] reserved epsilon={eps_total:g} delta={delta_total:g} in scope "
-                f"{key.scope!r} ({budget_policy(spec).describe()})"
+                ledger_line(
+                    book,
+                    f"reserved epsilon={eps_total:g} delta={delta_total:g} in scope "
+                    f"{key.scope!r} ({spend.policy.describe()}), run {run_id}",
+                )
             )
-        result = _release(
-            job, engine_impl, run_id=run_id, output=output, overwrite=overwrite, say=say
-        )
-    if book is not None:
-        say(f"[ledger] committed run {run_id}")
-    return result
+        failpoint("reserved")
+        staging = make_staging(output, run_id)
+        committed = False
+        try:
+            spend.reading()
+            failpoint("reading")
+            manifest = _stage(
+                job, engine_impl, staging, run_id=run_id, spec_hash=spec_hash, book=book, say=say
+            )
+            failpoint("staged")
+            check_release_target(output, overwrite, **guard)  # a last look, still revocable
+            with signals_deferred():
+                spend.commit()
+                committed = True
+                failpoint("committed")
+                try:
+                    publish(output, staging, run_id)
+                except (OSError, DPPipelineError) as exc:
+                    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                    raise OutputError(
+                        f"run {run_id} is committed but publishing it to {output} failed "
+                        f"({why}); the next run to {output} publishes it"
+                    ) from None
+                failpoint("published")
+        except BaseException:
+            if not committed:
+                remove_release(staging)
+            raise
+    return manifest
+
+
+def _stage(
+    job: ReleaseJob,
+    engine_impl: Engine,
+    staging: Path,
+    *,
+    run_id: str,
+    spec_hash: str,
+    book: Ledger | None,
+    say: Callable[[str], None],
+) -> dict:
+    """The engine's run + the manifest (written last), all on disk in `staging`."""
+    spec, days = job.spec, job.days
+    say(
+        f"[{engine_impl.name}] reading {len(days)} daily partitions "
+        f"({days[0].day} to {days[-1].day}) from {spec.input.path}"
+    )
+    run = engine_impl.run(job, staging)
+    failpoint("written")
+    rejects = run.rejects
+    say(
+        f"[{engine_impl.name}] read {rejects.rows_read:,} rows; rejected "
+        f"{rejects.rows_rejected:,}"
+        + (f" (kept aside in {rejects.quarantine})" if rejects.quarantine else "")
+    )
+    manifest = build_manifest(
+        spec,
+        job.plan,
+        run_id=run_id,
+        engine=engine_impl.name,
+        days=(days[0].day, days[-1].day),
+        input_files=sum(len(d.files) for d in days),
+        released_partitions=run.released_partitions,
+        public_keys={
+            name: None if keys is None else len(keys)
+            for name, keys in job.tasks.public_keys.items()
+        },
+        spec_hash=spec_hash,
+        ledger=str(book.location) if book is not None else None,
+    )
+    (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    fsync_tree(staging)
+    return manifest
+
+
+def _fate(book: Ledger | None, output: Path) -> Callable[[str, dict | None], str]:
+    """How `heal` treats a crashed run's staging folder, by the ledger: a live reservation is
+    left alone, a committed run is published, anything else is removed."""
+
+    def fate(run_id: str, manifest: dict | None) -> str:
+        recorded_in = manifest.get("ledger") if manifest is not None else None
+        row = book.row(run_id) if book is not None else None
+        if row is None:
+            if recorded_in is not None and (book is None or recorded_in != str(book.location)):
+                raise OutputError(
+                    f"output {output}: run {run_id} left a complete release recorded in ledger "
+                    f"{recorded_in}; run with that ledger to publish or remove it"
+                )
+            return "discard"
+        assert book is not None
+        if row.state in ("reserved", "reading") and book.lease_alive(row):
+            return "live"
+        if row.state == "committed" and manifest is not None:
+            return "publish"
+        return "discard"
+
+    return fate
 
 
 def _existing_release(
-    row: LedgerRow, output: Path, overwrite: bool, say: Callable[[str], None]
+    row: LedgerRow,
+    output: Path,
+    *,
+    overwrite: bool,
+    say: Callable[[str], None],
+    book: Ledger,
+    guard: dict,
 ) -> RunResult:
     """The committed release with this key, at `output` (copied byte for byte if it was
-    published elsewhere). No noise is drawn and nothing is spent."""
+    published elsewhere and `output` does not hold a copy yet). No noise is drawn and nothing
+    is spent."""
     published = Path(row.output)
     if published_run_id(published) != row.run_id:
         raise InputError(
             f"this release (run {row.run_id}) was published to {published}, which no longer "
             "holds it; pass --new-release to draw new noise and spend the budget again"
         )
-    if published.resolve() != output.resolve():
-        check_release_target(output, overwrite)
-        publish_atomically(
-            output,
-            lambda staging: shutil.copytree(published, staging, dirs_exist_ok=True),
-            overwrite,
-        )
+    if published.resolve() != output.resolve() and published_run_id(output) != row.run_id:
+        check_release_target(output, overwrite, **guard)
+        copy_id = new_run_id()
+        with output_lock(published):  # no run replaces it while it is copied
+            staging = make_staging(output, copy_id)
+            try:
+                shutil.copytree(
+                    published,
+                    staging,
+                    dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("_PUBLISHED", "._PUBLISHED.tmp"),
+                )
+                fsync_tree(staging)
+                publish(output, staging, copy_id)
+            except BaseException:
+                remove_release(staging)
+                raise
     manifest = json.loads((output / MANIFEST_NAME).read_text())
     say(
-        f"[ledger] release already published by run {row.run_id} ({row.reserved_at}): "
-        f"{output}; no new noise drawn, nothing spent (--new-release to draw again)"
+        ledger_line(
+            book,
+            f"release already published by run {row.run_id} ({row.reserved_at}): {output}; "
+            "no new noise drawn, nothing spent (--new-release to draw again)",
+        )
     )
     return RunResult(output, row.run_id, manifest["released_partitions"], manifest)
 
 
-def _release(
-    job: ReleaseJob,
-    engine_impl: Engine,
-    *,
-    run_id: str,
-    output: Path,
-    overwrite: bool,
-    say: Callable[[str], None],
-) -> RunResult:
-    """Engine run + manifest, published atomically into `output`."""
-    spec, days = job.spec, job.days
-    say(
-        f"[{engine_impl.name}] reading {len(days)} daily partitions "
-        f"({days[0].day} to {days[-1].day}) from {spec.input.path}"
-    )
-    manifests: list[dict] = []
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
 
-    def write(staging: Path) -> None:
-        run = engine_impl.run(job, staging)
-        rejects = run.rejects
-        say(
-            f"[{engine_impl.name}] read {rejects.rows_read:,} rows; rejected "
-            f"{rejects.rows_rejected:,}"
-            + (f" (kept aside in {rejects.quarantine})" if rejects.quarantine else "")
-        )
-        manifest = build_manifest(
-            spec,
-            job.plan,
-            run_id=run_id,
-            engine=engine_impl.name,
-            days=(days[0].day, days[-1].day),
-            input_files=sum(len(d.files) for d in days),
-            released_partitions=run.released_partitions,
-            public_keys={
-                name: None if keys is None else len(keys)
-                for name, keys in job.tasks.public_keys.items()
-            },
-        )
-        (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
-        manifests.append(manifest)
 
-    publish_atomically(output, write, overwrite)
-    manifest = manifests[0]
-    for name, query in manifest["queries"].items():
-        say(f"[{engine_impl.name}] {name}: released {query['released_partitions']:,} partitions")
-    say(f"[{engine_impl.name}] release written to {output}")
-    return RunResult(output, run_id, manifest["released_partitions"], manifest)
+def _tolerant(say: Callable[[str], None]) -> Callable[[str], None]:
+    """Progress lines that a closed pipe cannot turn into a failure (`run ... | head`): the
+    first broken write stops them, the run goes on."""
+    broken = False
+
+    def emit(line: str) -> None:
+        nonlocal broken
+        if broken:
+            return
+        try:
+            say(line)
+        except OSError as exc:
+            closed = isinstance(exc, BrokenPipeError | ConnectionResetError)
+            if not closed and exc.errno not in (errno.EPIPE, errno.ECONNRESET):
+                raise
+            broken = True
+
+    return emit

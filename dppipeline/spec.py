@@ -10,8 +10,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime as dt
-import hashlib
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -72,9 +70,17 @@ class InputSpec:
         default=0.001,
         metadata=_doc("Fail the run when more than this share of rows is rejected."),
     )
+    quarantine: str | None = field(
+        default=None,
+        metadata=_doc(
+            "Operator-only folder for rejected rows (default $DPPIPELINE_STATE_DIR/quarantine);"
+            " never inside or beside the release."
+        ),
+    )
 
     def __post_init__(self) -> None:
         _path_as_text(self, "path", "input.path")
+        _path_as_text(self, "quarantine", "input.quarantine")
         _one_of("input.format", self.format, INPUT_FORMATS)
         for name in ("start_date", "end_date"):
             value = getattr(self, name)
@@ -605,15 +611,11 @@ class JobSpec:
         return _jsonable(dataclasses.asdict(self))
 
     def spec_hash(self) -> str:
-        """sha256 of what decides the release's numbers (paths and ledger policy excluded), for
-        idempotence keys."""
-        content = self.to_dict()
-        content.pop("output", None)
-        content["input"].pop("path", None)
-        for ledger_only in ("scope", "cap_epsilon", "cap_delta", "window_days"):
-            content["budget"].pop(ledger_only, None)
-        blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()
+        """sha256 of the canonical spec: what decides the release's numbers, defaults left
+        out, public key files by content (see `spec_hash.py`); for release keys."""
+        from dppipeline.spec_hash import spec_hash  # noqa: PLC0415
+
+        return spec_hash(self)
 
 
 def _is_query_name(name: Any) -> bool:
@@ -906,7 +908,12 @@ def _expanded_values(root: yaml.Node) -> int:
     return size(root)
 
 
-_PATH_FIELDS = (("input", "path"), ("output",), ("partition_selection", "public_partitions"))
+_PATH_FIELDS = (
+    ("input", "path"),
+    ("input", "quarantine"),
+    ("output",),
+    ("partition_selection", "public_partitions"),
+)
 
 
 def resolve_paths(raw: Mapping[str, Any], base: Path) -> dict[str, Any]:

@@ -45,9 +45,18 @@ from dppipeline.core.budget import MechanismBudget
 from dppipeline.engines.local import task_rows
 from dppipeline.engines.local_read import read_validated
 from dppipeline.errors import UsageError
-from dppipeline.ledger import Ledger
-from dppipeline.queries import input_schema, plan_tasks, validated_value
-from dppipeline.runner import budget_policy, input_days, make_plan, release_key
+from dppipeline.ledger import Reservation
+from dppipeline.queries import input_schema, plan_tasks
+from dppipeline.runner import (
+    budget_policy,
+    input_days,
+    ledger_line,
+    make_plan,
+    open_ledger,
+    release_key,
+    settle_expired,
+)
+from dppipeline.signals import signals_deferred
 from dppipeline.spec import JobSpec, QuerySpec
 
 # Histogram bins: exact small values, then coarser; the last bin is open-ended.
@@ -232,22 +241,37 @@ def tune(
         partitions = len(task.public_keys)
     run_id = "tune-" + dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + uuid.uuid4().hex[:6]
     target = output or Path(f"{run_id}.json")
-    spend = contextlib.nullcontext()
-    if ledger:
+    book = open_ledger(ledger) if ledger else None
+    spend: Reservation | contextlib.nullcontext = contextlib.nullcontext()
+    key = None
+    if book is not None:
         request = json.dumps([spec.spec_hash(), name, eps]).encode()
         key = release_key(spec, days, "tune:" + hashlib.sha256(request).hexdigest())
-        spend = Ledger(ledger).spending(
-            key, run_id=run_id, job=f"tune:{spec.name}", epsilon=eps, delta=0.0,
-            output=str(target.resolve()), policy=budget_policy(spec), failure_note="tune failed",
+        settle_expired(book, key.scope, progress)
+        spend = Reservation(
+            book, key, run_id=run_id, job=f"tune:{spec.name}", epsilon=eps, delta=0.0,
+            output=str(target.resolve()), policy=budget_policy(spec),
         )  # fmt: skip
+    # The same charge rules as a release: reserved, reading before the first byte, committed
+    # before the statistics are written where the user sees them.
+    partial = target.with_name(f".{target.name}.{run_id}.tmp")
+    target.parent.mkdir(parents=True, exist_ok=True)
     with spend:
-        result = _measure(
-            spec, query, task, days, eps=eps, partitions=partitions, progress=progress,
-        )  # fmt: skip
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(result.to_json(), indent=1) + "\n")
-    if ledger:
-        progress(f"[ledger] committed {run_id}: epsilon={eps:g} in scope {key.scope!r}")
+        try:
+            if isinstance(spend, Reservation):
+                spend.reading()
+            result = _measure(
+                spec, query, task, days, eps=eps, partitions=partitions, progress=progress,
+            )  # fmt: skip
+            partial.write_text(json.dumps(result.to_json(), indent=1) + "\n")
+            with signals_deferred():
+                if isinstance(spend, Reservation):
+                    spend.commit()
+                partial.replace(target)
+        finally:
+            partial.unlink(missing_ok=True)
+    if book is not None and key is not None:
+        progress(ledger_line(book, f"committed {run_id}: epsilon={eps:g} in scope {key.scope!r}"))
     return result, target
 
 
@@ -257,7 +281,7 @@ def _measure(spec, query, task, days, *, eps, partitions, progress) -> Tuning:
     # The raw value (no clipping: the quantiles choose the clipping bounds); every key.
     raw = replace(task, clip=(-math.inf, math.inf), public_keys=None)
     schema = input_schema(unit, [raw])
-    rows = read_validated(days, spec.input.format, schema, validated_value([raw])).rows
+    rows = read_validated(days, spec.input.format, schema).rows
     frame = task_rows(rows, raw, unit)
     keys = task.key_names or ["_all"]
     if not task.key_names:

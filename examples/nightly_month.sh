@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# A month of nightly releases against a rolling-window cap, as the README describes:
-# one release per day of data at epsilon 0.1, a cap of 2.5 per 30 days of data, a retried night,
-# and the chart of the spend. Usage: examples/nightly_month.sh [WORKDIR]
+# A month of nightly releases against a rolling-window cap, as the README describes: the cap
+# stored in the ledger once (budget set-cap), one release per day of data at epsilon 0.1, a cap
+# of 2.5 per 30 days of data, a retried night, and the chart of the spend.
+# Usage: examples/nightly_month.sh [WORKDIR]
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 work="${1:-$here/demo/nightly}"
@@ -10,15 +11,15 @@ rm -rf "$work" && mkdir -p "$work"
 cd "$work"
 export DPPIPELINE_LEDGER="sqlite:///$work/ledger.sqlite"
 "$dp" generate --output tx --days 35 --customers 2000 --terminals 200 --tx-per-day 5000 >/dev/null 2>&1
+# The scope's cap is governed data: stored once, with a history row; every job is held to it.
+"$dp" budget set-cap card_tx/CUSTOMER_ID --epsilon 2.5 --window-days 30
 cat > nightly.yaml <<'YAML'
 name: terminal_stats
 metrics: [count, sum, mean]
 budget:
   epsilon: 0.1          # one night's release
   delta: 1.0e-6
-  scope: card_tx/CUSTOMER_ID
-  cap_epsilon: 2.5      # what one customer may lose ...
-  window_days: 30       # ... over any 30 days of data
+  scope: card_tx/CUSTOMER_ID   # its stored cap: 2.5 over any 30 days of data
 bounds: {max_partitions_contributed: 4, max_contributions_per_partition: 3, min_value: 0, max_value: 200}
 partition_selection: {public_partitions: ../../schemas/public_terminals.csv}
 YAML
@@ -34,5 +35,5 @@ for n in $(seq 1 31); do
 done
 echo "retry of 2026-01-15: $("$dp" run --config nightly.yaml --input tx --output releases/2026-01-15 \
   --start-date 2026-01-15 --end-date 2026-01-15 2>&1 >/dev/null | tail -1)"
-"$dp" budget show --config nightly.yaml
-"$dp" budget plot --config nightly.yaml --output spend.png
+"$dp" budget show
+"$dp" budget plot --scope card_tx/CUSTOMER_ID --output spend.png

@@ -17,10 +17,10 @@ PROJECT = Path(__file__).resolve().parent.parent
 HOME = PROJECT / "build" / "airflow-demo"
 DATA = HOME / "data"
 DAYS = ("2026-01-01", "2026-01-02", "2026-01-03")
+LEDGER = DATA / "ledger.sqlite"
 SETTINGS = {
     "input_root": str(DATA / "transactions"),
     "release_root": str(DATA / "releases"),
-    "ledger": f"sqlite:///{DATA / 'ledger.sqlite'}",
     "retries": 0,
     "sensor_timeout_seconds": 30,
     "sensor_poke_seconds": 5,
@@ -33,6 +33,8 @@ os.environ.update(
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{HOME / 'airflow.db'}",
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
         "AIRFLOW_VAR_DPPIPELINE_TERMINAL_STATS": json.dumps(SETTINGS),
+        # The ledger is a connection (a PostgreSQL URL for workers on several hosts).
+        "AIRFLOW_CONN_DPPIPELINE_LEDGER": json.dumps({"conn_type": "sqlite", "host": str(LEDGER)}),
     }
 )
 
@@ -62,7 +64,7 @@ def main() -> int:
         state = str(run.state)
         failed += state != "success"
         print(f"{day}: {state} -> {Path(SETTINGS['release_root']) / day}")
-    print(f"ledger: {SETTINGS['ledger']}  (dppipeline budget history --ledger ...)")
+    print(f"ledger: {LEDGER}  (dppipeline budget history --ledger {LEDGER})")
     return 1 if failed else 0
 
 

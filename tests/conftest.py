@@ -124,3 +124,21 @@ def check_count_noise_as_planned(release) -> None:
     sigma = manifest["queries"]["terminal_stats"]["metrics"]["count"]["noise_stddev"]
     ratio = np.mean(noise**2) / sigma**2
     assert abs(ratio - 1) <= float(norm.isf(0.5e-6)) * math.sqrt(5 / len(noise)), ratio
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL 16 server on 127.0.0.1, one per test process (see postgres_server)."""
+    from postgres_server import start
+
+    server = start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_url(request, tmp_path) -> str:
+    """An empty ledger on each backend: a SQLite file, or a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    return request.getfixturevalue("postgres").new_database()

@@ -1,18 +1,18 @@
-"""Files: daily partition discovery, day selection, public key lists, atomic publication."""
+"""Files: daily partition discovery, day selection, public key lists (publication:
+test_publication.py)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 from pathlib import Path
 
 import pytest
 
-from dppipeline.errors import InputError, OutputError
+from dppipeline.errors import InputError
 from dppipeline.io import (
     DailyPartition,
-    check_release_target,
     discover_partitions,
-    publish_atomically,
     read_public_partitions,
     select_days,
 )
@@ -24,10 +24,6 @@ def touch(path: Path, text: str = "x") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
-
-
-def siblings(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir())
 
 
 # --------------------------------------------------------------------------- discovery
@@ -84,6 +80,59 @@ def test_discover_generated_inputs(small_inputs):
     csv = discover_partitions(small_inputs["csv"], "csv")
     assert [d.day for d in parquet] == [d.day for d in csv] == [D1, D2, D3]
     assert all(len(d.files) == 1 for d in parquet + csv)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+@pytest.mark.parametrize("kind", ["dangling", "looping"])
+def test_discover_refuses_a_broken_day_link(tmp_path, fmt, kind):
+    """A day file (or folder, or Parquet file) that is a broken or looping symbolic link is
+    an error naming it, never a day skipped while the manifest claims the whole range
+    (issue 15 item 9)."""
+    if fmt == "csv":
+        touch(tmp_path / "2026-01-01.csv")
+        link = tmp_path / "2026-01-02.csv"
+    else:
+        touch(tmp_path / "date=2026-01-01" / "part-00000.parquet")
+        touch(tmp_path / "date=2026-01-02" / "part-00000.parquet")
+        link = tmp_path / "date=2026-01-02" / "part-00001.parquet"
+    if kind == "dangling":
+        link.symlink_to(tmp_path / "gone.csv")
+    else:
+        link.symlink_to(link)
+    with pytest.raises(InputError) as info:
+        discover_partitions(tmp_path, fmt)
+    assert str(info.value) == f"{link}: a broken or looping symbolic link"
+
+
+def test_discover_refuses_a_dangling_day_folder(tmp_path):
+    touch(tmp_path / "date=2026-01-01" / "part-00000.parquet")
+    (tmp_path / "date=2026-01-02").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(InputError, match="date=2026-01-02: a broken or looping symbolic link"):
+        discover_partitions(tmp_path, "parquet")
+
+
+def test_discover_follows_a_good_link(tmp_path):
+    target = touch(tmp_path / "store" / "jan1.csv")
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "2026-01-01.csv").symlink_to(target)
+    assert discover_partitions(tmp_path / "in", "csv")[0].day == D1
+
+
+def test_discover_refuses_a_folder_named_like_a_parquet_file(tmp_path):
+    touch(tmp_path / "date=2026-01-01" / "part-00000.parquet" / "inner.parquet")
+    with pytest.raises(InputError, match=r"part-00000\.parquet: not a file"):
+        discover_partitions(tmp_path, "parquet")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any folder")
+def test_discover_unreadable_folder_is_one_line(tmp_path):
+    touch(tmp_path / "in" / "2026-01-01.csv")
+    (tmp_path / "in").chmod(0)
+    try:
+        with pytest.raises(InputError, match=r"cannot list input folder .*in: Permission denied"):
+            discover_partitions(tmp_path / "in", "csv")
+    finally:
+        (tmp_path / "in").chmod(0o755)
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
@@ -184,21 +233,56 @@ def test_read_public_partitions_strings(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("text", "line", "bad"),
+    ("text", "line", "bad", "rule"),
     [
-        ("TERMINAL_ID\n1\n2\nx7\n", 4, "x7"),
-        ("1\n\n2.5\n", 3, "2.5"),
-        ("terminal_id\n1\n", 1, "terminal_id"),
+        ("TERMINAL_ID\n1\n2\nx7\n", 4, "x7", "not a valid TERMINAL_ID key"),
+        ("1\n\n2.5\n", 3, "2.5", "not a valid TERMINAL_ID key"),
+        ("terminal_id\n1\n", 1, "terminal_id", "not a valid TERMINAL_ID key"),
+        ("1\n\u0663\n", 2, "\u0663", "not a valid TERMINAL_ID key"),  # not an ASCII digit
+        ("1\n9223372036854775808\n", 2, "9223372036854775808", "outside the int64 range"),
+        ("1\n-9223372036854775809\n", 2, "9223372036854775809", "outside the int64 range"),
     ],
 )
-def test_read_public_partitions_bad_key_names_the_line(tmp_path, text, line, bad):
+def test_read_public_partitions_bad_key_names_the_line(tmp_path, text, line, bad, rule):
+    """The line and the rule, never the key's text (issue 15 item 8: a key above int64 was a
+    traceback)."""
     path = touch(tmp_path / "keys.csv", text)
     with pytest.raises(InputError) as info:
         read_public_partitions(path, "TERMINAL_ID", "int64")
     message = str(info.value)
     assert str(path) in message
     assert f"line {line}:" in message
-    assert bad in message
+    assert rule in message
+    assert bad not in message
+
+
+def test_read_public_partitions_int64_limits(tmp_path):
+    path = touch(tmp_path / "keys.csv", "-9223372036854775808\n9223372036854775807\n+5\n")
+    keys = read_public_partitions(path, "TERMINAL_ID", "int64")["TERMINAL_ID"].tolist()
+    assert keys == [-(2**63), 2**63 - 1, 5]
+
+
+@pytest.mark.parametrize("dtype", ["int64", "string"])
+def test_read_public_partitions_strips_a_byte_order_mark(tmp_path, dtype):
+    path = tmp_path / "keys.csv"
+    path.write_bytes(b"\xef\xbb\xbfTERMINAL_ID\n3\n1\n")
+    keys = read_public_partitions(path, "TERMINAL_ID", dtype)["TERMINAL_ID"].tolist()
+    assert keys == ([3, 1] if dtype == "int64" else ["3", "1"])
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", ": a binary file, not text (one key per line)"),
+        (b"TERMINAL_ID\n1\n\xe9t\xe9\n", " line 3: not UTF-8 text"),
+    ],
+)
+def test_read_public_partitions_refuses_binary_or_non_utf8(tmp_path, data, words):
+    path = tmp_path / "keys.csv"
+    path.write_bytes(data)
+    with pytest.raises(InputError) as info:
+        read_public_partitions(path, "TERMINAL_ID", "int64")
+    assert str(info.value) == f"public partitions {path}{words}"
 
 
 @pytest.mark.parametrize("text", ["", "\n\n", "TERMINAL_ID\n"])
@@ -212,93 +296,3 @@ def test_read_public_partitions_missing_file(tmp_path):
     with pytest.raises(InputError) as info:
         read_public_partitions(tmp_path / "keys.csv", "TERMINAL_ID", "int64")
     assert str(tmp_path / "keys.csv") in str(info.value)
-
-
-# --------------------------------------------------------------------------- publication
-
-
-def write_release(text: str):
-    def write(folder: Path) -> None:
-        touch(folder / "data" / "part-00000.parquet", text)
-        touch(folder / "manifest.json", text)
-
-    return write
-
-
-def read_tree(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): p.read_text() for p in root.rglob("*") if p.is_file()}
-
-
-def test_publish_creates_the_release(tmp_path):
-    output = tmp_path / "releases" / "out"  # the parent is created too
-    publish_atomically(output, write_release("new"), overwrite=False)
-    assert read_tree(output) == {"data/part-00000.parquet": "new", "manifest.json": "new"}
-    assert siblings(output.parent) == ["out"]
-
-
-def test_publish_into_an_existing_empty_folder(tmp_path):
-    output = tmp_path / "out"
-    output.mkdir()
-    publish_atomically(output, write_release("new"), overwrite=False)
-    assert read_tree(output)["manifest.json"] == "new"
-    assert siblings(tmp_path) == ["out"]
-
-
-class WriteFailedError(Exception):
-    pass
-
-
-def failing_write(folder: Path) -> None:
-    touch(folder / "manifest.json", "half")
-    raise WriteFailedError("disk full")
-
-
-def test_failed_write_leaves_nothing(tmp_path):
-    output = tmp_path / "out"
-    with pytest.raises(WriteFailedError):
-        publish_atomically(output, failing_write, overwrite=False)
-    assert siblings(tmp_path) == []
-
-
-@pytest.mark.parametrize("overwrite", [False, True])
-def test_failed_write_keeps_the_old_release(tmp_path, overwrite):
-    output = tmp_path / "out"
-    publish_atomically(output, write_release("old"), overwrite=False)
-    with pytest.raises(WriteFailedError):
-        publish_atomically(output, failing_write, overwrite=overwrite)
-    assert read_tree(output) == {"data/part-00000.parquet": "old", "manifest.json": "old"}
-    assert siblings(tmp_path) == ["out"]
-
-
-def test_overwrite_replaces_the_release(tmp_path):
-    output = tmp_path / "out"
-    publish_atomically(output, write_release("old"), overwrite=False)
-    touch(output / "stale.txt")  # a file only the old release had
-    publish_atomically(output, write_release("new"), overwrite=True)
-    assert read_tree(output) == {"data/part-00000.parquet": "new", "manifest.json": "new"}
-    assert siblings(tmp_path) == ["out"]  # no staging or retired folder left
-
-
-def test_existing_release_is_refused_without_overwrite(tmp_path):
-    output = tmp_path / "out"
-    publish_atomically(output, write_release("old"), overwrite=False)
-    with pytest.raises(OutputError) as info:
-        publish_atomically(output, write_release("new"), overwrite=False)
-    assert "--overwrite" in str(info.value)
-    assert info.value.exit_code == 1
-    assert read_tree(output)["manifest.json"] == "old"
-    assert siblings(tmp_path) == ["out"]
-
-
-def test_check_release_target(tmp_path):
-    output = tmp_path / "out"
-    assert check_release_target(output, overwrite=False) == output  # absent: fine
-    output.mkdir()
-    assert check_release_target(output, overwrite=False) == output  # empty: fine
-    touch(output / "manifest.json")
-    with pytest.raises(OutputError, match="--overwrite"):
-        check_release_target(output, overwrite=False)
-    assert check_release_target(output, overwrite=True) == output
-    file_target = touch(tmp_path / "file")
-    with pytest.raises(OutputError, match="not a folder"):
-        check_release_target(file_target, overwrite=True)

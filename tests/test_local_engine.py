@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 
 from dppipeline.engines.local import compute_aggregates
+from dppipeline.engines.sampling import new_salt
 from dppipeline.io import discover_partitions
 from dppipeline.queries import task_for
 from dppipeline.runner import run_job
@@ -73,7 +74,7 @@ def aggregate(spec, days, public_keys, quarantine, seed):
         unit=spec.privacy_unit,
         max_rejected_fraction=spec.input.max_rejected_fraction,
         quarantine=quarantine,
-        seed=seed,
+        salt=new_salt(seed),
     )
     assert list(result.aggregates) == [spec.name]
     return result.aggregates[spec.name], result.rejects

@@ -146,3 +146,26 @@ def test_cli_prints_the_table_and_yaml_and_rejects_unknown_query(known, tmp_path
     assert "<- recommended" in out and "max_partitions_contributed: 6" in out
     assert main([*base, "--query", "nope"]) == 2
     assert "--query: no query 'nope'" in capsys.readouterr().err
+
+
+def test_a_stored_cap_holds_tune_too(known, tmp_path, capsys):
+    """A scope's stored cap applies to `tune` like to `run`: a tune whose spec says nothing
+    of caps is refused (exit 3) when the stored cap is spent, and a spec stating another cap
+    is refused too; nothing is read or recorded."""
+    from dppipeline.ledger import BudgetPolicy
+
+    root, keys = known
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    Ledger(ledger).set_cap(f"{root.name}/CUSTOMER_ID", BudgetPolicy(cap_epsilon=0.05), "test")
+    argv = [
+        "tune", "--input", str(root), "--public-partitions", str(keys), "--metrics", "count",
+        "--tune-epsilon", "0.1", "--ledger", ledger, "--tune-output", str(tmp_path / "t.json"),
+    ]  # fmt: skip
+    assert main(argv) == 3
+    assert "0.05 left of 0.05" in capsys.readouterr().err
+    config = tmp_path / "job.yaml"
+    config.write_text("budget: {epsilon: 1.0, cap_epsilon: 1.0}\n")
+    assert main([*argv, "--config", str(config)]) == 3
+    assert "budget set-cap" in capsys.readouterr().err
+    assert not (tmp_path / "t.json").exists()
+    assert Ledger(ledger).rows() == []

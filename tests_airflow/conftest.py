@@ -20,10 +20,10 @@ PROJECT = Path(__file__).resolve().parent.parent
 MAIN_PYTHON = PROJECT / ".venv" / "bin" / "python"
 HOME = Path(tempfile.mkdtemp(prefix="dppipeline-airflow-"))
 DATA = HOME / "data"
+LEDGER = DATA / "ledger.sqlite"  # the connection dppipeline_ledger names it
 SETTINGS = {
     "input_root": str(DATA / "transactions"),
     "release_root": str(DATA / "releases"),
-    "ledger": f"sqlite:///{DATA / 'ledger.sqlite'}",
     "retries": 0,
     "sensor_timeout_seconds": 4,
     "sensor_poke_seconds": 1,
@@ -37,6 +37,7 @@ os.environ.update(
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{HOME / 'airflow.db'}",
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
         "AIRFLOW_VAR_DPPIPELINE_TERMINAL_STATS": json.dumps(SETTINGS),
+        "AIRFLOW_CONN_DPPIPELINE_LEDGER": json.dumps({"conn_type": "sqlite", "host": str(LEDGER)}),
         "DPPIPELINE_SPARK_MASTER": "local[2]",
     }
 )

@@ -13,6 +13,26 @@ not the raw total before bounding: bounds that drop rows bias the value below th
   level 1 - alpha/2; every (count, centred sum) pair inside both gives a mean, and the interval
   spans them (union bound: coverage >= 1 - alpha). A count interval reaching below one row
   gives [min_value, max_value].
+
+Mean and variance are ratios of noisy values, so their noise is not additive; for a partition
+of n rows (after bounding) `mean_stddev_bound` and `variance_stddev_bound` give a conservative
+bound on their standard deviation, valid for every dataset in the clipping range. With mid the
+midpoint, r the half-range, a = mean - mid in [-r, r], D = max(1, n + Z_n) the noisy count,
+d = n - D (|d| <= |Z_n|):
+
+- mean: mid + (n a + Z_c) / D differs from the exact mean by (Z_c + a d) / D, whose square
+  has expectation over Z_c of (s_c^2 + a^2 d^2) / D^2 <= (s_c^2 + r^2 d^2) / D^2. Clamping to
+  [min, max] moves it no further from the exact mean, and by at most 2r: std^2 <= E_Zn[min(
+  (s_c^2 + r^2 d^2) / D^2, 4 r^2)] (Jensen), computed by quadrature over the count's noise.
+  For large n: sqrt(s_c^2 + r^2 s_n^2) / n (the delta method at the worst mean).
+- variance: with q the mean of (x - mid)^2 in [a^2, r^2], the released value differs by
+  W - e^2, e = (Z_c + a d) / D the mean's error and W = (Z_s - 2a Z_c + (q - r^2/2 - 2a^2)
+  d) / D; E[(W - e^2)^2 | Z_n] is a polynomial in (a^2, q) (noise moments up to the fourth),
+  maximised over the feasible region, capped at r^4 (both values lie in [0, r^2]) and
+  averaged over Z_n. For large n: sqrt(s_s^2 + 4 r^2 s_c^2 + 9/4 r^4 s_n^2) / n.
+
+These are maxima over datasets: data away from the bounds has less noise (the variance's
+worst case has every value at one bound).
 """
 
 from __future__ import annotations
@@ -95,3 +115,88 @@ def mean_interval(
         np.clip(low, params.min_value, params.max_value),
         np.clip(high, params.min_value, params.max_value),
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Propagated noise of mean and variance (see the module docstring)
+
+STD_BOUND_ROWS = (100, 1_000, 10_000)  # partition sizes `plan` and the manifest state it for
+_GRID_POINTS, _GRID_WIDTH = 8001, 40.0  # count-noise quadrature: +/- 40 std (tail < 1e-24)
+
+
+def _count_noise_quadrature(plan: BudgetPlan) -> tuple[np.ndarray, np.ndarray, float]:
+    """(nodes z, weights, mass outside the nodes) for the count's noise distribution."""
+    count = plan.mechanism("count")
+    std = count.noise_stddev or 0.0
+    if std == 0:
+        return np.zeros(1), np.ones(1), 0.0
+    z = np.linspace(-_GRID_WIDTH * std, _GRID_WIDTH * std, _GRID_POINTS)
+    if count.kind == "laplace":
+        b = std / math.sqrt(2)
+        density = np.exp(-np.abs(z) / b) / (2 * b)
+        outside = math.exp(-_GRID_WIDTH * std / b)
+    else:
+        density = np.exp(-0.5 * (z / std) ** 2) / (std * math.sqrt(2 * math.pi))
+        outside = 2 * NormalDist().cdf(-_GRID_WIDTH)
+    weights = density * (z[1] - z[0])
+    weights[[0, -1]] /= 2  # trapezoid
+    return z, weights, outside
+
+
+def _noisy_count(rows: float, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(D, d): the denominator max(1, n + z) and n - D."""
+    denominator = np.maximum(1.0, rows + z)
+    return denominator, rows - denominator
+
+
+def mean_stddev_bound(plan: BudgetPlan, rows: float) -> float:
+    """An upper bound on the std of the released mean of a partition of `rows` rows."""
+    r = plan.params.half_range
+    s_c = plan.mechanism("centred_sum").noise_stddev or 0.0
+    z, weights, outside = _count_noise_quadrature(plan)
+    denominator, d = _noisy_count(rows, z)
+    cap = 4 * r * r
+    second = np.minimum((s_c**2 + r * r * d**2) / denominator**2, cap)
+    return math.sqrt(float(np.sum(second * weights)) + outside * cap)
+
+
+def variance_stddev_bound(plan: BudgetPlan, rows: float) -> float:
+    """An upper bound on the std of the released variance of a partition of `rows` rows."""
+    r2 = plan.params.half_range**2
+    s_c = plan.mechanism("centred_sum").noise_stddev or 0.0
+    s_s = plan.mechanism("centred_sum_of_squares").noise_stddev or 0.0
+    fourth = (6.0 if plan.mechanism("centred_sum").kind == "laplace" else 3.0) * s_c**4
+    z, weights, outside = _count_noise_quadrature(plan)
+    denominator, d = (v[:, None] for v in _noisy_count(rows, z))
+    u = np.linspace(0.0, r2, 101)[None, :]  # a^2
+    worst = np.zeros(len(z))
+    # E[(W - e^2)^2] is convex in q, so it peaks at q = a^2 or q = r^2 (s = q - r^2/2).
+    for s in (u - r2 / 2, np.full_like(u, r2 / 2)):
+        b = s - 2 * u
+        w2 = (s_s**2 + 4 * u * s_c**2 + b**2 * d**2) / denominator**2
+        we2 = (d * s_c**2 * (b - 4 * u) + b * u * d**3) / denominator**3
+        e4 = (fourth + 6 * u * d**2 * s_c**2 + u**2 * d**4) / denominator**4
+        worst = np.maximum(worst, np.max(w2 - 2 * we2 + e4, axis=1))
+    cap = r2 * r2
+    return math.sqrt(float(np.sum(np.minimum(worst, cap) * weights)) + outside * cap)
+
+
+def ratio_stddev_bound(plan: BudgetPlan, metric: str, rows: float) -> float:
+    """`mean_stddev_bound` or `variance_stddev_bound`."""
+    if metric == "mean":
+        return mean_stddev_bound(plan, rows)
+    if metric == "variance":
+        return variance_stddev_bound(plan, rows)
+    raise ValueError(f"{metric} is not a ratio metric")
+
+
+def ratio_stddev_times_rows(plan: BudgetPlan, metric: str) -> float:
+    """S with std ~ S / n for large n (the bounds' limit): the delta method at the worst
+    data."""
+    r = plan.params.half_range
+    s_n = plan.mechanism("count").noise_stddev or 0.0
+    s_c = plan.mechanism("centred_sum").noise_stddev or 0.0
+    if metric == "mean":
+        return math.hypot(s_c, r * s_n)
+    s_s = plan.mechanism("centred_sum_of_squares").noise_stddev or 0.0
+    return math.sqrt(s_s**2 + 4 * r * r * s_c**2 + 2.25 * r**4 * s_n**2)

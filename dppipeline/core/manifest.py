@@ -17,7 +17,14 @@ from typing import Any
 
 from dppipeline import __version__
 from dppipeline.core.budget import BudgetPlan, JobPlan, privacy_units_needed
-from dppipeline.core.intervals import INTERVAL_METRICS, LEVEL, metric_half_width
+from dppipeline.core.intervals import (
+    INTERVAL_METRICS,
+    LEVEL,
+    STD_BOUND_ROWS,
+    metric_half_width,
+    ratio_stddev_bound,
+    ratio_stddev_times_rows,
+)
 from dppipeline.spec import JobSpec, QuerySpec, metric_column, percentile_of
 
 MANIFEST_NAME = "manifest.json"
@@ -50,9 +57,13 @@ def build_manifest(
     released_partitions: Mapping[str, int],
     public_keys: Mapping[str, int | None],
     created_at: dt.datetime | None = None,
+    spec_hash: str | None = None,
+    ledger: str | None = None,
 ) -> dict[str, Any]:
     """The release's own description: the job, then per query its dataset, keys, filter,
-    bounds, selection, metrics with their noise, and its share of the budget."""
+    bounds, selection, metrics with their noise, and its share of the budget. `spec_hash`:
+    the one its ledger key used (default: computed now); `ledger`: where its spend is
+    recorded (a file path, or a PostgreSQL URL without credentials), None without one."""
     created = created_at or dt.datetime.now(dt.UTC)
     queries = {
         query.name: _query_entry(
@@ -96,7 +107,8 @@ def build_manifest(
             "files": input_files,
         },
         "released_partitions": sum(released_partitions.values()),
-        "spec_hash": spec.spec_hash(),
+        "spec_hash": spec_hash or spec.spec_hash(),
+        "ledger": ledger,
         "spec": _public_spec(spec),
         "versions": {
             "dppipeline": __version__,
@@ -154,6 +166,7 @@ def _query_entry(
                 "column": metric_column(metric),
                 "noise_stddev": plan.metric_noise_stddev(metric),
                 "ci95_half_width": metric_half_width(plan, metric),
+                **_ratio_noise_entry(plan, metric),
                 "mechanisms": _metric_mechanisms(plan, metric),
                 **_interval_entry(plan, metric),
             }
@@ -168,11 +181,27 @@ def _query_entry(
 
 
 def _public_spec(spec: JobSpec) -> dict[str, Any]:
-    """The spec without local paths of the input and the release (not the partner's business)."""
+    """The spec without local paths of the input, the quarantine and the release (not the
+    partner's business)."""
     content = spec.to_dict()
     content.pop("output", None)
     content["input"].pop("path", None)
+    content["input"].pop("quarantine", None)
     return content
+
+
+def _ratio_noise_entry(plan: BudgetPlan, metric: str) -> dict[str, Any]:
+    """Mean and variance (ratios: no additive std): a bound on their noise's std for a
+    partition of n rows, worst case over the data (see `core.intervals`)."""
+    if metric not in ("mean", "variance"):
+        return {}
+    return {
+        "noise_stddev_bound": {
+            "n": list(STD_BOUND_ROWS),
+            "stddev": [ratio_stddev_bound(plan, metric, n) for n in STD_BOUND_ROWS],
+            "stddev_times_n_for_large_n": ratio_stddev_times_rows(plan, metric),
+        }
+    }
 
 
 def _interval_entry(plan: BudgetPlan, metric: str) -> dict[str, Any]:

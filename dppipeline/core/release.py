@@ -26,6 +26,7 @@ from dppipeline.spec import metric_column, percentile_of
 AGGREGATE_COLUMNS = ("privacy_id_count", "count", "sum")
 SUM_SQUARES = "sum_squares"  # sum of clipped values squared (variance only)
 VALUES = "values"  # the kept clipped values, one array per partition (percentiles only)
+AGGREGATE_DTYPES = {"privacy_id_count": "int64", "count": "int64", "sum": "float64"}
 # Release column order (also the order in schemas/terminal_stats.json); percentiles sit
 # between variance and privacy_id_count, in the order the spec lists them.
 METRIC_ORDER = ("count", "sum", "mean", "variance", "percentile", "privacy_id_count")
@@ -39,33 +40,55 @@ def ordered_metrics(metrics: Sequence[str]) -> list[str]:
     return sorted(metrics, key=lambda m: rank["percentile" if percentile_of(m) is not None else m])
 
 
+def required_columns(params: AggregationParams) -> tuple[str, ...]:
+    """The exact aggregates a release of these metrics reads."""
+    columns = list(AGGREGATE_COLUMNS)
+    if "variance" in params.metrics:
+        columns.append(SUM_SQUARES)
+    if params.percentiles:
+        columns.append(VALUES)
+    return tuple(columns)
+
+
+def with_required_columns(aggregates: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """Every required aggregate present and typed, zero (or no kept value) where missing: a
+    partition without rows, or a task that matched none, releases noise on zeros like any
+    other, never a crash, whatever the engine handed over."""
+    out = aggregates.copy()
+    for column in columns:
+        if column == VALUES:
+            out[VALUES] = value_arrays(out[VALUES]) if VALUES in out else [np.zeros(0)] * len(out)
+        elif column in out:
+            out[column] = out[column].fillna(0)
+        else:
+            out[column] = np.zeros(len(out))
+    for column, dtype in AGGREGATE_DTYPES.items():
+        out[column] = out[column].astype(dtype)
+    if SUM_SQUARES in out:
+        out[SUM_SQUARES] = out[SUM_SQUARES].astype("float64")
+    return out
+
+
 def add_empty_public_partitions(
-    aggregates: pd.DataFrame, key_columns: Sequence[str], public_keys: pd.DataFrame | None
+    aggregates: pd.DataFrame,
+    key_columns: Sequence[str],
+    public_keys: pd.DataFrame | None,
+    columns: Sequence[str] = AGGREGATE_COLUMNS,
 ) -> pd.DataFrame:
     """Aligns aggregates to a known key set (public keys, or keys a selection released):
-    listed keys without rows get zeros, and keys not listed are dropped. With no key columns
-    (a global total) the key set is the one empty key."""
+    listed keys without rows get zeros in every required column, and keys not listed are
+    dropped. With no key columns (a global total) the key set is the one empty key."""
     keys = list(key_columns)
     if not keys:
         # The one empty key; a zero-length key list (a Beam shard without it) has none.
         present = public_keys is None or len(public_keys) > 0
         merged = aggregates.head(1 if present else 0).reset_index(drop=True)
         if merged.empty and present:
-            merged = pd.DataFrame({c: [0] for c in AGGREGATE_COLUMNS})
+            merged = pd.DataFrame(index=range(1))
     else:
         assert public_keys is not None
         merged = public_keys[keys].merge(aggregates, on=keys, how="left")
-    for column in (*AGGREGATE_COLUMNS, SUM_SQUARES):
-        if column in merged:
-            merged[column] = merged[column].fillna(0)
-    if VALUES in aggregates:
-        if VALUES not in merged:
-            merged[VALUES] = [np.zeros(0)] * len(merged)
-        merged[VALUES] = value_arrays(merged[VALUES])
-    merged["privacy_id_count"] = merged["privacy_id_count"].astype("int64")
-    merged["count"] = merged["count"].astype("int64")
-    merged["sum"] = merged["sum"].astype("float64")
-    return merged
+    return with_required_columns(merged, columns)
 
 
 def value_arrays(values: pd.Series) -> list[np.ndarray]:
@@ -149,6 +172,7 @@ def noise_partitions(
     clamped at zero, so every released count and sum stays unbiased.
     """
     params = plan.params
+    exact = with_required_columns(exact, required_columns(params))
     out = exact[list(key_columns)].reset_index(drop=True)
     count = exact["count"].to_numpy(dtype=np.float64)
     total = exact["sum"].to_numpy(dtype=np.float64)
@@ -213,9 +237,10 @@ def release_public(
     public_keys: pd.DataFrame | None,
 ) -> pd.DataFrame:
     """A public-partition query (or a global total): every listed key, noise on each."""
-    return noise_partitions(
-        add_empty_public_partitions(aggregates, key_columns, public_keys), key_columns, plan
+    aligned = add_empty_public_partitions(
+        aggregates, key_columns, public_keys, required_columns(plan.params)
     )
+    return noise_partitions(aligned, key_columns, plan)
 
 
 def release_selection_group(

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from dppipeline.core.budget import JobPlan
 from dppipeline.core.release import release_arrow_schema
+from dppipeline.engines.sampling import new_salt
 from dppipeline.io import DailyPartition
 from dppipeline.queries import JobTasks, release_job
 from dppipeline.spec import JobSpec
@@ -33,8 +34,15 @@ class ReleaseJob:
     tasks: JobTasks
     days: list[DailyPartition]
     quarantine: Path
-    seed: int | None = None
+    # The run's secret for sampling priorities (contribution bounding): never logged, never in
+    # the manifest, not in this object's repr.
+    salt: bytes = field(default_factory=new_salt, repr=False)
     progress: Callable[[str], None] = field(default=lambda _: None)
+
+    @staticmethod
+    def sampling_salt(seed: int | None = None) -> bytes:
+        """A fresh secret salt (`secrets.token_bytes`), or one derived from a test's seed."""
+        return new_salt(seed)
 
     def key_types(self, query: str) -> list[tuple[str, pa.DataType]]:
         """A query's key columns and their release types."""

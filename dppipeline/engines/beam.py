@@ -3,21 +3,28 @@
     ReadTransactions -> ValidateTransactions -> BoundContributions -> AggregatePerPartition
         -> ReleaseDP -> WriteRelease          (rejected rows -> WriteRejected, quarantine)
 
-Elements are batches, never single rows: a Parquet row group (read by Beam's Parquet source,
-split by row group), a whole CSV file, or the rows of one shard. Per-row work is numpy and
-Polars inside a DoFn, the way Beam's own batched IO works, so the runner's per-element cost is
-paid per batch (PipelineDP's BeamBackend pays it per row, several times).
+Elements are batches, never single rows: a Parquet row group, a whole CSV file, or the rows
+of one shard. The launcher lists the input parts (reading the Parquet footers and the CSV
+headers, so a bad file fails before the pipeline starts); workers open each listed file through
+Beam's `FileSystems` (a path is opened, never matched as a pattern) and validate it with the
+local engine's functions (the same contract, the same reasons, the same positions). Rejected
+rows and unreadable-file reports are written through Beam's file systems to `_scratch/` in the
+staging area, read back by the launcher and removed before the run returns. Per-row work is
+numpy and Polars inside a DoFn, the way Beam's own batched IO works, so the runner's
+per-element cost is paid per batch (PipelineDP's BeamBackend pays it per row, several times).
 
 Bounding is exact whatever the bundles are:
 
 - Rows are routed to `unit_shards` shards by a stable hash of the privacy unit, so all of a
   unit's rows meet in one shard.
-- Linf: every row gets a uniform random priority and a combiner keeps, per (privacy unit,
-  partition) pair, the `max_contributions_per_partition` lowest. Bottom-k of random priorities
-  is a uniform sample and composes across bundles, so the combiner cuts data before the
-  shuffle (a customer with 100,000 rows at one terminal ships 10 of them).
-- L0: per shard, `bounding.sample_contributions` (the local engine's code) keeps a uniform
-  sample of `max_partitions_contributed` partitions per unit and aggregates them.
+- Linf: every row gets its priority, a keyed hash of the run's secret salt and the row's
+  identity (file, row number), and a combiner keeps, per (privacy unit, partition) pair, the
+  `max_contributions_per_partition` lowest. Bottom-k composes across bundles, so the combiner
+  cuts data before the shuffle (a customer with 100,000 rows at one terminal ships 10 of
+  them), and a retried bundle keeps the same rows.
+- L0: per shard, `bounding.sample_contributions` (the local engine's code) keeps the
+  `max_partitions_contributed` pairs per unit of lowest keyed hash of (salt, key, unit) and
+  aggregates them.
 - Per-partition partial aggregates are routed to `partition_shards` shards by a stable hash of
   the key, summed by a combiner, aligned with the public partitions (a PCollection joined by
   CoGroupByKey) and released by `core.release` in a DoFn: one batch per shard.
@@ -32,10 +39,8 @@ import datetime as dt
 import logging
 import math
 import shutil
-import tempfile
 import time
-import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,8 +50,8 @@ import pandas as pd
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
-from apache_beam.io import fileio
-from apache_beam.io.parquetio import ReadAllFromParquetBatched, WriteToParquetBatched
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import Metrics, MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.typehints import KV, Any
@@ -54,9 +59,11 @@ from apache_beam.typehints import KV, Any
 from dppipeline.core.budget import JobPlan
 from dppipeline.core.release import (
     AGGREGATE_COLUMNS,
+    AGGREGATE_DTYPES,
     SUM_SQUARES,
     VALUES,
 )
+from dppipeline.csv_records import ROW, check_header
 from dppipeline.engines.base import EngineRun, ReleaseJob
 from dppipeline.engines.bounding import (
     aggregate_per_partition,
@@ -67,16 +74,22 @@ from dppipeline.engines.bounding import (
 )
 from dppipeline.engines.local import task_rows
 from dppipeline.engines.local_read import (
-    REASON,
-    ROW,
-    SOURCE,
-    first_line,
-    first_rejected_row,
-    missing_column_error,
-    ragged_csv_line,
+    FileRows,
+    csv_rows,
+    first_rejected,
+    rejected_schema,
     validate_batch,
 )
+from dppipeline.engines.polars_rules import DAY
+from dppipeline.engines.sampling import (
+    SamplingKeys,
+    pair_priorities,
+    partition_seeds,
+    row_priorities,
+)
 from dppipeline.errors import InputError, UsageError
+from dppipeline.io import DailyPartition, first_line
+from dppipeline.quarantine import private_folder, write_rejected
 from dppipeline.queries import (
     AggregationTask,
     JobTasks,
@@ -84,8 +97,13 @@ from dppipeline.queries import (
     input_schema,
     release_job,
 )
-from dppipeline.schemas import Schema
-from dppipeline.validation import RejectSummary, check_rejected_fraction
+from dppipeline.schemas import Schema, transactions_schema
+from dppipeline.validation import (
+    RejectSummary,
+    check_rejected_fraction,
+    column_sources,
+    rules_for,
+)
 
 log = logging.getLogger("dppipeline.beam")
 
@@ -96,7 +114,6 @@ BYTES_PER_ROW_ESTIMATE = 12  # compressed Parquet / CSV bytes per transaction, r
 MIN_SHARDS, MAX_SHARDS = 4, 4096
 COMPACT_EVERY = 16  # combiner: compact an accumulator after this many added blocks
 PUBLIC_CHUNK = 100_000
-AGGREGATE_DTYPES = {"privacy_id_count": "int64", "count": "int64", "sum": "float64"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,19 +121,9 @@ AGGREGATE_DTYPES = {"privacy_id_count": "int64", "count": "int64", "sum": "float
 
 
 @dataclass(frozen=True)
-class RawBatch:
-    """Rows as read, before validation: a Parquet row group or a whole CSV file."""
-
-    source: str
-    fmt: str
-    frame: pl.DataFrame | None
-    whole_file: bool
-    error: str | None = None
-
-
-@dataclass(frozen=True)
 class ContributionBlock:
-    """Clipped contributions, column-wise, each with its uniform random priority."""
+    """Clipped contributions, column-wise, each with its Linf sampling priority (a keyed hash
+    of the run's salt and the row's identity, see `engines.sampling`)."""
 
     unit: np.ndarray
     key: np.ndarray
@@ -142,136 +149,175 @@ class ContributionBlock:
             *(np.concatenate([getattr(b, f) for b in blocks]) for f in _BLOCK_FIELDS)
         )
 
-    def pair_codes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(unit codes, key codes, key values, pair codes) for the rows of this block."""
-        unit_codes, _ = pd.factorize(self.unit)
+    def pair_codes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(unit codes, unit values, key codes, key values, pair codes) for this block's rows;
+        code i has value values[i]."""
+        unit_codes, unit_values = pd.factorize(self.unit)
         key_codes, key_values = pd.factorize(self.key)
         n_keys = max(len(key_values), 1)
         pair = unit_codes.astype(np.int64) * n_keys + key_codes
-        return unit_codes, key_codes.astype(np.int64), np.asarray(key_values), pair
+        return (
+            unit_codes.astype(np.int64),
+            np.asarray(unit_values),
+            key_codes.astype(np.int64),
+            np.asarray(key_values),
+            pair,
+        )
 
     def bottom_k_per_pair(self, k: int) -> ContributionBlock:
-        """The k lowest-priority rows of each (privacy unit, partition) pair."""
+        """The k lowest-priority rows of each (privacy unit, partition) pair (equal
+        priorities, a hash collision, settled by value: the same rows whatever the order
+        bundles arrive in)."""
         if len(self) <= k:
             return self
-        _, _, _, pair = self.pair_codes()
-        return self.take(bottom_k_per_group(pair, self.priority, k))
+        *_, pair = self.pair_codes()
+        return self.take(bottom_k_per_group(pair, self.priority, k, self.value))
 
 
 _BLOCK_FIELDS = ("unit", "key", "priority", "value")
-
-
-def _rng(seed: int | None, *parts: object) -> np.random.Generator:
-    """Fresh entropy, or (tests) a generator derived from the seed and the element."""
-    if seed is None:
-        return np.random.default_rng()
-    return np.random.default_rng([seed, *(zlib.crc32(str(p).encode()) for p in parts)])
 
 
 # ---------------------------------------------------------------------------------------------
 # Read and validate
 
 
-class _ParseCsvFile(beam.DoFn):
-    """One CSV file (a `fileio.ReadableFile`) -> one batch of text columns."""
+@dataclass(frozen=True)
+class InputPart:
+    """What one read element covers: a whole CSV file, or one row group of a Parquet file
+    (`first_row`: the 0-based position of its first row in the file, from the footer).
+    `index`: its place in the launcher's list, which names its scratch files."""
 
-    def process(self, readable) -> list[RawBatch]:
-        path = readable.metadata.path
-        data = readable.read()
-        try:
-            frame = pl.read_csv(data, infer_schema=False)
-        except pl.exceptions.PolarsError as exc:
-            line = ragged_csv_line(data.decode(errors="replace").splitlines())
-            where = f" line {line}: wrong number of fields" if line else ""
-            message = f"{path}{where}: cannot read as csv: {first_line(exc)}"
-            return [RawBatch(path, "csv", None, True, message)]
-        return [RawBatch(path, "csv", frame, True)]
+    index: int
+    path: str
+    day: dt.date
+    fmt: str
+    row_group: int | None = None
+    first_row: int = 0
+
+
+@dataclass(frozen=True)
+class RawBatch:
+    """Rows as read, before validation, or the reason the part could not be read."""
+
+    index: int
+    rows: FileRows | None
+    error: str | None = None
+
+
+def input_parts(days: Sequence[DailyPartition], fmt: str, schema: Schema) -> list[InputPart]:
+    """The elements the pipeline reads, listed by the launcher: one per CSV file (its header
+    checked here), one per Parquet row group (from the footers, read here, which also names
+    a corrupt file, a missing column or an unusable type before the pipeline starts)."""
+    parts: list[InputPart] = []
+    for day in days:
+        for path in day.files:
+            if fmt == "csv":
+                check_header(str(path), schema)
+                parts.append(InputPart(len(parts), str(path), day.day, fmt))
+                continue
+            metadata = _parquet_metadata(path)
+            column_sources(str(path), metadata.schema.to_arrow_schema(), schema)
+            first_row = 0
+            for group in range(metadata.num_row_groups):
+                parts.append(InputPart(len(parts), str(path), day.day, fmt, group, first_row))
+                first_row += metadata.row_group(group).num_rows
+    return parts
+
+
+def _parquet_metadata(path: Path) -> pq.FileMetaData:
+    try:
+        return pq.read_metadata(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"{path}: cannot read as parquet: {first_line(exc)}") from None
+
+
+def read_part(part: InputPart, schema: Schema) -> RawBatch:
+    """One element's rows, opened through Beam's file systems (the path is opened, never
+    matched as a pattern)."""
+    try:
+        with FileSystems.open(part.path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            if part.fmt == "csv":
+                return RawBatch(part.index, csv_rows(f.read(), part.path, part.day, schema))
+            parquet = pq.ParquetFile(f)
+            sources = column_sources(part.path, parquet.schema_arrow, schema)
+            table = parquet.read_row_group(part.row_group, columns=schema.names)
+    except InputError as exc:
+        return RawBatch(part.index, None, str(exc))
+    except (OSError, pa.ArrowException) as exc:
+        message = f"{part.path}: cannot read as {part.fmt}: {first_line(exc)}"
+        return RawBatch(part.index, None, message)
+    start = part.first_row + 1
+    frame = pl.from_arrow(table).with_columns(
+        pl.int_range(start, start + table.num_rows, dtype=pl.Int64).alias(ROW),
+        pl.lit(part.day).alias(DAY),
+    )
+    rows = FileRows(part.path, frame.lazy(), sources, rules_for(schema, sources, csv=False))
+    return RawBatch(part.index, rows)
 
 
 class ReadTransactions(beam.PTransform):
-    """The selected daily files -> RawBatch elements. Parquet through Beam's Parquet source
-    (splittable by row group); CSV through `fileio` (one element per file)."""
+    """The launcher's list of input parts -> RawBatch elements (a CSV file or a Parquet row
+    group each)."""
 
-    def __init__(self, files: Sequence[str], fmt: str, schema: Schema):
+    def __init__(self, parts: Sequence[InputPart], schema: Schema):
         super().__init__()
-        self._files, self._fmt, self._schema = list(files), fmt, schema
+        self._parts, self._schema = list(parts), schema
 
     def expand(self, pbegin):
-        files = pbegin | "ListSelectedFiles" >> beam.Create(self._files)
-        if self._fmt == "parquet":
-            return (
-                files
-                | "ReadParquetRowGroups"
-                >> ReadAllFromParquetBatched(columns=self._schema.names, with_filename=True)
-                | "ToBatches"
-                >> beam.MapTuple(
-                    lambda path, table: RawBatch(
-                        path, "parquet", pl.from_arrow(table), whole_file=False
-                    )
-                )
-            )
         return (
-            files
-            | "MatchFiles" >> fileio.MatchAll()
-            | "OpenFiles" >> fileio.ReadMatches()
-            | "ParseCsv" >> beam.ParDo(_ParseCsvFile())
+            pbegin
+            | "ListInputParts" >> beam.Create(self._parts)
+            | "SpreadInputParts" >> beam.Reshuffle()
+            | "ReadParts" >> beam.Map(read_part, schema=self._schema)
         )
 
 
 class _ValidateBatch(beam.DoFn):
     REJECTED, UNREADABLE = "rejected", "unreadable"
 
-    def __init__(self, schema: Schema, value_column: str):
-        self._schema, self._value = schema, value_column
+    def __init__(self, schema: Schema):
+        self._schema = schema
         self._rows_read = Metrics.counter(METRICS_NAMESPACE, "rows_read")
         self._rows_rejected = Metrics.counter(METRICS_NAMESPACE, "rows_rejected")
 
     def process(self, batch: RawBatch) -> list:
-        if batch.error is not None or batch.frame is None:
-            return [beam.pvalue.TaggedOutput(self.UNREADABLE, batch.error)]
+        if batch.rows is None:
+            return [beam.pvalue.TaggedOutput(self.UNREADABLE, (batch.index, batch.error))]
         try:
-            valid, rejected = validate_batch(
-                batch.frame,
-                batch.source,
-                batch.fmt,
-                self._schema,
-                self._value,
-                row_numbers=batch.whole_file,
-            )
-        except InputError as exc:
-            return [beam.pvalue.TaggedOutput(self.UNREADABLE, str(exc))]
+            valid, rejected = validate_batch(batch.rows, self._schema)
+        except pl.exceptions.PolarsError as exc:
+            message = f"{batch.rows.path}: cannot read: {first_line(exc)}"
+            return [beam.pvalue.TaggedOutput(self.UNREADABLE, (batch.index, message))]
         outputs: list = []
         n_rejected = 0 if rejected is None else rejected.height
         self._rows_read.inc(valid.height + n_rejected)
         if rejected is not None:
             self._rows_rejected.inc(n_rejected)
             text = rejected.to_arrow().cast(rejected_arrow_schema(self._schema))
-            outputs.append(beam.pvalue.TaggedOutput(self.REJECTED, text))
+            outputs.append(beam.pvalue.TaggedOutput(self.REJECTED, (batch.index, text)))
         if valid.height:
-            outputs.append((batch.source, valid))
+            outputs.append((batch.rows.path, valid))
         return outputs
 
 
 def rejected_arrow_schema(schema: Schema) -> pa.Schema:
     """Quarantine rows: where, why, and every column as the text that was read."""
-    return pa.schema(
-        [(SOURCE, pa.string()), (ROW, pa.uint32()), (REASON, pa.string())]
-        + [(name, pa.string()) for name in schema.names]
-    )
+    return pl.DataFrame(schema=rejected_schema(schema)).to_arrow().schema
 
 
 class ValidateTransactions(beam.PTransform):
-    """RawBatch -> (source, valid rows) main output; 'rejected' rows (Arrow, as text) and
-    'unreadable' file messages as tagged outputs. Counts go to Beam metrics."""
+    """RawBatch -> (source, valid rows: the job's columns, `_source_file`, `_row`) main
+    output; (part index, rejected rows as Arrow text) and (part index, unreadable message)
+    as tagged outputs 'rejected' and 'unreadable'. Counts go to Beam metrics."""
 
-    def __init__(self, schema: Schema, value_column: str):
+    def __init__(self, schema: Schema):
         super().__init__()
-        self._schema, self._value = schema, value_column
+        self._schema = schema
 
     def expand(self, batches):
-        return batches | "CheckRules" >> beam.ParDo(
-            _ValidateBatch(self._schema, self._value)
-        ).with_outputs(_ValidateBatch.REJECTED, _ValidateBatch.UNREADABLE, main="valid")
+        return batches | "CheckRules" >> beam.ParDo(_ValidateBatch(self._schema)).with_outputs(
+            _ValidateBatch.REJECTED, _ValidateBatch.UNREADABLE, main="valid"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,14 +372,15 @@ def encode_key_frame(keys: pd.DataFrame, task: AggregationTask) -> np.ndarray:
 
 class _ClipAndShard(beam.DoFn):
     """Valid rows -> (unit shard, ContributionBlock): the task's filter, keys and public
-    keys applied, values clipped, every row given a uniform random priority."""
+    keys applied, values clipped, every row given its Linf priority from its identity."""
 
-    def __init__(self, task: AggregationTask, unit: str, unit_shards: int, seed: int | None):
+    def __init__(self, task: AggregationTask, unit: str, unit_shards: int, salt: bytes):
         self._task, self._unit = task, unit
-        self._shards, self._seed = unit_shards, seed
+        self._shards, self._salt = unit_shards, salt
         self._public: pl.DataFrame | None = None
 
     def setup(self) -> None:
+        self._keys = SamplingKeys.from_salt(self._salt)
         if self._task.public_keys is not None:  # converted once per worker, not per batch
             self._public = pl.from_pandas(self._task.public_keys, include_index=False)
 
@@ -345,8 +392,12 @@ class _ClipAndShard(beam.DoFn):
         units = frame.get_column(self._unit).to_numpy()
         keys = encode_keys(frame, self._task)
         values = frame.get_column("_value").to_numpy()
-        rng = _rng(self._seed, self._task.name, source, len(units), units[0], keys[-1])
-        block = ContributionBlock(units, keys, rng.random(len(units)), values)
+        # A batch holds rows of one file: (source, `_row`) identifies each row.
+        positions = frame.get_column(ROW).to_numpy() if ROW in frame.columns else None
+        if positions is None:  # rows built in memory (tests): numbered within the batch
+            positions = np.arange(frame.height)
+        priority = row_priorities(self._keys, [source], np.zeros(len(units), np.int64), positions)
+        block = ContributionBlock(units, keys, priority, values)
         shard = stable_shard(units, self._shards)
         order = np.argsort(shard, kind="stable")
         bounds = np.flatnonzero(np.diff(shard[order])) + 1
@@ -401,27 +452,38 @@ class _SampleRowsPerPair(_CompactingCombineFn):
 class _SamplePartitionsPerUnit(beam.DoFn):
     """L0 + aggregation within a unit shard -> (partition shard, partial aggregates)."""
 
-    def __init__(self, task: AggregationTask, partition_shards: int, seed: int | None):
+    def __init__(self, task: AggregationTask, unit: str, partition_shards: int, salt: bytes):
         self._task, self._key = task, encoded_key(task)
-        self._shards, self._seed = partition_shards, seed
+        self._unit_kind = transactions_schema().field(unit).type
+        self._shards, self._salt = partition_shards, salt
         self._pairs = Metrics.counter(METRICS_NAMESPACE, "pairs_after_linf")
 
+    def setup(self) -> None:
+        self._keys = SamplingKeys.from_salt(self._salt)
+
     def process(self, element) -> list:
-        shard, block = element
+        _, block = element
         if block is None or len(block) == 0:
             return []
-        unit_codes, key_codes, key_values, _ = block.pair_codes()
+        unit_codes, unit_values, key_codes, key_values, _ = block.pair_codes()
         n_keys = max(len(key_values), 1)
         task = self._task
+        seeds = partition_seeds(
+            self._keys, decode_keys(key_values, task), [k.kind for k in task.keys]
+        )
         # The rows are already <= Linf per pair; sample_contributions keeps them all and
-        # samples L0 partitions per unit, uniformly, exactly as the local engine does.
+        # keeps the L0 pairs of lowest priority per unit, exactly as the local engine does.
         sample = sample_contributions(
-            unit_codes.astype(np.int64),
+            unit_codes,
             key_codes,
             n_keys=n_keys,
             max_partitions_contributed=task.max_partitions_contributed,
             max_contributions_per_partition=task.max_contributions_per_partition,
-            rng=_rng(self._seed, task.name, "l0", shard),
+            row_priority=block.priority,
+            pair_priority=lambda units, codes: pair_priorities(
+                seeds[codes], unit_values[units], self._unit_kind
+            ),
+            values=block.value,
         )
         self._pairs.inc(len(sample.pair_key_codes))
         bounded = aggregate_per_partition(
@@ -442,7 +504,7 @@ class _SamplePartitionsPerUnit(beam.DoFn):
 
 class BoundContributions(beam.PTransform):
     """(source, valid rows) -> (partition shard, partial aggregates) of one task: Linf then
-    L0, uniform."""
+    L0, each keeping the entries of lowest priority under the run's salt."""
 
     def __init__(
         self,
@@ -450,10 +512,10 @@ class BoundContributions(beam.PTransform):
         unit: str,
         unit_shards: int,
         partition_shards: int,
-        seed: int | None,
+        salt: bytes,
     ):
         super().__init__()
-        self._task, self._unit, self._seed = task, unit, seed
+        self._task, self._unit, self._salt = task, unit, salt
         self._unit_shards, self._partition_shards = unit_shards, partition_shards
 
     def expand(self, valid):
@@ -462,13 +524,13 @@ class BoundContributions(beam.PTransform):
             valid
             | "ClipAndShardByPrivacyUnit"
             >> beam.ParDo(
-                _ClipAndShard(task, self._unit, self._unit_shards, self._seed)
+                _ClipAndShard(task, self._unit, self._unit_shards, self._salt)
             ).with_output_types(KV[int, Any])
             | "SampleRowsPerPartition"
             >> beam.CombinePerKey(_SampleRowsPerPair(task.max_contributions_per_partition))
             | "SamplePartitionsPerUnit"
             >> beam.ParDo(
-                _SamplePartitionsPerUnit(task, self._partition_shards, self._seed)
+                _SamplePartitionsPerUnit(task, self._unit, self._partition_shards, self._salt)
             ).with_output_types(KV[int, Any])
         )
 
@@ -522,14 +584,15 @@ def _empty_aggregates(task: AggregationTask) -> pd.DataFrame:
 
 class _ReleaseShard(beam.DoFn):
     """Every task's exact aggregates of one partition shard (and the public keys that fall in
-    it) -> each query's released rows, by `core.release` (tagged by query)."""
+    it) -> each query's released rows, by `core.release`, as (shard, table) tagged by query
+    (the shard names the file the rows are written to)."""
 
     def __init__(self, plan: JobPlan, tasks: JobTasks, schemas: dict[str, pa.Schema]):
         self._plan, self._tasks, self._schemas = plan, tasks, schemas
         self._released = Metrics.counter(METRICS_NAMESPACE, "partitions_released")
 
     def process(self, element) -> list:
-        _, grouped = element
+        shard, grouped = element
         exact: dict[str, pd.DataFrame] = {}
         for task in self._tasks.tasks:
             frames = [f for f in grouped.get(task.name, ()) if f is not None]
@@ -555,7 +618,7 @@ class _ReleaseShard(beam.DoFn):
                     released[schema.names], schema=schema, preserve_index=False
                 )
                 self._released.inc(table.num_rows)
-                outputs.append(beam.pvalue.TaggedOutput(query, table))
+                outputs.append(beam.pvalue.TaggedOutput(query, (shard, table)))
         return outputs
 
 
@@ -598,17 +661,42 @@ class ReleaseDP(beam.PTransform):
         )
 
 
+class _WriteParquetFile(beam.DoFn):
+    """(number, Arrow table) -> `<folder>/<prefix>-<number>.parquet`, through Beam's file
+    systems. One file per number, so a retried bundle overwrites its own file, and an exact
+    name: Beam's file sinks match their temporary files as patterns, which breaks in a folder
+    whose name holds `[` or `*` (a path is a path)."""
+
+    def __init__(self, folder: str, prefix: str, schema: pa.Schema):
+        self._folder, self._prefix, self._schema = folder, prefix, schema
+
+    def process(self, element) -> None:
+        number, table = element
+        write_parquet(parquet_name(self._folder, self._prefix, number), table.cast(self._schema))
+
+
+def parquet_name(folder: str, prefix: str, number: int) -> str:
+    return FileSystems.join(folder, f"{prefix}-{number:05d}.parquet")
+
+
+def write_parquet(path: str, table: pa.Table) -> None:
+    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        pq.write_table(table, handle)
+
+
 class WriteRelease(beam.PTransform):
-    """Released tables -> Parquet files `part-SSSSS-of-NNNNN.parquet` in the dataset folder.
-    The folder is inside the runner's staging area, published by rename only on success."""
+    """(partition shard, released table) -> `part-SSSSS.parquet` in the dataset folder (a
+    shard with nothing released writes no file; the engine writes an empty one for a query
+    that released nothing). The folder is in the runner's staging area, published only on
+    success."""
 
     def __init__(self, dataset_dir: Path, schema: pa.Schema):
         super().__init__()
         self._dir, self._schema = dataset_dir, schema
 
     def expand(self, tables):
-        return tables | "WriteParquet" >> WriteToParquetBatched(
-            str(self._dir / "part"), schema=self._schema, file_name_suffix=".parquet"
+        return tables | "WriteParquet" >> beam.ParDo(
+            _WriteParquetFile(str(self._dir), "part", self._schema)
         )
 
 
@@ -646,21 +734,6 @@ def check_pipeline_options(args: Sequence[str]) -> PipelineOptions:
     return PipelineOptions(list(args))
 
 
-def preflight(files: Iterable[Path], fmt: str, schema: Schema) -> None:
-    """Parquet footers read on the driver, so a corrupt file or a missing column fails fast
-    with the file's name instead of deep inside a worker."""
-    if fmt != "parquet":
-        return
-    for path in files:
-        try:
-            names = pq.read_schema(path).names
-        except (OSError, pa.ArrowException) as exc:
-            raise InputError(f"{path}: cannot read as parquet: {first_line(exc)}") from None
-        error = missing_column_error(names, str(path), schema)
-        if error:
-            raise error
-
-
 class BeamEngine:
     """Beam engine: DirectRunner by default; any runner through standard pipeline options."""
 
@@ -690,25 +763,30 @@ class BeamEngine:
 
         spec = job.spec
         schema = input_schema(spec.privacy_unit, job.tasks.tasks)
-        files = [path for day in job.days for path in day.files]
-        preflight(files, spec.input.format, schema)
-        input_bytes = sum(path.stat().st_size for path in files)
+        parts = input_parts(job.days, spec.input.format, schema)
+        input_bytes = sum(path.stat().st_size for day in job.days for path in day.files)
         unit_shards = self._unit_shards or default_shards(input_bytes)
         partition_shards = self._partition_shards or unit_shards
-        scratch = Path(tempfile.mkdtemp(prefix="dppipeline-beam-"))
+        # Rejected rows and unreadable-file reports go through Beam's file systems to a
+        # folder in the staging area (which every worker can reach where the release can be
+        # written), are read back here, and the folder is removed before this returns.
+        scratch = Scratch(FileSystems.join(str(staging), SCRATCH), len(parts))
         try:
+            scratch.create()
             pipeline = beam.Pipeline(options=self._options)
             self._build(
                 pipeline,
                 job,
+                parts=parts,
                 staging=staging,
                 scratch=scratch,
                 unit_shards=unit_shards,
                 partition_shards=partition_shards,
             )
             runner = self._options.get_all_options().get("runner") or "DirectRunner"
+            n_files = sum(len(day.files) for day in job.days)
             progress(
-                f"Beam {beam.__version__} on {runner}: {len(files)} files, "
+                f"Beam {beam.__version__} on {runner}: {n_files} files, "
                 f"{len(job.tasks.tasks)} aggregation(s), {unit_shards} privacy-unit shards, "
                 f"{partition_shards} partition shards"
             )
@@ -719,16 +797,16 @@ class BeamEngine:
                 f"pipeline done: {counters.get('rows_read', 0):,} rows read, "
                 f"{counters.get('pairs_after_linf', 0):,} (unit, partition) pairs kept"
             )
-            rejects = self._check_input(counters, job, scratch, schema)
+            rejects = self._check_input(counters, job, scratch)
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        released = {
-            query.name: sum(
-                pq.ParquetFile(p).metadata.num_rows
-                for p in sorted((staging / query.name).glob("*.parquet"))
-            )
-            for query in job.plan.queries
-        }
+            scratch.remove()
+        released = {}
+        for query in job.plan.queries:
+            files = sorted((staging / query.name).glob("*.parquet"))
+            if not files:  # nothing released: the dataset still has its schema
+                empty = job.release_schema(query.name).empty_table()
+                write_parquet(parquet_name(str(staging / query.name), "part", 0), empty)
+            released[query.name] = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
         return EngineRun(rejects=rejects, released_partitions=released)
 
     def _build(
@@ -736,34 +814,28 @@ class BeamEngine:
         pipeline: beam.Pipeline,
         job: ReleaseJob,
         *,
+        parts: Sequence[InputPart],
         staging: Path,
-        scratch: Path,
+        scratch: Scratch,
         unit_shards: int,
         partition_shards: int,
     ) -> None:
         spec = job.spec
         schema = input_schema(spec.privacy_unit, job.tasks.tasks)
-        files = [str(path) for day in job.days for path in day.files]
-        batches = pipeline | "ReadTransactions" >> ReadTransactions(
-            files, spec.input.format, schema
+        batches = pipeline | "ReadTransactions" >> ReadTransactions(parts, schema)
+        checked = batches | "ValidateTransactions" >> ValidateTransactions(schema)
+        _ = checked[_ValidateBatch.REJECTED] | "WriteRejected" >> beam.ParDo(
+            _WriteParquetFile(scratch.folder, "rejected", rejected_arrow_schema(schema))
         )
-        checked = batches | "ValidateTransactions" >> ValidateTransactions(
-            schema, job.tasks.value_column
-        )
-        _ = checked[_ValidateBatch.REJECTED] | "WriteRejected" >> WriteToParquetBatched(
-            str(scratch / "rejected" / "part"),
-            schema=rejected_arrow_schema(schema),
-            file_name_suffix=".parquet",
-        )
-        _ = checked[_ValidateBatch.UNREADABLE] | "WriteUnreadable" >> beam.io.WriteToText(
-            str(scratch / "unreadable" / "part"), file_name_suffix=".txt"
+        _ = checked[_ValidateBatch.UNREADABLE] | "WriteUnreadable" >> beam.ParDo(
+            _WriteText(scratch.folder, "unreadable")
         )
         aggregates = {
             task.name: (
                 checked.valid
                 | f"BoundContributions[{task.name}]"
                 >> BoundContributions(
-                    task, spec.privacy_unit, unit_shards, partition_shards, job.seed
+                    task, spec.privacy_unit, unit_shards, partition_shards, job.salt
                 )
                 | f"AggregatePerPartition[{task.name}]" >> AggregatePerPartition(task)
             )
@@ -777,36 +849,85 @@ class BeamEngine:
             )
 
     def _check_input(
-        self, counters: dict[str, int], job: ReleaseJob, scratch: Path, schema: Schema
+        self, counters: dict[str, int], job: ReleaseJob, scratch: Scratch
     ) -> RejectSummary:
-        """Unreadable files fail the run; rejected rows go to the quarantine, and above
-        max_rejected_fraction fail it, naming the first bad file and row."""
-        messages = sorted(
-            line
-            for path in (scratch / "unreadable").glob("part*")
-            for line in path.read_text().splitlines()
-            if line
-        )
+        """Unreadable files fail the run, naming the first; rejected rows go to the
+        quarantine, and above max_rejected_fraction fail it, naming the first bad row."""
+        messages = scratch.unreadable_messages()
         if messages:
             raise InputError(messages[0])
-        rows, rejected = counters.get("rows_read", 0), counters.get("rows_rejected", 0)
-        if rejected == 0:
-            summary = RejectSummary(rows, 0, None)
-            check_rejected_fraction(summary, job.spec.input.max_rejected_fraction)
-            return summary
-        quarantine = job.quarantine / "rejected.parquet"
-        quarantine.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(scratch / "rejected"), quarantine)
-        sources = pa.concat_tables(
-            pq.read_table(p, columns=[SOURCE]) for p in sorted(quarantine.glob("*.parquet"))
-        ).column(SOURCE)
-        first_file = Path(min(sources.to_pylist()))
-        first = first_rejected_row(
-            first_file, job.days, job.spec.input.format, schema, job.tasks.value_column
-        )
-        summary = RejectSummary(rows, rejected, first, quarantine)
+        rows = counters.get("rows_read", 0)
+        schema = rejected_arrow_schema(input_schema(job.spec.privacy_unit, job.tasks.tasks))
+        rejected = scratch.rejected_rows(schema)  # parts in file order, rows in row order
+        summary = RejectSummary(rows, rejected.num_rows, None)
+        if rejected.num_rows:
+            path = write_rejected(rejected, job.quarantine)
+            first = first_rejected(pl.from_arrow(rejected), job.spec.input.format)
+            summary = RejectSummary(rows, rejected.num_rows, first, path)
         check_rejected_fraction(summary, job.spec.input.max_rejected_fraction)
         return summary
+
+
+SCRATCH = "_scratch"
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """The folder (under the staging area) where workers leave rejected rows and unreadable
+    file reports for the launcher, through Beam's file systems: one file per input part,
+    named by the part's index (exact names: nothing is matched as a pattern)."""
+
+    folder: str
+    parts: int
+
+    @property
+    def is_local(self) -> bool:
+        return FileSystems.get_scheme(self.folder) is None
+
+    def create(self) -> None:
+        if self.is_local:
+            private_folder(Path(self.folder))  # raw rows: owner-only, even for a moment
+        else:
+            FileSystems.mkdirs(self.folder)
+
+    def unreadable_messages(self) -> list[str]:
+        """The reports, in the launcher's order of the parts (files in day order)."""
+        messages = []
+        for index in range(self.parts):
+            path = FileSystems.join(self.folder, f"unreadable-{index:05d}.txt")
+            if FileSystems.exists(path):
+                with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                    messages.append(f.read().decode())
+        return messages
+
+    def rejected_rows(self, schema: pa.Schema) -> pa.Table:
+        """Every part's rejected rows, in the launcher's order of the parts."""
+        tables = [schema.empty_table()]
+        for index in range(self.parts):
+            path = parquet_name(self.folder, "rejected", index)
+            if FileSystems.exists(path):
+                with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                    tables.append(pq.read_table(f))
+        return pa.concat_tables(tables)
+
+    def remove(self) -> None:
+        if self.is_local:  # Beam's local delete matches its argument as a pattern
+            shutil.rmtree(self.folder, ignore_errors=True)
+        elif FileSystems.exists(self.folder):
+            FileSystems.delete([self.folder])
+
+
+class _WriteText(beam.DoFn):
+    """(number, text) -> `<folder>/<prefix>-<number>.txt` through Beam's file systems."""
+
+    def __init__(self, folder: str, prefix: str):
+        self._folder, self._prefix = folder, prefix
+
+    def process(self, element) -> None:
+        number, text = element
+        path = FileSystems.join(self._folder, f"{self._prefix}-{number:05d}.txt")
+        with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            f.write(text.encode())
 
 
 def _counters(result) -> dict[str, int]:

@@ -1,16 +1,29 @@
 """Contribution bounding and per-partition aggregation on numpy arrays, without a per-row loop.
 
-Uniform sampling by sorting: every row gets a random tie-breaker, rows are sorted by
-(group, tie-breaker), and a row is kept when it is among the first `limit` of its group. In a
-sorted array that test is one vectorised comparison: row i has rank >= limit exactly when row
-i - limit is in the same group. Each subset of a group's rows of size min(n, limit) is then
-equally likely, which is what the sensitivity analysis assumes.
+Sampling by priorities: Linf keeps, per (privacy unit, partition) pair, the
+`max_contributions_per_partition` rows of lowest priority, a keyed hash of the run's secret salt
+and the row's identity (`_source_file`, `_row`); L0 keeps, per privacy unit, the
+`max_partitions_contributed` pairs of lowest keyed hash of (salt, partition key, unit). The
+priorities are deterministic (`sampling`), so a retried or recomputed task keeps the same rows,
+and a run is reproducible given its salt; to anyone without the salt they are independent and
+uniform, so each subset of min(n, limit) entries of a group is equally likely. Bottom-k also
+composes (the bottom k of a union is the bottom k of the parts' bottom k), which lets Beam sample
+before its shuffle. Only groups with more entries than their limit are sorted.
 
-This sampling uses ordinary randomness: it bounds sensitivity, it is not the privacy mechanism.
+Why this is sound: the sensitivity analysis needs each unit's kept rows to depend only on that
+unit's own rows and on randomness independent of the data (here the salt). L0 priorities depend
+on (salt, key, unit) alone, exactly so. A row's `_row` can shift when another unit's rows leave
+the same file, but the priorities of distinct identities under a fresh secret salt are, to
+anyone without it, independent uniforms whatever the identities are, so the joint law of every
+other unit's sample is the same with or without any one unit. That is the role a PRNG's
+unpredictable state played before: sampling is not the privacy mechanism (the noise is), and a
+fast non-cryptographic hash serves as well as numpy's generator did, provided the salt is
+secret and new each run (never logged, never in the manifest or a Spark plan).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,33 +70,59 @@ def _first_k_per_group(sorted_group: np.ndarray, k: int) -> np.ndarray:
     return keep
 
 
-def sample_per_group(
-    group: np.ndarray, k: int, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """A uniform random sample of min(n, k) entries of each group.
+def bottom_k_per_group(
+    group: np.ndarray, priority: np.ndarray, k: int, tiebreak: np.ndarray | None = None
+) -> np.ndarray:
+    """Positions (ascending) of the k lowest-priority entries of each group (all of a group of
+    at most k). `tiebreak` (e.g. the value) settles equal priorities, which only a 64-bit hash
+    collision gives, the same way whatever order the entries come in."""
+    if len(group) <= k:
+        return np.arange(len(group))
+    codes, _ = pd.factorize(group)
+    return _bottom_k(codes, priority, k, tiebreak)
 
-    Returns the sampled entries' positions and their groups, both in ascending group order.
-    Every entry gets a distinct random rank (a random permutation); (group, rank) is packed
-    into one int64 and value-sorted, which is several times faster than an argsort, and only
-    the sampled entries' ranks are decoded back to positions.
+
+def _bottom_k(
+    codes: np.ndarray, priority: np.ndarray, k: int, tiebreak: np.ndarray | None
+) -> np.ndarray:
+    """`bottom_k_per_group` for small non-negative group codes; only the entries of groups
+    larger than k are ranked.
+
+    Fast path: each candidate's group code and the top bits of its priority are packed into
+    one uint64 (signed priority order kept); a value sort (several times faster than an
+    argsort or a lexsort) gives each group's k-th smallest packed key, and an entry is kept
+    when its key is at most that. Equal packed keys (top bits tie: a hash collision, or too
+    many groups to leave enough bits) take the exact lexsort by (group, priority, tiebreak).
     """
-    n = len(group)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    group = group.astype(np.int64, copy=False)
-    rank = rng.permutation(n)
-    rank_bits = max(int(n - 1).bit_length(), 1)
-    if max(int(group.max()).bit_length(), 1) + rank_bits > 63:
-        order = np.lexsort((rank, group))  # too wide to pack: the slow, general path
-        sorted_group = group[order]
-        keep = _first_k_per_group(sorted_group, k)
-        return order[keep], sorted_group[keep]
-    packed = np.sort((group << rank_bits) | rank)
-    sorted_group = packed >> rank_bits
-    keep = _first_k_per_group(sorted_group, k)
-    position_of_rank = np.empty(n, dtype=np.int64)
-    position_of_rank[rank] = np.arange(n, dtype=np.int64)
-    return position_of_rank[packed[keep] & ((1 << rank_bits) - 1)], sorted_group[keep]
+    if len(codes) <= k:
+        return np.arange(len(codes))
+    counts = np.bincount(codes)
+    heavy = counts[codes] > k
+    if not heavy.any():
+        return np.arange(len(codes))
+    keep = ~heavy
+    candidates = np.flatnonzero(heavy)
+    group, rank = codes[candidates], priority[candidates]
+    group_bits = max(int(group.max()).bit_length(), 1)
+    if group_bits <= 40:
+        shift = np.uint64(64 - group_bits)
+        ordered = rank.view(np.uint64) ^ np.uint64(1 << 63)  # signed order as unsigned
+        packed = (group.astype(np.uint64) << shift) | (ordered >> (np.uint64(64) - shift))
+        ranked = np.sort(packed)
+        if not np.any(ranked[1:] == ranked[:-1]):
+            large = counts > k
+            sizes = counts[large]  # candidate groups, in ascending code order
+            threshold = np.zeros(len(counts), dtype=np.uint64)
+            threshold[large] = ranked[np.cumsum(sizes) - sizes + k - 1]
+            keep[candidates] = packed <= threshold[group]
+            return np.flatnonzero(keep)
+    keys = (rank, group) if tiebreak is None else (tiebreak[candidates], rank, group)
+    order = candidates[np.lexsort(keys)]
+    keep[order[_first_k_per_group(codes[order], k)]] = True
+    return np.flatnonzero(keep)
+
+
+PairPriority = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 def sample_contributions(
@@ -93,28 +132,31 @@ def sample_contributions(
     n_keys: int,
     max_partitions_contributed: int,
     max_contributions_per_partition: int,
-    rng: np.random.Generator,
+    row_priority: np.ndarray,
+    pair_priority: PairPriority,
+    values: np.ndarray | None = None,
 ) -> ContributionSample:
     """Keeps <= Linf rows per (privacy unit, partition) and <= L0 partitions per privacy unit,
-    each sampled uniformly; a partition counts once for L0 whatever its number of rows.
+    those of lowest priority; a partition counts once for L0 whatever its number of rows.
 
-    Args: dense int64 codes of the privacy unit and of the partition key (0..n_keys-1).
+    Args: dense int64 codes of the privacy unit and of the partition key (0..n_keys-1); each
+    row's Linf priority; `pair_priority(unit codes, key codes)`, the L0 priority of pairs;
+    `values` break priority ties (rows with equal value are interchangeable).
     """
-    # Linf: rows per (privacy unit, partition) pair.
     pair = privacy_codes.astype(np.int64) * n_keys + key_codes.astype(np.int64)
-    rows, pair_of_row = sample_per_group(pair, max_contributions_per_partition, rng)
-    # (pair) in ascending order, and the pair index of every kept row
-    is_start = np.ones(len(rows), dtype=bool)
-    is_start[1:] = pair_of_row[1:] != pair_of_row[:-1]
-    pair_ids = pair_of_row[is_start]
-    pair_index_of_row = np.cumsum(is_start) - 1
-    # L0: pairs per privacy unit.
-    chosen_pairs, _ = sample_per_group(pair_ids // n_keys, max_partitions_contributed, rng)
+    pair_of_row, pair_ids = pd.factorize(pair)
+    # Linf: rows per (privacy unit, partition) pair.
+    rows = _bottom_k(pair_of_row, row_priority, max_contributions_per_partition, values)
+    # (pair) -> its unit and partition; L0: pairs per privacy unit (each pair keeps a row).
+    pair_units, pair_keys = pair_ids // n_keys, pair_ids % n_keys
+    chosen_pairs = _bottom_k(
+        pair_units, pair_priority(pair_units, pair_keys), max_partitions_contributed, pair_keys
+    )
     chosen = np.zeros(len(pair_ids), dtype=bool)
     chosen[chosen_pairs] = True
     return ContributionSample(
-        rows=rows[chosen[pair_index_of_row]],
-        pair_key_codes=pair_ids[chosen] % n_keys,
+        rows=rows[chosen[pair_of_row[rows]]],
+        pair_key_codes=pair_keys[chosen_pairs],
     )
 
 
@@ -171,17 +213,6 @@ def aggregates_frame(
 ) -> pd.DataFrame:
     """`aggregates_table` for one key column whose code i has value key_values[i]."""
     return aggregates_table(bounded, pd.DataFrame({key_column: np.asarray(key_values)}))
-
-
-def bottom_k_per_group(group: np.ndarray, priority: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the k lowest-priority entries of each group (all of a smaller group).
-
-    With independent uniform priorities this is a uniform sample of min(n, k) entries per
-    group, and it composes: the bottom k of a union is the bottom k of the parts' bottom k.
-    That is what lets a Beam combiner sample before the shuffle, one bundle at a time.
-    """
-    order = np.lexsort((priority, group))
-    return order[_first_k_per_group(group[order], k)]
 
 
 def stable_shard(values: np.ndarray, shards: int) -> np.ndarray:

@@ -22,16 +22,23 @@ from dppipeline.engines.bounding import (
     dense_codes,
     sample_contributions,
 )
-from dppipeline.engines.local_read import read_validated
+from dppipeline.engines.local_read import ROW, SOURCE, read_validated
 from dppipeline.engines.polars_filter import to_polars
+from dppipeline.engines.sampling import (
+    SamplingKeys,
+    pair_priorities,
+    partition_seeds,
+    row_priorities,
+)
 from dppipeline.io import DailyPartition
+from dppipeline.quarantine import write_rejected
 from dppipeline.queries import (
     AggregationTask,
     KeyColumn,
     canonical_keys,
     input_schema,
-    validated_value,
 )
+from dppipeline.schemas import transactions_schema
 from dppipeline.validation import RejectSummary, check_rejected_fraction
 
 _CODE = "_key_code"
@@ -43,14 +50,6 @@ class EngineResult:
 
     aggregates: dict[str, pd.DataFrame]
     rejects: RejectSummary
-
-
-def write_quarantine(rejected: pl.DataFrame, folder: Path) -> Path:
-    """Rejected rows, as text with file, row and reason, in a folder outside the release."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "rejected.parquet"
-    rejected.write_parquet(path)
-    return path
 
 
 def key_expr(key: KeyColumn) -> pl.Expr:
@@ -70,13 +69,18 @@ def task_rows(
 ) -> pl.DataFrame:
     """The task's rows: filtered, with its key columns derived, unlisted keys dropped (before
     bounding, so no unit spends its L0 on a partition that is never released) and the value
-    clipped, as (unit, keys..., `_value`). `public`: the task's public keys, already
-    converted to Polars (callers that run this per batch convert them once)."""
+    clipped, as (unit, keys..., `_value`, and the row identity `_source_file`, `_row` where
+    the rows have it). `public`: the task's public keys, already converted to Polars
+    (callers that run this per batch convert them once)."""
     if task.filter is not None:
         rows = rows.filter(to_polars(task.filter))
     value = pl.lit(0.0) if task.clip is None else pl.col(task.value).clip(*task.clip)
+    identity = [c for c in (SOURCE, ROW) if c in rows.columns]
     frame = rows.select(
-        pl.col(unit), *[key_expr(k) for k in task.keys], value.cast(pl.Float64).alias("_value")
+        pl.col(unit),
+        *[key_expr(k) for k in task.keys],
+        value.cast(pl.Float64).alias("_value"),
+        *identity,
     )
     if task.public_keys is not None:
         if public is None:
@@ -100,23 +104,46 @@ def key_codes_of(frame: pl.DataFrame, keys: Sequence[KeyColumn]) -> tuple[np.nda
     return coded.get_column(_CODE).to_numpy(), canonical_keys(values, keys)
 
 
+def row_priority(frame: pl.DataFrame, keys: SamplingKeys) -> np.ndarray:
+    """Each row's Linf priority from its identity; rows built in memory without one are
+    identified by their position."""
+    if SOURCE in frame.columns:
+        source = frame.get_column(SOURCE)
+        files = list(source.dtype.categories) if isinstance(source.dtype, pl.Enum) else None
+        if files is None:  # plain text: one code per distinct file
+            codes, names = pd.factorize(source.to_numpy())
+            files, file_codes = [str(n) for n in names], codes
+        else:
+            file_codes = source.to_physical().to_numpy()
+        rows = frame.get_column(ROW).to_numpy()
+    else:
+        files, file_codes, rows = [""], np.zeros(frame.height, np.int64), np.arange(frame.height)
+    return row_priorities(keys, files, file_codes, rows)
+
+
 def aggregate_task(
-    rows: pl.DataFrame, task: AggregationTask, unit: str, rng: np.random.Generator
+    rows: pl.DataFrame, task: AggregationTask, unit: str, keys: SamplingKeys
 ) -> pd.DataFrame:
-    """One task's exact bounded aggregates per partition."""
+    """One task's exact bounded aggregates per partition, sampled with the run's keys."""
     frame = task_rows(rows, task, unit)
     key_codes, key_values = key_codes_of(frame, task.keys)
-    privacy_codes, _ = dense_codes(frame.get_column(unit).to_numpy())
+    privacy_codes, unit_values = dense_codes(frame.get_column(unit).to_numpy())
     n_keys = max(len(key_values), 1)
+    seeds = partition_seeds(keys, key_values, [k.kind for k in task.keys])
+    unit_kind = transactions_schema().field(unit).type
+    values = None if task.clip is None else frame.get_column("_value").to_numpy()
     sample = sample_contributions(
         privacy_codes,
         key_codes,
         n_keys=n_keys,
         max_partitions_contributed=task.max_partitions_contributed,
         max_contributions_per_partition=task.max_contributions_per_partition,
-        rng=rng,
+        row_priority=row_priority(frame, keys),
+        pair_priority=lambda units, codes: pair_priorities(
+            seeds[codes], unit_values[units], unit_kind
+        ),
+        values=values,
     )
-    values = None if task.clip is None else frame.get_column("_value").to_numpy()
     bounded = aggregate_per_partition(
         sample,
         key_codes,
@@ -136,17 +163,17 @@ def compute_aggregates(
     unit: str,
     max_rejected_fraction: float,
     quarantine: Path,
-    seed: int | None = None,
+    salt: bytes,
 ) -> EngineResult:
     """Read + validate once -> per task: filter, keys, clip, bound, aggregate per partition."""
-    validated = read_validated(days, fmt, input_schema(unit, tasks), validated_value(tasks))
+    validated = read_validated(days, fmt, input_schema(unit, tasks))
     summary = validated.summary
     if summary.rows_rejected:
-        path = write_quarantine(validated.rejected, quarantine)
+        path = write_rejected(validated.rejected.to_arrow(), quarantine)
         summary = RejectSummary(summary.rows_read, summary.rows_rejected, summary.first, path)
     check_rejected_fraction(summary, max_rejected_fraction)
-    rng = np.random.default_rng(seed)
-    aggregates = {task.name: aggregate_task(validated.rows, task, unit, rng) for task in tasks}
+    keys = SamplingKeys.from_salt(salt)
+    aggregates = {task.name: aggregate_task(validated.rows, task, unit, keys) for task in tasks}
     return EngineResult(aggregates=aggregates, rejects=summary)
 
 
@@ -167,7 +194,7 @@ class LocalEngine:
             unit=spec.privacy_unit,
             max_rejected_fraction=spec.input.max_rejected_fraction,
             quarantine=job.quarantine,
-            seed=job.seed,
+            salt=job.salt,
         )
         released = release_to_datasets(result.aggregates, job, staging)
         return EngineRun(rejects=result.rejects, released_partitions=released)

@@ -1,174 +1,354 @@
-"""Spark reading and validation: the same rules as `local_read`, as DataFrame expressions.
+"""Spark reading and validation: the input contract compiled to Spark columns (`spark_rules`).
 
-Only the selected days' files are handed to Spark (the date range prunes before any read). Each
-row gets its parsed columns and a `_bad` flag in one projection; reasons are computed for bad
-rows only. No Python runs per row: everything here compiles to JVM code.
+Only the selected days' files are handed to Spark, each as a path, never a pattern: Hadoop's
+glob characters are escaped, so `in[1]` is never read as its sibling `in1`.
+
+- Parquet: the driver reads every file's footer with pyarrow (a missing column or a type that
+  cannot hold the schema's fails here, naming the file, before any job) and hands Spark an
+  explicit schema; files whose footers differ are read as separate groups and unioned.
+  Nanosecond timestamps (pandas' default) are read as their integer and converted.
+- CSV: one file per task; the executor reads the file's bytes and splits them with the shared
+  tokenizer (`csv_records`), so Spark sees the same records, fields and line numbers as the
+  local and Beam engines (Spark's own CSV reader differs on quotes, blank lines, ragged
+  records and bytes that are not UTF-8). A file that cannot be split becomes one `_error` row,
+  which fails the run with its message.
+
+Every row keeps `_source_file` (the path as the runner listed it) and `_row` (Parquet: its
+1-based index in the file; CSV: the line it starts on): the quarantine's positions and the
+row's identity for sampling. No Python runs per row.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from dppipeline.engines.local_read import first_line
+from dppipeline.csv_records import FIELDS, HEADER_FIELDS, ROW, check_header, read_csv_records
+from dppipeline.engines.spark_rules import BAD, DAY, flag_rows, parsed_name, reason
 from dppipeline.errors import InputError
-from dppipeline.io import DailyPartition
-from dppipeline.schemas import Schema, spark_type_name
+from dppipeline.io import DailyPartition, first_line, parquet_footer
+from dppipeline.schemas import Schema
+from dppipeline.validation import Rule, Source, column_sources, rules_for
 
 SOURCE = "_source_file"
-ROW = "_row"
 REASON = "_reason"
-BAD = "_bad"
-# Arrow types Spark reads as these (timestamps apart), for an explicit read schema.
+ERROR = "_error"
+_GLOB_CHARACTERS = re.compile(r"([\\*?\[\]{}])")
+_EPOCH = "TIMESTAMP_NTZ'1970-01-01 00:00:00'"
+_NANOS_AS_LONG = "spark.sql.legacy.parquet.nanosAsLong"
+# Arrow types as Spark reads them, for an explicit read schema (timestamps apart).
 _SPARK_TYPES = {
     "int8": "tinyint",
     "int16": "smallint",
     "int32": "int",
     "int64": "bigint",
+    "uint8": "smallint",
+    "uint16": "int",
+    "uint32": "bigint",
+    "uint64": "decimal(20,0)",
     "float": "float",
     "double": "double",
-    "bool": "boolean",
     "string": "string",
     "large_string": "string",
-    "date32[day]": "date",
 }
 
 
-def _parsed(name: str) -> str:
-    return f"_parsed_{name}"
+@dataclass(frozen=True)
+class SparkInput:
+    """Every record checked (parsed columns, `_source_file`, `_row`, `_bad`, `_error`) and
+    the bad ones as the quarantine keeps them (`_source_file`, `_row`, `_reason`, text)."""
+
+    validated: DataFrame
+    rejected: DataFrame
 
 
-def read_raw(
+@dataclass(frozen=True)
+class _Group:
+    frame: DataFrame  # the job's columns as read, `_source_file`, `_row`, `_day` (CSV: more)
+    sources: Mapping[str, Source]
+    rules: tuple[Rule, ...]
+
+
+def hadoop_path(path: Path | str) -> str:
+    """A local file as a Hadoop path that matches only itself (glob characters escaped)."""
+    return "file:" + _GLOB_CHARACTERS.sub(r"\\\1", os.path.abspath(path))
+
+
+def read_validated(
     spark: SparkSession, days: list[DailyPartition], fmt: str, schema: Schema
-) -> DataFrame:
-    """The selected files with the schema's columns (CSV: as text), plus file and row."""
-    files = [str(path) for day in days for path in day.files]
-    try:
-        if fmt == "csv":
-            frame = (
-                spark.read.option("header", True)
-                .option("inferSchema", False)
-                .option("mode", "PERMISSIVE")
-                .csv(files)
+) -> SparkInput:
+    """The selected files read and checked against the contract (lazily: nothing runs yet)."""
+    groups = (
+        _csv_groups(spark, days, schema) if fmt == "csv" else _parquet_groups(spark, days, schema)
+    )
+    validated, rejected = [], []
+    for group in groups:
+        flagged = flag_rows(group.frame, schema, group.sources, group.rules)
+        error = F.col(ERROR) if ERROR in group.frame.columns else F.lit(None).cast("string")
+        validated.append(
+            flagged.select(
+                *[F.col(parsed_name(n)).alias(n) for n in schema.names],
+                SOURCE,
+                ROW,
+                BAD,
+                error.alias(ERROR),
             )
-            row = F.lit(None).cast("bigint")  # Spark keeps no line numbers for CSV
-        else:
-            ddl = parquet_ddl(spark, files[0], schema.names)
-            reader = spark.read if ddl is None else spark.read.schema(ddl)
-            frame = reader.parquet(*files)
-            row = F.col("_metadata.row_index") + 1
-    except Exception as exc:  # AnalysisException and friends: name the input
-        raise InputError(f"cannot read {fmt} input: {first_line(exc)}") from None
-    missing = [name for name in schema.names if name not in frame.columns]
-    if missing:
-        raise InputError(
-            f"{files[0] if len(files) == 1 else 'input files'}: missing column {missing[0]} "
-            f"(required by schemas/{schema.name}.json)"
         )
-    return frame.select(*schema.names, F.col("_metadata.file_path").alias(SOURCE), row.alias(ROW))
+        rejected.append(
+            flagged.where(F.col(BAD) & error.isNull()).select(
+                SOURCE,
+                ROW,
+                reason(group.rules, group.sources).alias(REASON),
+                *[F.col(n).cast("string").alias(n) for n in schema.names],
+            )
+        )
+    union = lambda frames: reduce(DataFrame.unionByName, frames)  # noqa: E731
+    return SparkInput(validated=union(validated), rejected=union(rejected))
 
 
-def parquet_ddl(spark: SparkSession, path: str, names: list[str]) -> str | None:
-    """The columns' Spark types as Spark infers them from one file's footer (which is all
-    its inference reads, unless told to merge schemas), read here with pyarrow: Spark's own
-    inference runs a job, half a second of a short run. None where unsure: Spark infers."""
-    try:
-        footer = pq.read_schema(path)
-    except (OSError, pa.ArrowException):
-        return None  # Spark's read reports it
-    ntz = spark.conf.get("spark.sql.parquet.inferTimestampNTZ.enabled", "true") == "true"
+def valid_rows(validated: DataFrame, schema: Schema) -> DataFrame:
+    """The rows that passed: the job's columns in their schema types, `_source_file`, `_row`."""
+    return validated.where(~F.col(BAD)).select(*schema.names, SOURCE, ROW)
+
+
+def observed_counts() -> list[Column]:
+    """What the run reports of its input (an Observation on `validated`): rows read and
+    rejected, and the first file error (rows read excludes a file's error row)."""
+    read = F.col(ERROR).isNull()
+    return [
+        F.count_if(read).alias("rows"),
+        F.count_if(read & F.col(BAD)).alias("rejected"),
+        F.min_by(F.col(ERROR), F.when(~read, F.col(SOURCE))).alias("error"),
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# Parquet
+
+
+def _parquet_groups(
+    spark: SparkSession, days: list[DailyPartition], schema: Schema
+) -> list[_Group]:
+    """Files grouped by how their footers store the job's columns; one Spark read each."""
+    by_layout: dict[tuple[str, ...], list[tuple[Path, dt.date]]] = {}
+    footers: dict[tuple[str, ...], tuple[pa.Schema, dict[str, Source]]] = {}
+    for day in days:
+        for path in day.files:
+            footer = parquet_footer(path)
+            sources = column_sources(str(path), footer, schema)
+            layout = tuple(str(footer.field(name).type) for name in schema.names)
+            by_layout.setdefault(layout, []).append((path, day.day))
+            footers[layout] = (footer, sources)
+    return [
+        _parquet_group(spark, files, schema, *footers[layout])
+        for layout, files in by_layout.items()
+    ]
+
+
+def footer_ddl(names: Sequence[str], footer: pa.Schema) -> str:
+    """The explicit read schema for columns as a footer stores them: what Spark would infer,
+    except that zone-less timestamps are always `timestamp_ntz` (whatever
+    `spark.sql.parquet.inferTimestampNTZ.enabled` says) and nanosecond timestamps, which Spark
+    cannot read as timestamps, are read as their integer (`bigint`)."""
     parts = []
     for name in names:
-        if name not in footer.names:
-            return None  # read_raw reports the missing column
         arrow = footer.field(name).type
-        if pa.types.is_timestamp(arrow) and arrow.unit in ("ms", "us"):
-            spark_type = "timestamp" if arrow.tz or not ntz else "timestamp_ntz"
+        if pa.types.is_timestamp(arrow):
+            spark_type = (
+                "bigint" if arrow.unit == "ns" else ("timestamp" if arrow.tz else "timestamp_ntz")
+            )
         else:
-            spark_type = _SPARK_TYPES.get(str(arrow))
-        if spark_type is None:
-            return None
+            spark_type = _SPARK_TYPES[str(arrow)]
         parts.append(f"`{name}` {spark_type}")
     return ", ".join(parts)
 
 
-def _parse(frame: DataFrame, name: str, target: str) -> Column:
-    """The column as its schema type: unchanged when it already is, else a lenient cast
-    (null where the text does not parse)."""
-    column = F.col(name)
-    if frame.schema[name].dataType.simpleString() == target:
-        return column
-    if frame.schema[name].dataType.simpleString() == "string":
-        column = F.trim(column)
-    return column.try_cast(target)
-
-
-def _rules(schema: Schema, value_column: str) -> list[tuple[Column, Column]]:
-    """(condition breaking a rule, reason text), in reporting order, as in local_read."""
-    rules: list[tuple[Column, Column]] = []
-    for field in schema.fields:
-        raw, parsed = F.col(field.name), F.col(_parsed(field.name))
-        if not field.nullable:
-            rules.append((raw.isNull(), F.lit(f"{field.name} is null")))
-        rules.append(
-            (
-                raw.isNotNull() & parsed.isNull(),
-                F.concat(
-                    F.lit(f"{field.name} "),
-                    F.substring(raw.cast("string"), 1, 40),
-                    F.lit(f" is not a valid {field.type}"),
-                ),
-            )
-        )
-        if field.name == value_column:
-            finite = ~F.isnan(parsed) & (F.abs(parsed) < float("inf"))
-            rules.append((parsed.isNotNull() & ~finite, F.lit(f"{field.name} is not finite")))
-    return rules
-
-
-def validate(frame: DataFrame, schema: Schema, value_column: str) -> DataFrame:
-    """Adds parsed columns and the `_bad` flag (true when any rule is broken)."""
-    parsed = frame.select(
-        "*",
-        *[_parse(frame, f.name, spark_type_name(f)).alias(_parsed(f.name)) for f in schema.fields],
+def _parquet_group(
+    spark: SparkSession,
+    files: list[tuple[Path, dt.date]],
+    schema: Schema,
+    footer: pa.Schema,
+    sources: dict[str, Source],
+) -> _Group:
+    columns = []
+    nanos = False
+    for name in schema.names:
+        arrow, quoted = footer.field(name).type, f"`{name}`"
+        if pa.types.is_timestamp(arrow) and arrow.unit == "ns":
+            # Nanoseconds since the epoch (UTC for a zoned column, wall clock otherwise) as
+            # UTC wall-clock microseconds.
+            nanos = True
+            columns.append(F.expr(f"timestampadd(MICROSECOND, {quoted} div 1000, {_EPOCH})"))
+            sources = {**sources, name: Source.TIMESTAMP}
+        else:
+            columns.append(F.col(quoted))
+    reader = spark.read.schema(footer_ddl(schema.names, footer))
+    paths = [hadoop_path(path) for path, _ in files]
+    previous = spark.conf.get(_NANOS_AS_LONG, None)
+    try:
+        if nanos:  # needed while the read is planned only; the user's setting comes back
+            spark.conf.set(_NANOS_AS_LONG, "true")
+        frame = reader.parquet(*paths)
+    except Exception as exc:  # AnalysisException and friends: name the input
+        raise InputError(f"cannot read parquet input: {first_line(exc)}") from None
+    finally:
+        if nanos and previous is None:
+            spark.conf.unset(_NANOS_AS_LONG)
+        elif nanos:
+            spark.conf.set(_NANOS_AS_LONG, previous)
+    file_path = _decoded(F.col("_metadata.file_path"))
+    listed = {os.path.abspath(path): (str(path), day) for path, day in files}
+    names = F.create_map(*[F.lit(x) for key, (text, _) in listed.items() for x in (key, text)])
+    days_ = F.create_map(*[F.lit(x) for key, (_, day) in listed.items() for x in (key, day)])
+    frame = frame.select(
+        *[column.alias(name) for column, name in zip(columns, schema.names, strict=True)],
+        F.element_at(names, file_path).alias(SOURCE),
+        (F.col("_metadata.row_index") + 1).alias(ROW),
+        F.element_at(days_, file_path).alias(DAY),
     )
-    rules = _rules(schema, value_column)
-    bad = reduce(lambda a, b: a | b, [condition for condition, _ in rules])
-    return parsed.withColumn(BAD, F.coalesce(bad, F.lit(True)))
+    return _Group(frame, sources, rules_for(schema, sources, csv=False))
 
 
-def reason(schema: Schema, value_column: str) -> Column:
-    """First broken rule of a (bad) row, as text."""
-    rules = _rules(schema, value_column)
-    expr = F.when(rules[0][0], rules[0][1])
-    for condition, text in rules[1:]:
-        expr = expr.when(condition, text)
-    return expr.otherwise(F.lit("invalid row"))
+def _decoded(uri: Column) -> Column:
+    """`file:/a%20b/c` (how Spark names a file it read) -> `/a b/c`."""
+    path = F.regexp_replace(uri, r"^file:/*", "/")
+    return F.url_decode(F.regexp_replace(path, r"\+", "%2B"))
 
 
-def valid_rows(validated: DataFrame, schema: Schema) -> DataFrame:
-    return validated.where(~F.col(BAD)).select(
-        *[F.col(_parsed(name)).alias(name) for name in schema.names]
+# --------------------------------------------------------------------------------------------
+# CSV
+
+
+_FILE = "_file"  # a CSV record's file, as its index in the listed files
+FILES_PER_TASK_TARGET = 4  # CSV tasks per core: whole files each, a few per task
+
+
+def _csv_groups(spark: SparkSession, days: list[DailyPartition], schema: Schema) -> list[_Group]:
+    listed = [(str(path), day.day) for day in days for path in day.files]
+    for path, _ in listed:  # the driver reads only the headers, to fail before any job
+        check_header(path, schema)
+    arrow_schema = csv_arrow_schema(schema)
+    tasks = min(len(listed), spark.sparkContext.defaultParallelism * FILES_PER_TASK_TARGET)
+    indexed = [(i, path) for i, (path, _) in enumerate(listed)]
+    files = spark.createDataFrame(
+        spark.sparkContext.parallelize(indexed, tasks), "index int, path string"
+    )
+    records = files.mapInArrow(
+        lambda batches: _tokenize(batches, schema, arrow_schema), _spark_ddl(arrow_schema)
+    )
+    # The file's path and day travel as its index, not as text on every row.
+    paths = F.array(*[F.lit(path) for path, _ in listed])
+    days_ = F.array(*[F.lit(day) for _, day in listed])
+    position = F.col(_FILE) + 1
+    frame = records.select(
+        *[c for c in records.columns if c != _FILE],
+        F.element_at(paths, position).alias(SOURCE),
+        F.element_at(days_, position).alias(DAY),
+    )
+    sources = dict.fromkeys(schema.names, Source.TEXT)
+    return [_Group(frame, sources, rules_for(schema, sources, csv=True))]
+
+
+def csv_arrow_schema(schema: Schema) -> pa.Schema:
+    """What the executors hand back per CSV record (or one `_error` row per unreadable file)."""
+    return pa.schema(
+        [pa.field(name, pa.string()) for name in schema.names]
+        + [
+            pa.field(_FILE, pa.int32()),
+            pa.field(ROW, pa.int64()),
+            pa.field(FIELDS, pa.int32()),
+            pa.field(HEADER_FIELDS, pa.int32()),
+            pa.field(ERROR, pa.string()),
+        ]
     )
 
 
-def rejected_rows(validated: DataFrame, schema: Schema, value_column: str) -> DataFrame:
-    """Rejected rows as text, with file, row (Parquet) and reason: what quarantine keeps."""
-    return validated.where(F.col(BAD)).select(
-        F.col(SOURCE),
-        F.col(ROW),
-        reason(schema, value_column).alias(REASON),
-        *[F.col(name).cast("string").alias(name) for name in schema.names],
-    )
+def _spark_ddl(arrow_schema: pa.Schema) -> str:
+    types = {pa.string(): "string", pa.int64(): "bigint", pa.int32(): "int"}
+    return ", ".join(f"`{f.name}` {types[f.type]}" for f in arrow_schema)
 
 
-def local_path(uri: str) -> Path:
-    """`file:/a/b` or `file:///a/b` as a local path (Spark reports input files as URIs)."""
-    if uri.startswith("file:"):
-        return Path("/" + uri[len("file:") :].lstrip("/"))
-    return Path(uri)
+def _tokenize(
+    batches: Iterator[pa.RecordBatch], schema: Schema, arrow_schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
+    """(index, path) rows -> each file's records (runs on the executors)."""
+    for batch in batches:
+        indexes, paths = batch.column("index").to_pylist(), batch.column("path").to_pylist()
+        for index, path in zip(indexes, paths, strict=True):
+            yield from _file_records(index, path, schema, arrow_schema)
+
+
+def _file_records(
+    index: int, path: str, schema: Schema, arrow_schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
+    import polars as pl  # noqa: PLC0415 (executors import it when they run this)
+
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+        records = read_csv_records(data, path, schema)
+    except OSError as exc:
+        message = f"cannot read {path}: {exc.strerror or type(exc).__name__}"
+        yield _error_batch(index, message, arrow_schema)
+        return
+    except InputError as exc:
+        yield _error_batch(index, str(exc), arrow_schema)
+        return
+    table = records.with_columns(
+        pl.lit(index, pl.Int32).alias(_FILE), pl.lit(None, pl.String).alias(ERROR)
+    ).to_arrow()
+    yield from table.select(arrow_schema.names).cast(arrow_schema).to_batches()
+
+
+def _error_batch(index: int, message: str, arrow_schema: pa.Schema) -> pa.RecordBatch:
+    values = {name: [None] for name in arrow_schema.names} | {_FILE: [index], ERROR: [message]}
+    return pa.RecordBatch.from_pydict(values, schema=arrow_schema)
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+
+
+def read_failure(exc: BaseException, files: Sequence[Path]) -> InputError | None:
+    """A Spark job's failure to read an input file, as a one-line InputError naming the file
+    (None when the failure is not a read failure: a bug, reported as one)."""
+    messages = _java_messages(exc)
+    if not any("FAILED_READ_FILE" in m or "FileNotFoundException" in m for m in messages):
+        return None
+    text = " ".join(messages)
+    decoded = _decode_uris(text)
+    named = next((p for p in files if os.path.abspath(p) in decoded), None)
+    where = str(named) if named is not None else "an input file"
+    if any("FileNotFoundException" in m or "FILE_NOT_EXIST" in m for m in messages):
+        return InputError(f"{where}: disappeared while the run read it")
+    return InputError(f"{where}: cannot read as parquet (corrupt or truncated file)")
+
+
+def _java_messages(exc: BaseException) -> list[str]:
+    """The Java exception chain behind a pyspark error: class and message, first line each."""
+    found: list[str] = []
+    java = getattr(exc, "java_exception", None) or getattr(exc, "_origin", None)
+    while java is not None and len(found) < 20:
+        try:
+            found.append(f"{java.getClass().getName()}: {java.getMessage()}".splitlines()[0])
+            java = java.getCause()
+        except Exception:  # a py4j proxy that cannot answer: stop there
+            break
+    if not found:
+        found.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    return found
+
+
+def _decode_uris(text: str) -> str:
+    from urllib.parse import unquote  # noqa: PLC0415
+
+    return re.sub(r"file:/+", "/", unquote(text))

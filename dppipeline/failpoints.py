@@ -1,0 +1,44 @@
+"""Failpoints: crash a run on purpose at a named stage, the way databases test crash recovery.
+
+`DPPIPELINE_FAILPOINT=<stage>:<action>[,<stage>:<action>...]`, checked at the run's stage
+boundaries (tests only; unset, a check costs one dictionary lookup):
+
+    reserved   budget reserved, nothing read yet
+    reading    ledger says `reading`; the engine is about to read the first byte
+    written    the engine wrote the release's data into staging; no manifest yet (mid-write)
+    staged     the complete release (manifest included) is in staging, on disk; not committed
+    committed  the ledger row is committed; nothing published yet
+    exchanged  mid-publication: the new release is in place (or, without RENAME_EXCHANGE, the
+               old one has been moved aside and the new one not yet renamed in)
+    published  the release is published; clean-up and progress lines not done
+
+Actions: `kill` (SIGKILL: no clean-up at all), `term` (SIGTERM), `int` (SIGINT), each sent by
+the process to itself, or `error` (an unexpected exception: a bug).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+STAGES = ("reserved", "reading", "written", "staged", "committed", "exchanged", "published")
+_SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}
+
+
+class FailpointError(RuntimeError):
+    """The `error` action: stands for a bug at that stage."""
+
+
+def failpoint(stage: str) -> None:
+    """Triggers the action set for `stage` in $DPPIPELINE_FAILPOINT, if any."""
+    setting = os.environ.get("DPPIPELINE_FAILPOINT")
+    if not setting:
+        return
+    assert stage in STAGES, stage
+    for item in setting.split(","):
+        name, _, action = item.strip().partition(":")
+        if name != stage:
+            continue
+        if action == "error":
+            raise FailpointError(f"failpoint {stage}")
+        os.kill(os.getpid(), _SIGNALS[action])

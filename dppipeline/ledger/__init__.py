@@ -1,0 +1,63 @@
+"""The privacy-budget ledger: every release's spend, across runs, nights and hosts.
+
+Why: the same customers appear in every nightly release, so their privacy loss adds up
+(sequential composition), and a retried job that drew fresh noise for an already published day
+would let anyone average the two releases. The ledger makes both impossible:
+
+- caps belong to a scope and are stored in the ledger (`budget set-cap`, with history); a job
+  spec can only restate them (or create one for a scope that has none);
+- a release is reserved before any data is read, marked `reading` just before the first byte,
+  and committed before it is published; a run that read data and failed stays charged;
+- liveness is a lease renewed by the running job, never a process id;
+- a release is keyed by (scope, canonical spec hash, input fingerprint, date range); the same
+  key again returns the committed release: same files, no new noise, no new spend;
+- SQLite is the embedded default (one host); PostgreSQL is one ledger for every host.
+
+Modules: `location` (URLs), `schema` (tables, migrations), `caps`, `keys`, `lease`, `book` (the
+Ledger), `reservation` (one run's spend by the charge rules).
+"""
+
+from dppipeline.ledger.book import (
+    CapChange,
+    Ledger,
+    LedgerError,
+    LedgerRow,
+    ReservationLostError,
+    StoredCap,
+    ledger_timeout,
+)
+from dppipeline.ledger.caps import (
+    CAP_TOLERANCE,
+    CHARGED_STATES,
+    BudgetExceededError,
+    BudgetPolicy,
+)
+from dppipeline.ledger.keys import ReleaseKey, input_fingerprint
+from dppipeline.ledger.lease import host_id, lease_seconds, renew_seconds
+from dppipeline.ledger.location import LedgerLocation, parse_ledger_url
+from dppipeline.ledger.reservation import Reservation
+from dppipeline.ledger.schema import SCHEMA_VERSION, STATES
+
+__all__ = [
+    "CAP_TOLERANCE",
+    "CHARGED_STATES",
+    "SCHEMA_VERSION",
+    "STATES",
+    "BudgetExceededError",
+    "BudgetPolicy",
+    "CapChange",
+    "Ledger",
+    "LedgerError",
+    "LedgerLocation",
+    "LedgerRow",
+    "ReleaseKey",
+    "Reservation",
+    "ReservationLostError",
+    "StoredCap",
+    "host_id",
+    "input_fingerprint",
+    "lease_seconds",
+    "ledger_timeout",
+    "parse_ledger_url",
+    "renew_seconds",
+]

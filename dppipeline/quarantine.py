@@ -1,0 +1,85 @@
+"""Where rejected rows go: an operator-only folder, never inside or beside a release.
+
+Rejected rows are raw input (customer ids, amounts): they stay with the operator, like the
+ledger. The default is `<state dir>/quarantine/<run_id>/` (the state dir is
+`$DPPIPELINE_STATE_DIR`, default `./state`, beside the default ledger); `input.quarantine` or
+`--quarantine` choose another folder, which must not be the release's folder, inside it, its
+parent folder or a folder directly beside it (whoever reads the release's folder sees those).
+Folders are created with mode 0700 and files written with mode 0600. The manifest never names
+the quarantine.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dppipeline.errors import UsageError
+
+FILE_NAME = "rejected.parquet"
+_FOLDER_MODE, _FILE_MODE = 0o700, 0o600
+
+
+def state_dir() -> Path:
+    """The operator's state folder: $DPPIPELINE_STATE_DIR, default ./state."""
+    return Path(os.environ.get("DPPIPELINE_STATE_DIR") or "state")
+
+
+def default_root() -> Path:
+    return state_dir() / "quarantine"
+
+
+def check_place(root: Path, output: Path) -> None:
+    """Refuses a quarantine folder that whoever reads the release could see."""
+    folder, release = Path(root).resolve(), Path(output).resolve()
+    if folder == release or release in folder.parents:
+        where = "inside the release folder"
+    elif release.parent in (folder, folder.parent):
+        where = "beside the release (in its parent folder)"
+    else:
+        return
+    raise UsageError(
+        f"--quarantine: {root} is {where}; rejected rows are raw input and must stay in an "
+        "operator-only folder (default $DPPIPELINE_STATE_DIR/quarantine)"
+    )
+
+
+def run_folder(root: Path, run_id: str, output: Path) -> Path:
+    """This run's quarantine folder (absolute; not created until rows are rejected)."""
+    check_place(root, output)
+    return Path(root).resolve() / run_id
+
+
+def private_folder(folder: Path) -> Path:
+    """Creates `folder` (and missing parents) readable by the owner only."""
+    folder = Path(folder)
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    folder.mkdir(mode=_FOLDER_MODE, parents=True, exist_ok=True)
+    for created in missing:
+        created.chmod(_FOLDER_MODE)  # mkdir's mode is filtered by the umask
+    folder.chmod(_FOLDER_MODE)
+    return folder
+
+
+def write_rejected(table: pa.Table, folder: Path) -> Path:
+    """Writes the rejected rows as `rejected.parquet`, mode 0600 from its first byte."""
+    path = private_folder(folder) / FILE_NAME
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _FILE_MODE)
+    with os.fdopen(descriptor, "wb") as handle:
+        pq.write_table(table, handle)
+    path.chmod(_FILE_MODE)  # an existing file keeps its mode through O_TRUNC
+    return path
+
+
+def seal(path: Path) -> None:
+    """Owner-only modes on a tree another writer made (Spark writes a folder of parts)."""
+    path = Path(path)
+    if path.is_dir():
+        path.chmod(_FOLDER_MODE)
+        for inner in path.rglob("*"):
+            inner.chmod(_FOLDER_MODE if inner.is_dir() else _FILE_MODE)
+    elif path.exists():
+        path.chmod(_FILE_MODE)

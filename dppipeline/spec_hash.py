@@ -1,0 +1,124 @@
+"""The spec hash: what a release key knows of the job spec.
+
+It must change exactly when the release would: two specs that give the same release (the same
+parameters, the same public keys) hash alike, so a retried night returns the published release
+instead of drawing new noise; any change to what is released makes a new key. So the hash
+covers a canonical form of the spec:
+
+- every field equal to its default is omitted, so a field added later with a default (an
+  upgrade) keeps every existing key;
+- no paths (input, output and quarantine folders): moving data or releases changes nothing;
+- no ledger-only fields (`budget.scope`, caps, window): they govern the ledger, not the numbers;
+- public key files by the sha256 of their bytes, never by path: an edited key list is a new
+  release, a moved one is not.
+
+The canonical form is built from the spec's values and each section's defaults (one small
+function below reads them from the dataclasses; a pydantic model gives the same with
+`model_dump(exclude_defaults=True)`), then serialised as sorted, compact JSON.
+
+The price of omitting defaults: a default must never change its value, or old keys would
+match releases made with the new one. Change the field's name (or give the new meaning a new
+field) instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from dppipeline.errors import InputError
+
+# (section, field) pairs left out: paths and ledger-only settings.
+EXCLUDED = {
+    ("", "output"),
+    ("input", "path"),
+    ("input", "quarantine"),
+    ("budget", "scope"),
+    ("budget", "cap_epsilon"),
+    ("budget", "cap_delta"),
+    ("budget", "window_days"),
+}
+
+
+def _defaults(value: Any) -> dict[str, Any]:
+    """Field -> default of a spec section (the one place that reads dataclass internals)."""
+    out = {}
+    for f in dataclasses.fields(value):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """A spec value as JSON data (tuples as lists, dates as text, sections as mappings)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def _section(value: Any, where: str) -> dict[str, Any]:
+    """A spec section (`where`: its dotted path) without its defaulted and excluded fields,
+    recursively; a section left empty is dropped."""
+    defaults = _defaults(value)
+    out: dict[str, Any] = {}
+    for name in (f.name for f in dataclasses.fields(value)):
+        field_value = getattr(value, name)
+        if (where, name) in EXCLUDED or (
+            name in defaults and _plain(field_value) == _plain(defaults[name])
+        ):
+            continue
+        path = f"{where}.{name}" if where else name
+        if dataclasses.is_dataclass(field_value):
+            content: Any = _section(field_value, path)
+        elif isinstance(field_value, tuple) and any(map(dataclasses.is_dataclass, field_value)):
+            content = [_section(item, f"{path}[]") for item in field_value]
+        else:
+            content = _plain(field_value)
+        if name == "public_partitions":
+            content = _key_sources(content)
+        if content != {}:
+            out[name] = content
+    return out
+
+
+def _key_sources(sources: Any) -> Any:
+    """Public key sources with every file replaced by the sha256 of its bytes."""
+    from dppipeline.spec import is_file_source  # noqa: PLC0415 (spec imports this module)
+
+    if isinstance(sources, str):
+        return {"file_sha256": file_sha256(sources)} if is_file_source(sources) else sources
+    if isinstance(sources, dict):
+        return {column: _key_sources(source) for column, source in sources.items()}
+    return sources
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a public key file's bytes; a missing or unreadable file names itself."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as exc:
+        raise InputError(f"cannot read public partitions {path}: {exc.strerror}") from None
+
+
+def canonical_spec(spec: Any) -> dict[str, Any]:
+    """The canonical form of a job spec (see the module docstring)."""
+    return _section(spec, "")
+
+
+def spec_hash(spec: Any) -> str:
+    blob = json.dumps(canonical_spec(spec), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
