@@ -294,7 +294,9 @@ def publish(output: Path, staging: Path, run_id: str) -> None:
 
 def remove_release(folder: Path) -> None:
     """Removes a release folder, its manifest first: a folder that still has a manifest is
-    always complete."""
+    always complete. A symbolic link is never followed (nor removed)."""
+    if folder.is_symlink():
+        return
     with suppress(FileNotFoundError):
         (folder / MANIFEST).unlink()
     shutil.rmtree(folder, ignore_errors=True)
@@ -322,7 +324,12 @@ def leftovers(output: Path) -> list[Leftovers]:
         for kind in ("staging", "retired"):
             prefix = f".{output.name}.{kind}-"
             run_id = entry.name.removeprefix(prefix)
-            if entry.name.startswith(prefix) and RUN_ID.match(run_id) and entry.is_dir():
+            if (
+                entry.name.startswith(prefix)
+                and RUN_ID.match(run_id)
+                and entry.is_dir()
+                and not entry.is_symlink()  # runs make folders: a link is someone else's
+            ):
                 setattr(found.setdefault(run_id, Leftovers(run_id)), kind, entry)
     return [found[k] for k in sorted(found)]
 

@@ -299,10 +299,6 @@ def test_a_run_stopped_past_its_lease_never_gets_a_refund(tmp_path, tx, stage, s
 # --------------------------------------------------------------------------- 3. deleting
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole: heal follows a symbolic link named like a leftover (deletes its manifest)",
-)
 @pytest.mark.parametrize("kind", ["staging", "retired"])
 @pytest.mark.parametrize("decision", ["discard", "publish"])
 def test_heal_never_follows_a_symbolic_link_named_like_a_leftover(tmp_path, kind, decision):
