@@ -156,12 +156,19 @@ def check_release_target(
     if not overwrite:
         raise OutputError(f"release {output} already exists; pass --overwrite to replace it")
     manifest = read_manifest(output)
-    allowed = release_entries(manifest) if manifest is not None else None
-    if allowed is None:
+    if manifest is None or release_entries(manifest) is None:
         raise OutputError(
             f"output {output} is not empty and holds no dppipeline release (no {MANIFEST} of "
             "one): --overwrite replaces only a release"
         )
+    _refuse_strangers(output, manifest)
+    return output
+
+
+def _refuse_strangers(output: Path, manifest: dict[str, Any]) -> None:
+    """Raises OutputError when the release folder `output` holds anything its manifest does
+    not name: replacing the release would delete it."""
+    allowed = release_entries(manifest) or set()
     strangers = sorted(p.name for p in output.iterdir() if p.name not in allowed)
     if strangers:
         raise OutputError(
@@ -169,7 +176,6 @@ def check_release_target(
             + (" and more" if len(strangers) > 3 else "")
             + ", not part of its release: --overwrite replaces only a release (move them)"
         )
-    return output
 
 
 # -------------------------------------------------------------------------------------------
@@ -279,6 +285,7 @@ def publish(output: Path, staging: Path, run_id: str) -> None:
         manifest = read_manifest(output)
         if manifest is None or release_entries(manifest) is None:
             raise OutputError(f"output {output} is not a release: it is never replaced")
+        _refuse_strangers(output, manifest)  # also when `heal` rolls a release forward
         retired = retired_path(output, run_id)
         if exchange(staging, output):
             failpoint("exchanged")

@@ -315,10 +315,6 @@ def test_heal_never_follows_a_symbolic_link_named_like_a_leftover(tmp_path, kind
     assert not output.is_symlink()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole: publish replaces an output holding files that are not part of its release",
-)
 @pytest.mark.parametrize("no_exchange", [False, True])
 def test_rolling_a_committed_release_forward_never_deletes_other_files(
     tmp_path, monkeypatch, no_exchange
