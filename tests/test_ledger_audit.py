@@ -339,9 +339,6 @@ def test_rolling_a_committed_release_forward_never_deletes_other_files(
     assert (output / "notes.txt").exists()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="hole: tune --tune-output replaces any file, the ledger included"
-)
 def test_tune_never_overwrites_the_ledger_or_other_files(tmp_path, tx, capsys):
     """Attack: `tune --tune-output` naming the ledger file replaced the ledger with the JSON
     statistics: every spend and cap forgotten, the next run unbounded."""
