@@ -113,10 +113,13 @@ def refuse_unsafe_target(
     ledger_file: Path | None = None,
     quarantine: Path | None = None,
 ) -> Path:
-    """Refuses (exit 1, naming why) an output no run may write, whatever the flags: a symbolic
-    link or a file; a folder that is, holds or lies inside the input; a folder holding the
-    ledger file or the quarantine folder."""
+    """Refuses (exit 1, naming why) an output no run may write, whatever the flags: `.`, `..`,
+    a symbolic link or a file; a folder that is, holds or lies inside the input; a folder
+    holding the ledger file or the quarantine folder."""
     output = Path(output)
+    if output.name in ("", ".."):  # `.`, `/`, `x/..`: no name of their own, so the staging
+        # folder and the lock would go elsewhere (into x for `x/..`) and the swap would fail
+        raise OutputError(f"output {output}: name the release folder itself, not . or ..")
     if output.is_symlink():
         raise OutputError(f"output {output} is a symbolic link: give the folder itself")
     if output.exists() and not output.is_dir():

@@ -362,10 +362,6 @@ def test_tune_never_overwrites_the_ledger_or_other_files(tmp_path, tx, capsys):
     assert main([*argv, "--tune-output", str(good)]) == 0  # a tune result may be replaced
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole: an output named '..' is staged elsewhere, charged, never published",
-)
 def test_an_output_named_dot_dot_is_refused_before_anything_is_spent(tmp_path, tx):
     """Attack: `--output ..` (from inside a release's dataset folder) with --overwrite. The
     target resolved to a release, so the run reserved, read and committed; its staging
