@@ -113,10 +113,13 @@ def refuse_unsafe_target(
     ledger_file: Path | None = None,
     quarantine: Path | None = None,
 ) -> Path:
-    """Refuses (exit 1, naming why) an output no run may write, whatever the flags: a symbolic
-    link or a file; a folder that is, holds or lies inside the input; a folder holding the
-    ledger file or the quarantine folder."""
+    """Refuses (exit 1, naming why) an output no run may write, whatever the flags: `.`, `..`,
+    a symbolic link or a file; a folder that is, holds or lies inside the input; a folder
+    holding the ledger file or the quarantine folder."""
     output = Path(output)
+    if output.name in ("", ".."):  # `.`, `/`, `x/..`: no name of their own, so the staging
+        # folder and the lock would go elsewhere (into x for `x/..`) and the swap would fail
+        raise OutputError(f"output {output}: name the release folder itself, not . or ..")
     if output.is_symlink():
         raise OutputError(f"output {output} is a symbolic link: give the folder itself")
     if output.exists() and not output.is_dir():
@@ -156,12 +159,19 @@ def check_release_target(
     if not overwrite:
         raise OutputError(f"release {output} already exists; pass --overwrite to replace it")
     manifest = read_manifest(output)
-    allowed = release_entries(manifest) if manifest is not None else None
-    if allowed is None:
+    if manifest is None or release_entries(manifest) is None:
         raise OutputError(
             f"output {output} is not empty and holds no dppipeline release (no {MANIFEST} of "
             "one): --overwrite replaces only a release"
         )
+    _refuse_strangers(output, manifest)
+    return output
+
+
+def _refuse_strangers(output: Path, manifest: dict[str, Any]) -> None:
+    """Raises OutputError when the release folder `output` holds anything its manifest does
+    not name: replacing the release would delete it."""
+    allowed = release_entries(manifest) or set()
     strangers = sorted(p.name for p in output.iterdir() if p.name not in allowed)
     if strangers:
         raise OutputError(
@@ -169,7 +179,6 @@ def check_release_target(
             + (" and more" if len(strangers) > 3 else "")
             + ", not part of its release: --overwrite replaces only a release (move them)"
         )
-    return output
 
 
 # -------------------------------------------------------------------------------------------
@@ -279,6 +288,7 @@ def publish(output: Path, staging: Path, run_id: str) -> None:
         manifest = read_manifest(output)
         if manifest is None or release_entries(manifest) is None:
             raise OutputError(f"output {output} is not a release: it is never replaced")
+        _refuse_strangers(output, manifest)  # also when `heal` rolls a release forward
         retired = retired_path(output, run_id)
         if exchange(staging, output):
             failpoint("exchanged")
@@ -294,7 +304,9 @@ def publish(output: Path, staging: Path, run_id: str) -> None:
 
 def remove_release(folder: Path) -> None:
     """Removes a release folder, its manifest first: a folder that still has a manifest is
-    always complete."""
+    always complete. A symbolic link is never followed (nor removed)."""
+    if folder.is_symlink():
+        return
     with suppress(FileNotFoundError):
         (folder / MANIFEST).unlink()
     shutil.rmtree(folder, ignore_errors=True)
@@ -322,7 +334,12 @@ def leftovers(output: Path) -> list[Leftovers]:
         for kind in ("staging", "retired"):
             prefix = f".{output.name}.{kind}-"
             run_id = entry.name.removeprefix(prefix)
-            if entry.name.startswith(prefix) and RUN_ID.match(run_id) and entry.is_dir():
+            if (
+                entry.name.startswith(prefix)
+                and RUN_ID.match(run_id)
+                and entry.is_dir()
+                and not entry.is_symlink()  # runs make folders: a link is someone else's
+            ):
                 setattr(found.setdefault(run_id, Leftovers(run_id)), kind, entry)
     return [found[k] for k in sorted(found)]
 

@@ -241,6 +241,7 @@ def tune(
         partitions = len(task.public_keys)
     run_id = "tune-" + dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + uuid.uuid4().hex[:6]
     target = output or Path(f"{run_id}.json")
+    refuse_to_replace(target)  # before anything is reserved or read
     book = open_ledger(ledger) if ledger else None
     spend: Reservation | contextlib.nullcontext = contextlib.nullcontext()
     key = None
@@ -273,6 +274,27 @@ def tune(
     if book is not None and key is not None:
         progress(ledger_line(book, f"committed {run_id}: epsilon={eps:g} in scope {key.scope!r}"))
     return result, target
+
+
+def refuse_to_replace(target: Path) -> None:
+    """--tune-output may name a new file or an earlier tune result, nothing else: the
+    result replaces the file, and another file there (the ledger itself) would be lost."""
+    if not target.exists() and not target.is_symlink():
+        return
+    content = None
+    if target.is_file() and not target.is_symlink():
+        try:
+            with target.open("rb") as handle:
+                content = json.loads(handle.read(1 << 20))  # a tune result is a few kB
+        except (OSError, ValueError):
+            content = None
+    if not (isinstance(content, dict) and content.keys() >= TUNE_RESULT_FIELDS):
+        raise UsageError(
+            f"--tune-output: {target} exists and is not a tune result; give a new file"
+        )
+
+
+TUNE_RESULT_FIELDS = frozenset({"query", "epsilon", "bin_edges", "recommendation"})
 
 
 def _measure(spec, query, task, days, *, eps, partitions, progress) -> Tuning:

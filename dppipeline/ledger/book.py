@@ -18,7 +18,9 @@ from __future__ import annotations
 import datetime as dt
 import math
 import os
+import re
 import socket
+import unicodedata
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -347,11 +349,14 @@ class Ledger:
     def _lock_scope(self, conn: Connection, scope: str, now: str, by: str) -> sa.RowMapping:
         """The scope's row, created when missing, locked until the transaction ends."""
         insert = (pg_dialect if conn.dialect.name == "postgresql" else sqlite_dialect).insert
-        conn.execute(
+        created = conn.execute(
             insert(scopes)
             .values(scope=scope, created_at=now, updated_at=now, updated_by=by)
             .on_conflict_do_nothing(index_elements=["scope"])
+            .returning(scopes.c.scope)  # a row only when inserted (rowcount is -1 on psycopg)
         )
+        if created.first() is not None:  # a new scope: refused (rolled back) if a variant
+            _refuse_near_duplicate(conn, scope)
         query = sa.select(scopes).where(scopes.c.scope == scope).with_for_update()
         return conn.execute(query).mappings().one()
 
@@ -372,6 +377,10 @@ class Ledger:
         """Raises BudgetExceededError if `reserve` would refuse this spend now; returns the
         cap it would apply. Writes nothing (a scheduler's fail-fast check; `reserve` still
         decides atomically)."""
+        with self._read() as conn:
+            known = conn.execute(sa.select(scopes.c.scope).where(scopes.c.scope == key.scope))
+            if known.first() is None:
+                _refuse_near_duplicate(conn, key.scope)
         effective = self.effective_policy(key.scope, policy)
         used = self.spent(key.scope, effective, key.start_date, key.end_date)
         check_cap(key.scope, effective, used, epsilon, delta)
@@ -594,6 +603,26 @@ def _expiry(now: dt.datetime) -> str:
 def _parse(text: str) -> dt.datetime:
     moment = dt.datetime.fromisoformat(text)
     return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+
+
+def scope_form(scope: str) -> str:
+    """What scope names that read as one share: case, spaces and repeated or outer slashes
+    removed (`tx/CUSTOMER_ID`, `TX/customer_id `, `tx//CUSTOMER_ID`)."""
+    text = "".join(unicodedata.normalize("NFKC", scope).casefold().split())
+    return re.sub("/+", "/", text).strip("/")
+
+
+def _refuse_near_duplicate(conn: Connection, scope: str) -> None:
+    """A new scope whose name differs from an existing one only by case, spaces or slashes
+    is refused: it would hold the same data without the existing scope's cap."""
+    form = scope_form(scope)
+    for other in conn.execute(sa.select(scopes.c.scope)).scalars():
+        if other != scope and scope_form(other) == form:
+            raise UsageError(
+                f"budget scope {scope!r} differs from the ledger's scope {other!r} only by "
+                f"case, spaces or slashes: use {other!r} (a near-duplicate scope would escape "
+                "its cap)"
+            )
 
 
 def _charged(conn: Connection, scope: str) -> list[LedgerRow]:
