@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import logging
 import math
 import os
 import re
@@ -18,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from dppipeline import logs
 from dppipeline.errors import (
     SpecError,
     UsageError,
@@ -177,7 +177,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dppipeline",
         description="Differentially private per-partition statistics of transaction data.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    loudness = parser.add_mutually_exclusive_group()
+    loudness.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    loudness.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+    parser.add_argument(
+        "--debug-statistics",
+        action="store_true",
+        help="also log exact data-dependent figures (partitions before selection, pairs kept); "
+        "NOT PRIVATE: for debugging on test data, never in production logs",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     gen = sub.add_parser("generate", help="write synthetic card transactions")
@@ -374,7 +382,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             start_date=args.start_date,
             tx_per_day=args.tx_per_day,
             seed=args.seed,
-            progress=lambda line: print(line, file=sys.stderr),
+            progress=logs.log.info,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -435,14 +443,14 @@ def _cmd_budget(args: argparse.Namespace) -> int:
         from dppipeline.ledger import BudgetPolicy  # noqa: PLC0415
 
         cap = BudgetPolicy(args.epsilon, args.delta, args.window_days)
-        print(budget_report.set_cap(url, args.scope, cap))
+        _print(budget_report.set_cap(url, args.scope, cap))
     elif args.budget_command == "show":
-        print(budget_report.show(url, args.scope, policy))
+        _print(budget_report.show(url, args.scope, policy))
     elif args.budget_command == "history":
-        print(budget_report.history(url, args.scope))
+        _print(budget_report.history(url, args.scope))
     else:
         path = budget_report.plot(url, args.output, args.scope, policy)
-        print(path)
+        _print(path)
     return 0
 
 
@@ -451,7 +459,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from dppipeline.runner import make_plan  # noqa: PLC0415
 
     spec = _spec_from_args(args)
-    print(render_plan(spec, make_plan(spec)))
+    _print(render_plan(spec, make_plan(spec)))
     return 0
 
 
@@ -459,7 +467,7 @@ def _cmd_check_release(args: argparse.Namespace) -> int:
     from dppipeline.release_check import check_release  # noqa: PLC0415
 
     ledger = None if args.no_ledger else (args.ledger or default_ledger())
-    print(check_release(args.release, ledger))
+    _print(check_release(args.release, ledger))
     return 0
 
 
@@ -469,7 +477,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from dppipeline.tuning import render, tune  # noqa: PLC0415
 
     if args.no_ledger:
-        print("[tune] --no-ledger: this spend is NOT recorded anywhere", file=sys.stderr)
+        logs.log.warning("[tune] --no-ledger: this spend is NOT recorded anywhere")
     result, path = tune(
         _spec_from_args(args),
         query_name=args.query,
@@ -477,9 +485,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         partitions=args.partitions,
         ledger=None if args.no_ledger else (args.ledger or default_ledger()),
         output=Path(args.tune_output) if args.tune_output else None,
-        progress=lambda line: print(line, file=sys.stderr),
+        progress=logs.log.info,
     )
-    print(render(result))
+    _print(render(result))
     print(f"\nDP statistics and recommendation: {path}")
     return 0
 
@@ -503,7 +511,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         epsilons=epsilons,
         repeats=args.repeats,
         engine=args.engine,
-        progress=lambda line: print(line, file=sys.stderr),
+        progress=logs.log.info,
     )
     print(f"table:  {result.csv}\n        {result.json}")
     for name, chart in result.charts.items():
@@ -516,7 +524,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from dppipeline.report import build_report  # noqa: PLC0415
 
     ledger = None if args.no_ledger else (args.ledger or default_ledger())
-    print(build_report(args.release, ledger, args.output))
+    _print(build_report(args.release, ledger, args.output))
     return 0
 
 
@@ -550,8 +558,9 @@ COMMANDS = {
 def _skip_unused_pipeline_dp_imports(args: argparse.Namespace) -> None:
     """pipeline-dp imports apache_beam and dp_accounting's PLD code (scipy) whenever they are
     installed, about 1.3 s per process, though only its Beam backend and PLD accountant use
-    them. A CLI run marks absent what it does not use (apache_beam stays for the Beam
-    engine); pipeline-dp guards both imports."""
+    them. A CLI process marks absent what it does not use (apache_beam stays for the Beam
+    engine); pipeline-dp guards both imports. Only for a process of its own (`argv` from the
+    command line): a caller's process may need them for its next call."""
     if args.command not in ("run", "plan"):
         return
     unused = ["dp_accounting.pld"]
@@ -584,19 +593,16 @@ def _dashed_flags(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    own_process = argv is None
     argv = _dashed_flags(sys.argv[1:] if argv is None else argv, parser)
     _Parser.typed = tuple(argv)
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "run":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.engine_options = extra  # Beam pipeline options; other engines refuse them
-    _skip_unused_pipeline_dp_imports(args)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    # pipeline-dp imports apache_beam when it is installed, which warns about GCP extras.
-    logging.getLogger().addFilter(lambda record: "apitools" not in record.getMessage())
+    if own_process:
+        _skip_unused_pipeline_dp_imports(args)
+    logs.configure(verbose=args.verbose, quiet=args.quiet, debug_statistics=args.debug_statistics)
     handle_sigterm()  # Airflow and Kubernetes stop tasks with SIGTERM: handled like Ctrl-C
     try:
         return COMMANDS[args.command](args)

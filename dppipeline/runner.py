@@ -25,7 +25,6 @@ import errno
 import json
 import logging
 import shutil
-import sys
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -499,7 +498,8 @@ def _existing_release(
 
 
 def _to_stderr(line: str) -> None:
-    print(line, file=sys.stderr)
+    """Progress goes to the operator's log (the CLI prints it on stderr; see `logs`)."""
+    log.info(line)
 
 
 def _tolerant(say: Callable[[str], None]) -> Callable[[str], None]:

@@ -89,6 +89,7 @@ from dppipeline.engines.sampling import (
 )
 from dppipeline.errors import InputError, UsageError
 from dppipeline.io import DailyPartition, first_line
+from dppipeline.logs import debug_statistics_enabled, statistic
 from dppipeline.quarantine import private_folder, write_rejected
 from dppipeline.queries import (
     AggregationTask,
@@ -456,7 +457,13 @@ class _SamplePartitionsPerUnit(beam.DoFn):
         self._task, self._key = task, encoded_key(task)
         self._unit_kind = transactions_schema().field(unit).type
         self._shards, self._salt = partition_shards, salt
-        self._pairs = Metrics.counter(METRICS_NAMESPACE, "pairs_after_linf")
+        # The exact number of (unit, partition) pairs is not private: a runner's UI shows
+        # every counter, so it exists only under --debug-statistics (read by the launcher).
+        self._pairs = (
+            Metrics.counter(METRICS_NAMESPACE, "pairs_after_linf")
+            if debug_statistics_enabled()
+            else None
+        )
 
     def setup(self) -> None:
         self._keys = SamplingKeys.from_salt(self._salt)
@@ -485,7 +492,8 @@ class _SamplePartitionsPerUnit(beam.DoFn):
             ),
             values=block.value,
         )
-        self._pairs.inc(len(sample.pair_key_codes))
+        if self._pairs is not None:
+            self._pairs.inc(len(sample.pair_key_codes))
         bounded = aggregate_per_partition(
             sample,
             key_codes,
@@ -793,10 +801,9 @@ class BeamEngine:
             result = pipeline.run()
             result.wait_until_finish()
             counters = _counters(result)
-            progress(
-                f"pipeline done: {counters.get('rows_read', 0):,} rows read, "
-                f"{counters.get('pairs_after_linf', 0):,} (unit, partition) pairs kept"
-            )
+            progress("pipeline done")
+            if "pairs_after_linf" in counters:
+                statistic(log, f"{counters['pairs_after_linf']:,} (unit, partition) pairs kept")
             rejects = self._check_input(counters, job, scratch)
         finally:
             scratch.remove()

@@ -54,6 +54,7 @@ from dppipeline.engines.spark_session import (
     started_spark,
 )
 from dppipeline.errors import InputError, UsageError
+from dppipeline.logs import statistic
 from dppipeline.quarantine import FILE_NAME, private_folder, seal
 from dppipeline.queries import (
     GLOBAL_KEY,
@@ -377,7 +378,7 @@ class SparkEngine:
                 progress("releasing on the executors (partition selection and noise)")
                 released = self._release_on_executors(aggregates, job, task.name, staging)
                 return EngineRun(rejects=rejects, released_partitions={task.name: released})
-            progress(f"{task.name}: {len(frame):,} partitions aggregated")
+            statistic(log, f"{task.name}: {len(frame):,} partitions aggregated before selection")
             exact[task.name] = to_aggregates_frame(frame, task)
         progress("releasing on the driver (partition selection and noise)")
         released_rows = release_to_datasets(exact, job, staging)
