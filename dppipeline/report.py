@@ -214,7 +214,7 @@ def _query_section(name: str, query: dict[str, Any], rows: pd.DataFrame, chart: 
 def _bound_text(entry: dict[str, Any]) -> str:
     """Mean and variance: the manifest's bound on their noise std, for partitions of n rows."""
     bound = entry["noise_stddev_bound"]
-    at = ", ".join(
+    at = "; ".join(
         f"{fmt(std)} at n={fmt(n)}" for n, std in zip(bound["n"], bound["stddev"], strict=True)
     )
     return f"at most {fmt(bound['stddev_times_n_for_large_n'])} / n for n rows ({at})"

@@ -89,20 +89,20 @@ def _section(value: Any, where: str) -> dict[str, Any]:
         else:
             content = _plain(field_value)
         if name == "public_partitions":
-            content = _key_sources(content)
+            content = key_sources_by_content(content)
         if content != {}:
             out[name] = content
     return out
 
 
-def _key_sources(sources: Any) -> Any:
+def key_sources_by_content(sources: Any) -> Any:
     """Public key sources with every file replaced by the sha256 of its bytes."""
     from dppipeline.spec import is_file_source  # noqa: PLC0415 (spec imports this module)
 
     if isinstance(sources, str):
         return {"file_sha256": file_sha256(sources)} if is_file_source(sources) else sources
     if isinstance(sources, dict):
-        return {column: _key_sources(source) for column, source in sources.items()}
+        return {column: key_sources_by_content(source) for column, source in sources.items()}
     return sources
 
 

@@ -23,7 +23,6 @@ import sqlite3
 import sys
 from pathlib import Path
 
-import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -165,18 +164,6 @@ def run_on(ws: Workspace, capfd, fmt: str, *extra: str) -> None:
     check_outcome(ws, "run", code, out, err)
 
 
-# Bytes that are not UTF-8 in a CSV day file crash the local reader (a UnicodeDecodeError, or
-# Polars' ComputeError "invalid utf-8 sequence"; issue 15 item 8). Found by this test; the
-# reading code is h-input's, whose branch rejects such rows instead. Strict: once both
-# branches are merged these tests pass and pytest says XPASS(strict), a failure telling
-# whoever merges to delete this marker.
-NOT_UTF8_IN_CSV = pytest.mark.xfail(
-    strict=True,
-    raises=(UnicodeDecodeError, pl.exceptions.ComputeError),
-    reason="issue 15 item 8: non-UTF-8 CSV bytes crash the local reader (h-input fixes it)",
-)
-
-
 # --- random bytes as a day file ---------------------------------------------------------------
 
 
@@ -273,7 +260,6 @@ def test_corrupt_csv_text(tmp_path, capfd, inputs, edits, which):
     run_on(ws, capfd, "csv", *BOUNDS, "--max-rejected-fraction", "0.5")
 
 
-@NOT_UTF8_IN_CSV
 @FUZZ
 @given(edits=edits_of(st.binary(max_size=20)), which=st.integers(0, 1))
 @example(edits=[("insert", 0.3, 0.0, b"\xff\xfe")], which=1)

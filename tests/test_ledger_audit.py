@@ -372,11 +372,6 @@ def test_an_output_named_dot_dot_is_refused_before_anything_is_spent(tmp_path, t
 # --------------------------------------------------------------------------- 4. leaks
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole: the manifest partners read names the public key file by its path (the "
-    "operator's folders); the spec hash already names it by content",
-)
 def test_the_manifest_names_no_operator_path(tmp_path, tx):
     folder, keys = tx
     url = f"sqlite:///{tmp_path / 'state' / 'ledger.sqlite'}"
@@ -386,9 +381,6 @@ def test_the_manifest_names_no_operator_path(tmp_path, tx):
     assert str(folder) not in text
 
 
-@pytest.mark.xfail(
-    strict=True, reason="hole: budget show/history print a traceback when stdout is a closed pipe"
-)
 def test_budget_commands_survive_a_closed_pipe(tmp_path):
     """`dppipeline budget history | head -n 0`: a reader that went away was a traceback."""
     url = f"sqlite:///{tmp_path / 'state' / 'ledger.sqlite'}"

@@ -138,9 +138,11 @@ def test_percentiles_limit_l0_to_what_the_quantile_tree_can_multiply():
 
 
 def test_a_selection_that_could_never_release_is_refused():
-    """At epsilon 1e-10 a partition needs more than 2^40 units: the plan (and the manifest,
-    which states the units needed) raised a ValueError after the data was read."""
-    error = refused(**{"budget.epsilon": 1e-10})
+    """At epsilon 1e-10 and delta 1e-30 a partition needs more than 2^40 units: the plan (and
+    the manifest, which states the units needed) raised a ValueError after the data was read.
+    At delta 1e-6 about 950,000 units suffice: planned."""
+    make_plan(spec(**{"budget.epsilon": 1e-10}))
+    error = refused(**{"budget.epsilon": 1e-10, "budget.delta": 1e-30})
     assert error.field == "budget.epsilon"
     assert "2^40" in error.rule
 
@@ -167,22 +169,23 @@ def test_laplace_thresholding_past_its_range_is_refused():
 
 @pytest.mark.parametrize("noise", ["laplace", "gaussian"])
 def test_the_widest_spec_the_limits_allow_plans_finite_noise(noise):
-    """Bounds +-1e15, L0 and Linf at 2^31 - 1, variance: every std finite and positive."""
-    plan = make_plan(
-        spec(
-            noise=noise,
-            metrics=["count", "sum", "mean", "variance", "privacy_id_count"],
-            **{
-                "bounds.min_value": -1e15,
-                "bounds.max_value": 1e15,
-                "bounds.max_partitions_contributed": 2**31 - 1,
-                "bounds.max_contributions_per_partition": 2**31 - 1,
-                "budget.epsilon": 2.0**-40,
-                "budget.delta": 1e-100,
-                "partition_selection.public_partitions": "1..5",
-            },
-        )
-    )
+    """Bounds +-1e15, L0 and Linf at 2^31 - 1, variance: every std finite and positive.
+    Gaussian noise: PyDP caps sigma near 3e27, which at epsilon 2^-40 honours a delta of
+    1e-20 but not 1e-30 (refused at plan time, before any data is read)."""
+    widest = {
+        "bounds.min_value": -1e15,
+        "bounds.max_value": 1e15,
+        "bounds.max_partitions_contributed": 2**31 - 1,
+        "bounds.max_contributions_per_partition": 2**31 - 1,
+        "budget.epsilon": 2.0**-40,
+        "budget.delta": 1e-100 if noise == "laplace" else 1e-20,
+        "partition_selection.public_partitions": "1..5",
+    }
+    metrics = ["count", "sum", "mean", "variance", "privacy_id_count"]
+    plan = make_plan(spec(noise=noise, metrics=metrics, **widest))
+    if noise == "gaussian":
+        error = refused(noise=noise, metrics=metrics, **{**widest, "budget.delta": 1e-30})
+        assert error.field == "budget.epsilon" and "only gives delta" in error.rule
     for mechanism in plan.queries[0].plan.mechanisms:
         assert math.isfinite(mechanism.noise_stddev) and mechanism.noise_stddev > 0
         noisy = mechanism.build_additive().add_noise(0.0)

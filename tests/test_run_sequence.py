@@ -571,7 +571,9 @@ def test_overwrite_never_deletes_what_is_not_a_release(tmp_path, small_inputs, t
     data = tmp_path / "data"
     source = data / "tx"
     shutil.copytree(small_inputs["parquet"], source)
-    ledger = tmp_path / "state" / "ledger.sqlite"
+    # The ledger's own folder as the target: not the state folder, which holds the quarantine
+    # (refused as such, with exit 2, before the target is looked at).
+    ledger = tmp_path / ("ledgers" if target == "ledger-folder" else "state") / "ledger.sqlite"
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "index.md").write_text("notes")

@@ -26,6 +26,7 @@ from dppipeline.core.intervals import (
     ratio_stddev_times_rows,
 )
 from dppipeline.spec import JobSpec, QuerySpec, metric_column, percentile_of
+from dppipeline.spec_hash import key_sources_by_content
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 2
@@ -131,7 +132,9 @@ def _query_entry(
     elif query_plan.selection_group is None:
         selection = {
             "type": "public",
-            "public_partitions": query.partition_selection.public_partitions,
+            "public_partitions": key_sources_by_content(
+                query.partition_selection.public_partitions
+            ),
             "public_partitions_count": public_count,
             "empty_partitions_released": True,
         }
@@ -181,12 +184,16 @@ def _query_entry(
 
 
 def _public_spec(spec: JobSpec) -> dict[str, Any]:
-    """The spec without local paths of the input, the quarantine and the release (not the
-    partner's business)."""
+    """The spec without the operator's paths (not the partner's business): no input,
+    quarantine or release folder; public key files by the sha256 of their bytes."""
     content = spec.to_dict()
     content.pop("output", None)
     content["input"].pop("path", None)
     content["input"].pop("quarantine", None)
+    for section in (content, *(content.get("queries") or ())):
+        selection = section.get("partition_selection") or {}
+        if selection.get("public_partitions") is not None:
+            selection["public_partitions"] = key_sources_by_content(selection["public_partitions"])
     return content
 
 
