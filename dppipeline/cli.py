@@ -177,15 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dppipeline",
         description="Differentially private per-partition statistics of transaction data.",
     )
-    loudness = parser.add_mutually_exclusive_group()
-    loudness.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    loudness.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
-    parser.add_argument(
-        "--debug-statistics",
-        action="store_true",
-        help="also log exact data-dependent figures (partitions before selection, pairs kept); "
-        "NOT PRIVATE: for debugging on test data, never in production logs",
-    )
+    _add_logging_flags(parser, argparse.SUPPRESS)
+    parser.set_defaults(verbose=False, quiet=False, debug_statistics=False)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     gen = sub.add_parser("generate", help="write synthetic card transactions")
@@ -344,7 +337,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     doc = sub.add_parser("spec-doc", help="list every job spec field, its default and meaning")
     doc.add_argument("--markdown", action="store_true", help="as a Markdown table")
+    for command in sub.choices.values():  # before or after the command: `run -q` as `-q run`
+        _add_logging_flags(command, argparse.SUPPRESS)
     return parser
+
+
+def _add_logging_flags(parser: argparse.ArgumentParser, default: object) -> None:
+    """-v, -q and --debug-statistics; `default` SUPPRESS so that a command's parser keeps
+    what was given before the command."""
+    loudness = parser.add_mutually_exclusive_group()
+    loudness.add_argument(
+        "-v", "--verbose", action="store_true", default=default, help="debug logging"
+    )
+    loudness.add_argument(
+        "-q", "--quiet", action="store_true", default=default, help="warnings and errors only"
+    )
+    parser.add_argument(
+        "--debug-statistics",
+        action="store_true",
+        default=default,
+        help="also log exact data-dependent figures (partitions before selection, pairs kept); "
+        "NOT PRIVATE: for debugging on test data, never in production logs",
+    )
 
 
 def _spec_from_args(args: argparse.Namespace):

@@ -23,10 +23,12 @@ def _fresh_logging():
     logs.log.propagate = True
 
 
-def run(inputs, tmp_path, engine: str, *flags: str) -> int:
+def run(inputs, tmp_path, engine: str, *flags: str, after: tuple[str, ...] = ()) -> int:
+    """`dppipeline FLAGS run ... AFTER` in this process."""
     argv = [
         *flags,
         "run",
+        *after,
         "--config", str(CONFIG),
         "--engine", engine,
         "--input", str(inputs["parquet"]),
@@ -48,6 +50,9 @@ def test_progress_goes_to_stderr_and_quiet_silences_it(small_inputs, tmp_path, c
     out, err = capsys.readouterr()
     assert out.strip() == str(tmp_path / "b" / "release")  # the result line stays
     assert err == ""
+
+    assert run(small_inputs, tmp_path / "c", "local", after=("-q",)) == 0  # after the command
+    assert capsys.readouterr().err == ""
 
 
 def test_verbose_names_each_logger(small_inputs, tmp_path, capsys):
