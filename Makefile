@@ -51,11 +51,13 @@ demo: setup  ## generate sample data and run the default job on the local engine
 
 test: setup airflow-setup  ## lint, then the whole test suite (then the Airflow DAG tests)
 	$(VENV)/bin/ruff check dppipeline tests bench jobs airflow_dags tests_airflow scripts
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -n 2 -q
 	$(MAKE) --no-print-directory airflow-test
 
-lint: setup  ## ruff
+lint: setup  ## ruff and the layer contracts (import-linter, pyproject.toml)
 	$(VENV)/bin/ruff check dppipeline tests bench jobs airflow_dags tests_airflow scripts
+	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/ruff format --check dppipeline tests bench jobs airflow_dags tests_airflow scripts
 
 bench: setup  ## benchmarks against PipelineDP and a non-private baseline

@@ -4,8 +4,8 @@ Why: the local engine exists because PipelineDP's LocalBackend pushes every row 
 generators, which is too slow for nightly jobs. This benchmark keeps that claim honest by timing,
 in one run and on the same generated Parquet files:
 
-1. `dppipeline.runner.run_job` on the local engine, end to end (read, validate, bound, release,
-   publish): what a user waits for;
+1. `dppipeline.orchestration.runner.run_job` on the local engine, end to end (read, validate,
+   bound, release, publish): what a user waits for;
 2. PipelineDP's `DPEngine` on `LocalBackend` with the same parameters, fed Python tuples read
    with pyarrow: the reference implementation;
 3. a non-private DuckDB `GROUP BY`: the floor, what the same aggregation costs without DP.
@@ -45,11 +45,11 @@ import pandas as pd
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from dppipeline.spec import JobSpec, build_spec
-from dppipeline.synth import generate
+from dppipeline.commands.generate import generate
+from dppipeline.spec.model import JobSpec, build_spec
 
-# dppipeline.runner and pipeline_dp are imported inside the functions that use them: see
-# _quiet_imports.
+# dppipeline.orchestration.runner and pipeline_dp are imported inside the functions that use
+# them: see _quiet_imports.
 
 BENCH_DIR = Path(__file__).resolve().parent
 DATA_DIR = BENCH_DIR / "data"
@@ -196,7 +196,7 @@ def build_job_spec(data: Dataset, keys: Path) -> JobSpec:
 
 def run_ours(spec: JobSpec) -> None:
     """One end-to-end release, as `dppipeline run` does it; the release is read back later."""
-    from dppipeline.runner import run_job
+    from dppipeline.orchestration.runner import run_job
 
     run_job(spec, engine="local", overwrite=True, echo=lambda _line: None)
 
@@ -204,7 +204,7 @@ def run_ours(spec: JobSpec) -> None:
 def count_noise_se(spec: JobSpec) -> float | None:
     """Standard error that noise alone gives the mean released count over the public terminals:
     released means within a few of these of the bounded one are consistent."""
-    from dppipeline.runner import make_plan
+    from dppipeline.orchestration.runner import make_plan
 
     stddev = make_plan(spec).queries[0].plan.metric_noise_stddev("count")  # the one query
     return None if stddev is None else stddev / math.sqrt(N_TERMINALS)
@@ -306,7 +306,7 @@ def time_runs(
     return timing, result
 
 
-ENGINE_MODULE, RELEASE_MODULE = "dppipeline.engines.local", "dppipeline.engines.base"
+ENGINE_MODULE, RELEASE_MODULE = "dppipeline.engines.local.engine", "dppipeline.engines.base"
 CONTAINER = "compute_aggregates"  # the engine's whole share, called by run_job
 # Functions timed separately in one extra, instrumented run, by the module that calls them, with
 # what they do. Names absent from today's code are skipped: the engine is being refactored (for

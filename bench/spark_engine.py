@@ -468,10 +468,10 @@ def bounded_reference(data: Dataset, keys: Path) -> tuple[float | None, float | 
     """Mean exact bounded count per public terminal (before noise) from one local-engine
     aggregation of the same data, and the standard error noise alone gives a released mean."""
     try:
-        from dppipeline.engines.local import compute_aggregates
-        from dppipeline.io import discover_partitions
-        from dppipeline.queries import plan_tasks
-        from dppipeline.runner import make_plan
+        from dppipeline.core.tasks import plan_tasks
+        from dppipeline.engines.local.engine import compute_aggregates
+        from dppipeline.inputs.files import discover_partitions
+        from dppipeline.orchestration.runner import make_plan
 
         spec = build_job_spec(data, keys)
         days = discover_partitions(data.folder, "parquet")

@@ -94,7 +94,7 @@ ENV_PY="$WORK/env/bin/python"
     -c "$LOCK" "${RUNTIME_DEPS[@]}" "$WHEEL"
 
 # Workaround: the wheel lacks schemas/*.json (they live at the repository root, outside the
-# package, and pyproject.toml's package-data does not list them), so dppipeline.schemas cannot
+# package, and pyproject.toml's package-data does not list them), so dppipeline.spec.schema cannot
 # load a schema from an installed wheel. schema_dir() also looks in dppipeline/schemas/: put
 # them there. A no-op once the wheel carries them.
 SITE="$("$ENV_PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
@@ -115,7 +115,7 @@ done
 (cd / && env -i "$ENV_PY" -I -c '
 import sys, dppipeline, pipeline_dp, pydp, dp_accounting, numpy, pandas, pyarrow, polars, yaml
 from dppipeline.core.release import release_partitions
-from dppipeline.schemas import transactions_schema
+from dppipeline.spec.schema import transactions_schema
 transactions_schema()
 assert dppipeline.__file__.startswith(sys.prefix), (dppipeline.__file__, sys.prefix)
 ') || die "the new environment cannot import dppipeline and its dependencies"

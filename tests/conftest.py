@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dppipeline.synth import generate
+from dppipeline.commands.generate import generate
 
 SMALL = {"customers": 200, "terminals": 50, "days": 3, "tx_per_day": 500, "seed": 11}
 START = dt.date(2026, 1, 1)
@@ -44,7 +44,7 @@ def spark():
         pytest.skip("Spark tests need Java on PATH")
     from pyspark.sql import SparkSession
 
-    from dppipeline.engines.spark_session import get_spark
+    from dppipeline.engines.spark.session import get_spark
 
     return SparkSession.getActiveSession() or get_spark(
         app_name="dppipeline-tests",
@@ -64,8 +64,8 @@ def release_small(
     """One release of `inputs` into `out/release` with loose bounds and public terminals
     0..59 (50 with data, 10 empty), recorded in `ledger` if given; returns (released rows
     sorted by key, manifest)."""
-    from dppipeline.runner import run_job
-    from dppipeline.spec import build_spec
+    from dppipeline.orchestration.runner import run_job
+    from dppipeline.spec.model import build_spec
 
     out.mkdir(parents=True, exist_ok=True)
     keys = out / "keys.csv"

@@ -21,11 +21,11 @@ from pyspark import TaskContext
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType
 
-from dppipeline.engines.sampling import new_salt
-from dppipeline.engines.spark import bounded_pairs, partition_aggregates
-from dppipeline.engines.spark_session import get_spark
-from dppipeline.queries import task_for
-from dppipeline.spec import build_spec
+from dppipeline.core.tasks import task_for
+from dppipeline.engines.shared.sampling import new_salt
+from dppipeline.engines.spark.engine import bounded_pairs, partition_aggregates
+from dppipeline.engines.spark.session import get_spark
+from dppipeline.spec.model import build_spec
 
 L0, LINF = 3, 2
 

@@ -21,9 +21,10 @@ from apache_beam.testing.util import assert_that, equal_to
 from conftest import check_count_noise_as_planned, release_small
 from scipy.stats import norm
 
-from dppipeline.cli import main
+from dppipeline.commands.cli import main
+from dppipeline.core.tasks import plan_tasks, task_for
 from dppipeline.engines.base import ReleaseJob
-from dppipeline.engines.beam import (
+from dppipeline.engines.beam.engine import (
     AggregatePerPartition,
     BeamEngine,
     BoundContributions,
@@ -34,15 +35,14 @@ from dppipeline.engines.beam import (
     WriteRelease,
     input_parts,
 )
-from dppipeline.engines.local_read import FileRows
-from dppipeline.engines.sampling import new_salt
+from dppipeline.engines.shared.polars_read import FileRows
+from dppipeline.engines.shared.sampling import new_salt
 from dppipeline.errors import InputError, UsageError
-from dppipeline.io import discover_partitions
-from dppipeline.queries import plan_tasks, task_for
-from dppipeline.runner import make_plan
-from dppipeline.schemas import transactions_schema
-from dppipeline.spec import build_spec
-from dppipeline.validation import Source, rules_for
+from dppipeline.inputs.contract import Source, rules_for
+from dppipeline.inputs.files import discover_partitions
+from dppipeline.orchestration.runner import make_plan
+from dppipeline.spec.model import build_spec
+from dppipeline.spec.schema import transactions_schema
 
 SCHEMA = transactions_schema()
 
@@ -445,8 +445,8 @@ def test_same_salt_keeps_the_same_rows_whatever_the_bundles(tmp_path):
     """A retried or re-split bundle must keep the same rows: the same rows (identified by file
     and row number) cut into 3 or 7 elements in another order, with other shard counts, give
     the same exact aggregates, equal to the local engine's; another salt gives others."""
-    from dppipeline.engines.local import aggregate_task
-    from dppipeline.engines.sampling import SamplingKeys
+    from dppipeline.engines.shared.polars_tasks import aggregate_task
+    from dppipeline.engines.shared.sampling import SamplingKeys
 
     rng = np.random.default_rng(8)
     n = 6000

@@ -423,8 +423,8 @@ _MECHANISM_ROW = re.compile(
 
 def test_plan_private_selection_without_input(tmp_path):
     from dppipeline.core.budget import privacy_units_needed
-    from dppipeline.runner import make_plan
-    from dppipeline.spec import build_spec
+    from dppipeline.orchestration.runner import make_plan
+    from dppipeline.spec.model import build_spec
 
     flags = ["--epsilon", "2", "--delta", "1e-5", *BOUNDS]
     result = run_cli("plan", *flags, cwd=tmp_path)
@@ -690,13 +690,13 @@ def test_no_space_left_is_one_line(tmp_path, small_inputs):
 BUG = """
 import sys
 sys.modules["apache_beam"] = None  # as `cli.main` does for plan: no warning from its import
-import dppipeline.plan
-from dppipeline import cli
+import dppipeline.commands.plan
+from dppipeline.commands import cli
 
 def render_plan(spec, plan):  # a bug whose message quotes a data value
     raise KeyError("TX_AMOUNT=4242.42 of customer 1234567")
 
-dppipeline.plan.render_plan = render_plan
+dppipeline.commands.plan.render_plan = render_plan
 sys.exit(cli.main(["plan", "--min-value", "0", "--max-value", "100"]))
 """
 
@@ -731,8 +731,8 @@ def test_a_bug_is_one_line_without_its_message(debug):
 SPARK_FAILURES = """
 import json, os, sys
 from pathlib import Path
-from dppipeline import cli
-from dppipeline.engines.spark_session import get_spark
+from dppipeline.commands import cli
+from dppipeline.engines.spark.session import get_spark
 
 spark = get_spark(app_name="t", master="local[1]", conf={"spark.ui.enabled": "false"})
 folder = Path(sys.argv[1])

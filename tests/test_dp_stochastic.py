@@ -29,11 +29,11 @@ import pytest
 from scipy.stats import beta
 
 from dppipeline.core.release import release_public
-from dppipeline.engines.local import aggregate_task
-from dppipeline.engines.sampling import SamplingKeys, new_salt
-from dppipeline.queries import plan_tasks
-from dppipeline.runner import make_plan
-from dppipeline.spec import build_spec
+from dppipeline.core.tasks import plan_tasks
+from dppipeline.engines.shared.polars_tasks import aggregate_task
+from dppipeline.engines.shared.sampling import SamplingKeys, new_salt
+from dppipeline.orchestration.runner import make_plan
+from dppipeline.spec.model import build_spec
 
 DRAWS = 40_000
 FAILURE_RATE = 1e-6
@@ -88,7 +88,7 @@ def bound_local(rows: pd.DataFrame, task) -> pd.DataFrame:
 
 
 def bound_spark(rows: pd.DataFrame, task, spark) -> pd.DataFrame:
-    from dppipeline.engines.spark import bound_and_aggregate, to_aggregates_frame
+    from dppipeline.engines.spark.engine import bound_and_aggregate, to_aggregates_frame
 
     frame = spark.createDataFrame(rows).repartition(3)
     exact = bound_and_aggregate(frame, task, "CUSTOMER_ID", SALT).toPandas()
@@ -102,7 +102,7 @@ def bound_beam(rows: pd.DataFrame, task, folder) -> pd.DataFrame:
     from apache_beam.testing.test_pipeline import TestPipeline
     from apache_beam.testing.util import assert_that
 
-    from dppipeline.engines.beam import AggregatePerPartition, BoundContributions
+    from dppipeline.engines.beam.engine import AggregatePerPartition, BoundContributions
 
     target = folder / f"beam-{len(rows)}.parquet"
 

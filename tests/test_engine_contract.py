@@ -28,11 +28,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dppipeline.cli import main
-from dppipeline.engines.beam import BeamEngine
+from dppipeline.commands.cli import main
+from dppipeline.engines.beam.engine import BeamEngine
 from dppipeline.errors import InputError
-from dppipeline.runner import run_job
-from dppipeline.spec import build_spec
+from dppipeline.orchestration.runner import run_job
+from dppipeline.spec.model import build_spec
 
 ENGINES = ["local", "spark", "beam"]
 D1, D2, D3 = dt.date(2026, 1, 1), dt.date(2026, 1, 2), dt.date(2026, 1, 3)
@@ -773,7 +773,7 @@ def test_non_finite_values_are_rejected_in_every_column_aggregated_or_filtered(
 def test_spark_public_text_keys_are_values_never_sql(spark):
     """Issue 15 item 9: text keys go through the semi-join, which passes values: `${...}` is
     kept as it is (Spark substitutes variables in SQL text), quotes and backslashes too."""
-    from dppipeline.engines.spark import keep_public
+    from dppipeline.engines.spark.engine import keep_public
 
     keys = pd.DataFrame({"k": ["${spark.app.name}", "a'b", "c\\d", "${x}"]})
     candidates = [*keys["k"], "dppipeline-tests", "other"]
@@ -803,9 +803,10 @@ def test_spark_and_polars_compile_the_same_rules(spark):
     timestamp forms); the contract's grammars make them agree."""
     import polars as pl
 
-    from dppipeline.engines import polars_rules, spark_rules
-    from dppipeline.schemas import transactions_schema
-    from dppipeline.validation import Source, rules_for
+    from dppipeline.engines.shared import polars_rules
+    from dppipeline.engines.spark import rules as spark_rules
+    from dppipeline.inputs.contract import Source, rules_for
+    from dppipeline.spec.schema import transactions_schema
 
     columns = {
         "CUSTOMER_ID": INT_TEXTS,

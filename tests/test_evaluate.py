@@ -19,11 +19,11 @@ import pytest
 import yaml
 from scipy import stats
 
-from dppipeline.cli import main
-from dppipeline.evaluate import selection_stats
-from dppipeline.runner import make_plan
-from dppipeline.spec import build_spec
-from dppipeline.synth import generate
+from dppipeline.commands.cli import main
+from dppipeline.commands.evaluate import selection_stats
+from dppipeline.commands.generate import generate
+from dppipeline.orchestration.runner import make_plan
+from dppipeline.spec.model import build_spec
 
 ALPHA = 1e-6  # failure rate of each statistical check (two-sided)
 PUBLIC_EPSILONS = (0.1, 1.0, 10.0)

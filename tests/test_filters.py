@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import dppipeline.filters as filters_module
-from dppipeline.engines.polars_filter import to_polars
+import dppipeline.spec.filters as filters_module
+from dppipeline.engines.shared.polars_filter import to_polars
 from dppipeline.errors import SpecError
-from dppipeline.filters import (
+from dppipeline.spec.filters import (
     INT64_MAX,
     INT64_MIN,
     MAX_FILTER_CHARS,
@@ -40,7 +40,7 @@ from dppipeline.filters import (
     parse_filter,
     to_text,
 )
-from dppipeline.schemas import Field, Schema, to_spark_ddl, transactions_schema
+from dppipeline.spec.schema import Field, Schema, to_spark_ddl, transactions_schema
 
 TX = transactions_schema()
 # The transactions columns plus one string column, so that string literals are covered too.
@@ -563,7 +563,7 @@ def test_polars_equals_oracle_with_nulls():
 @pytest.mark.parametrize("time_zone", ["UTC", "America/New_York", "Asia/Kolkata"])
 def test_spark_equals_oracle(spark, transactions, time_zone):
     """timestamp_ntz literals must not move with the session time zone."""
-    from dppipeline.engines.spark_filter import to_spark
+    from dppipeline.engines.spark.filter import to_spark
 
     previous = spark.conf.get("spark.sql.session.timeZone")
     spark.conf.set("spark.sql.session.timeZone", time_zone)
@@ -591,7 +591,7 @@ def test_spark_equals_oracle(spark, transactions, time_zone):
 
 @pytest.mark.usefixtures("spark")
 def test_spark_equals_oracle_with_nulls(spark):
-    from dppipeline.engines.spark_filter import to_spark
+    from dppipeline.engines.spark.filter import to_spark
 
     pdf = pd.DataFrame(
         {
@@ -819,7 +819,7 @@ def test_large_filters_on_spark_equal_polars_and_the_oracle(spark, transactions)
     """No StackOverflowError (an `or` of 500 terms overflowed Spark's stack), the same rows
     as Polars and the oracle, and an equality chain planned as one InSet, on every
     literal type's SQL text (int, float, timestamp here; strings below)."""
-    from dppipeline.engines.spark_filter import to_spark
+    from dppipeline.engines.spark.filter import to_spark
 
     frame = spark.createDataFrame(transactions.to_pandas(), schema=to_spark_ddl(SCHEMA))
     # Not all: Janino compiles the code of 500 ranges (1,000 comparisons) for 10 s or more.
@@ -853,7 +853,7 @@ ODD_STRINGS = ["o'hare", "a\\b", 'say "hi"', "é", "", "tab\there", "\\'", "日�
 def test_spark_string_literals_mean_the_same_whatever_the_parser_setting(spark, escaped):
     """Strings reach Spark as hex UTF-8 bytes: a quote, a backslash or any character is
     matched exactly, with spark.sql.parser.escapedStringLiterals on or off."""
-    from dppipeline.engines.spark_filter import to_spark
+    from dppipeline.engines.spark.filter import to_spark
 
     previous = spark.conf.get("spark.sql.parser.escapedStringLiterals")
     spark.conf.set("spark.sql.parser.escapedStringLiterals", escaped)

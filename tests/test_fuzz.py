@@ -30,9 +30,9 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dppipeline import cli
-from dppipeline.spec import MAX_SPEC_BYTES
-from dppipeline.synth import generate
+from dppipeline.commands import cli
+from dppipeline.commands.generate import generate
+from dppipeline.spec.model import MAX_SPEC_BYTES
 
 FUZZ = settings(
     max_examples=int(os.environ.get("DPPIPELINE_FUZZ_EXAMPLES", "30")),

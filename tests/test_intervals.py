@@ -18,9 +18,9 @@ import pytest
 from conftest import release_small, terminal_truth
 from scipy import integrate, stats
 
+from dppipeline.commands.generate import generate
 from dppipeline.core.budget import AggregationParams, plan_budget
 from dppipeline.core.intervals import half_width, metric_half_width, sum_half_width
-from dppipeline.synth import generate
 
 Z = float(stats.norm.isf(0.5e-6))  # failure rate 1e-6, two-sided
 MIN_VALUE, MAX_VALUE = 0.0, 150.0
@@ -114,7 +114,7 @@ def engine(request):
     if request.param == "spark":
         request.getfixturevalue("spark")
     if request.param == "beam":
-        from dppipeline.engines.beam import BeamEngine
+        from dppipeline.engines.beam.engine import BeamEngine
 
         return BeamEngine()
     return request.param

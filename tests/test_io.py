@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dppipeline.errors import InputError
-from dppipeline.io import (
+from dppipeline.inputs.files import (
     DailyPartition,
     discover_partitions,
     read_public_partitions,

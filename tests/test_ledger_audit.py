@@ -25,13 +25,13 @@ from conftest import DAYS, SMALL
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dppipeline.cli import main
+from dppipeline.commands.cli import main
 from dppipeline.errors import DPPipelineError, OutputError
 from dppipeline.ledger import BudgetExceededError, BudgetPolicy, Ledger, ReleaseKey
 from dppipeline.ledger import schema as ledger_schema
-from dppipeline.publication import heal, publish, retired_path, staging_path
-from dppipeline.runner import check_budget, run_job
-from dppipeline.spec import JobSpec, build_spec
+from dppipeline.orchestration.publication import heal, publish, retired_path, staging_path
+from dppipeline.orchestration.runner import check_budget, run_job
+from dppipeline.spec.model import JobSpec, build_spec
 
 CAPPED = "tx/CUSTOMER_ID"
 RUN_A = "20260101T000000Z-aaaaaaaa"
@@ -225,9 +225,9 @@ def test_no_window_of_data_days_ever_holds_more_than_the_cap(tmp_path_factory, w
 
 STOPPER = """
 import signal, sys
-import dppipeline.failpoints as failpoints
+import dppipeline.orchestration.failpoints as failpoints
 failpoints._SIGNALS["stop"] = signal.SIGSTOP  # an action the tests need: the run stops itself
-from dppipeline.cli import main
+from dppipeline.commands.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 

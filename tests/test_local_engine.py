@@ -11,12 +11,12 @@ import pandas as pd
 import polars as pl
 import pytest
 
-from dppipeline.engines.local import compute_aggregates
-from dppipeline.engines.sampling import new_salt
-from dppipeline.io import discover_partitions
-from dppipeline.queries import task_for
-from dppipeline.runner import run_job
-from dppipeline.spec import build_spec
+from dppipeline.core.tasks import task_for
+from dppipeline.engines.local.engine import compute_aggregates
+from dppipeline.engines.shared.sampling import new_salt
+from dppipeline.inputs.files import discover_partitions
+from dppipeline.orchestration.runner import run_job
+from dppipeline.spec.model import build_spec
 
 HEADER = "TRANSACTION_ID,TX_DATETIME,CUSTOMER_ID,TERMINAL_ID,TX_AMOUNT"
 # customer 1: three $10 rows at terminal 1       -> Linf=2 keeps 2: count 2, sum 20

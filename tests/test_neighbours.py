@@ -29,10 +29,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dppipeline import cli
-from dppipeline.engines import local
+from dppipeline.commands import cli
+from dppipeline.commands.generate import generate
+from dppipeline.engines.local import engine as local
 from dppipeline.errors import InputError
-from dppipeline.synth import generate
 
 ADVERSARY = 9_000_001  # CUSTOMER_ID of the added customer
 LONELY_TERMINAL = 7777  # a terminal only the adversary uses (public key of q_public)

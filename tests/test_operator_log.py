@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dppipeline import cli, logs
+from dppipeline import logs
+from dppipeline.commands import cli
 
 CONFIG = Path(__file__).resolve().parents[1] / "jobs" / "configs" / "terminal_stats.yaml"
 
@@ -57,7 +58,7 @@ def test_progress_goes_to_stderr_and_quiet_silences_it(small_inputs, tmp_path, c
 
 def test_verbose_names_each_logger(small_inputs, tmp_path, capsys):
     assert run(small_inputs, tmp_path, "local", "-v") == 0
-    assert "INFO dppipeline: [local] read " in capsys.readouterr().err
+    assert "INFO dppipeline.orchestration.runner: [local] read " in capsys.readouterr().err
 
 
 def test_debug_statistics_are_off_by_default_and_marked_when_asked(small_inputs, tmp_path, capsys):

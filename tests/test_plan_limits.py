@@ -19,8 +19,8 @@ from dppipeline.core.budget import (
     privacy_units_needed,
 )
 from dppipeline.errors import SpecError, UsageError
-from dppipeline.runner import make_plan
-from dppipeline.spec import build_spec
+from dppipeline.orchestration.runner import make_plan
+from dppipeline.spec.model import build_spec
 
 
 def spec(**overrides):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dppipeline.errors import OutputError
-from dppipeline.publication import (
+from dppipeline.orchestration.publication import (
     check_release_target,
     exchange,
     heal,
@@ -179,7 +179,7 @@ def test_overwrite_refuses_anything_but_a_release(tmp_path, layout, words):
 
 HOLD = """
 import pathlib, sys, time
-from dppipeline.publication import output_lock
+from dppipeline.orchestration.publication import output_lock
 with output_lock(pathlib.Path(sys.argv[1])):
     print("locked", flush=True)
     sys.stdin.readline()

@@ -11,11 +11,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dppipeline.cli import main
-from dppipeline.engines.beam import BeamEngine
+from dppipeline.commands.cli import main
+from dppipeline.engines.beam.engine import BeamEngine
 from dppipeline.errors import UsageError
-from dppipeline.runner import run_job
-from dppipeline.spec import build_spec
+from dppipeline.orchestration.runner import run_job
+from dppipeline.spec.model import build_spec
 
 
 def with_one_bad_row(small_inputs, folder: Path) -> Path:
@@ -125,7 +125,7 @@ def test_a_chosen_quarantine_is_used_from_the_flag_or_the_spec(small_inputs, tmp
 
 
 def test_a_quarantine_elsewhere_is_accepted(tmp_path):
-    from dppipeline.quarantine import check_place
+    from dppipeline.inputs.quarantine import check_place
 
     output = tmp_path / "share" / "release"
     check_place(tmp_path / "state" / "quarantine", output)

@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dppipeline.runner import make_plan, run_job
-from dppipeline.spec import build_spec, load_spec
+from dppipeline.orchestration.runner import make_plan, run_job
+from dppipeline.spec.model import build_spec, load_spec
 
 START = dt.datetime(2026, 1, 26)  # a Monday; the data spans two month boundaries
 N_DAYS = 40
@@ -327,7 +327,7 @@ def test_a_bad_filter_names_the_query_and_position(tmp_path, filter_text, messag
 
 
 def test_cli_run_of_a_multi_query_job_writes_every_dataset(transactions, tmp_path, capsys):
-    from dppipeline.cli import main
+    from dppipeline.commands.cli import main
 
     root, _ = transactions
     config = tmp_path / "job.json"  # YAML is a superset of JSON
@@ -357,7 +357,7 @@ def test_cli_run_of_a_multi_query_job_writes_every_dataset(transactions, tmp_pat
 def test_spark_executor_release_of_a_multi_key_query(transactions, tmp_path, monkeypatch):
     """Above the driver limit the release runs in mapInPandas: composite date keys, empty
     public partitions (no kept values) and percentiles go through it, equal to the truth."""
-    from dppipeline.release_check import check_release
+    from dppipeline.commands.check_release import check_release
 
     monkeypatch.setenv("DPPIPELINE_DRIVER_RELEASE_MAX_PARTITIONS", "10")
     root, rows = transactions

@@ -120,11 +120,11 @@ def test_bound_is_tight_near_the_worst_case_and_the_old_statement_was_not(noise)
 def test_plan_manifest_and_report_state_the_bound():
     import datetime as dt
 
+    from dppipeline.commands.plan import _num, render_plan
+    from dppipeline.commands.report import _bound_text
     from dppipeline.core.manifest import build_manifest
-    from dppipeline.plan import _num, render_plan
-    from dppipeline.report import _bound_text
-    from dppipeline.runner import make_plan
-    from dppipeline.spec import build_spec
+    from dppipeline.orchestration.runner import make_plan
+    from dppipeline.spec.model import build_spec
 
     spec = build_spec(
         {},

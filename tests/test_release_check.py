@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dppipeline.cli import main
+from dppipeline.commands.cli import main
 
 
 def run(small_inputs, out, ledger, *extra):

@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 from conftest import release_small
 
-from dppipeline.cli import main
+from dppipeline.commands.cli import main
+from dppipeline.commands.report import PREVIEW_ROWS, _cell, build_report, fmt
 from dppipeline.errors import UsageError
 from dppipeline.ledger import Ledger
-from dppipeline.report import PREVIEW_ROWS, _cell, build_report, fmt
 
 NUMBER = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?")
 STATIC = {"95"}  # "95% half-width": the interval level, a public parameter

@@ -26,10 +26,10 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import DAYS, SMALL
 
+from dppipeline.commands.check_release import check_release
 from dppipeline.core.manifest import published_run_id
-from dppipeline.engines.local import LocalEngine
+from dppipeline.engines.local.engine import LocalEngine
 from dppipeline.errors import InputError
-from dppipeline.failpoints import FailpointError
 from dppipeline.ledger import (
     CHARGED_STATES,
     BudgetExceededError,
@@ -38,10 +38,10 @@ from dppipeline.ledger import (
     ReservationLostError,
 )
 from dppipeline.ledger import schema as ledger_schema
-from dppipeline.release_check import check_release
-from dppipeline.runner import run_job
-from dppipeline.spec import BoundsSpec, JobSpec, build_spec
-from dppipeline.spec_hash import canonical_spec
+from dppipeline.orchestration.failpoints import FailpointError
+from dppipeline.orchestration.runner import run_job
+from dppipeline.spec.hashing import canonical_spec
+from dppipeline.spec.model import BoundsSpec, JobSpec, build_spec
 
 BOUNDS = ["--min-value", "0", "--max-value", "100"]
 JOB = [*BOUNDS, "--metrics", "count"]
@@ -524,8 +524,8 @@ def test_budget_set_cap_show_and_history(tmp_path, small_inputs):
 RESERVE_AND_DIE = """
 import datetime as dt, sys
 from dppipeline.ledger import BudgetPolicy, Ledger
-from dppipeline.runner import release_key, input_days
-from dppipeline.spec import build_spec
+from dppipeline.orchestration.runner import release_key, input_days
+from dppipeline.spec.model import build_spec
 url, source = sys.argv[1:]
 spec = build_spec({}, {"input.path": source, "bounds.min_value": 0.0, "bounds.max_value": 100.0,
                        "metrics": ["count"], "budget.scope": "s"})
@@ -710,7 +710,7 @@ def test_a_crash_at_every_stage_is_safe_and_a_rerun_succeeds(
 def big_input(tmp_path) -> Path:
     """About a million rows (~40 MB of CSV): reading takes the local engine ~1 s, long enough
     to kill the run while it reads."""
-    from dppipeline.synth import generate
+    from dppipeline.commands.generate import generate
 
     return generate(
         tmp_path / "big", fmt="csv", customers=5000, terminals=500, days=10, tx_per_day=100_000,

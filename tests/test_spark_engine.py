@@ -16,12 +16,12 @@ from conftest import check_count_noise_as_planned, release_small
 from pyspark.sql import functions as F
 from scipy.stats import norm
 
-from dppipeline.engines.local import aggregate_task
-from dppipeline.engines.sampling import SamplingKeys, new_salt
-from dppipeline.engines.spark import bound_and_aggregate, bounded_pairs
+from dppipeline.core.tasks import task_for
+from dppipeline.engines.shared.polars_tasks import aggregate_task
+from dppipeline.engines.shared.sampling import SamplingKeys, new_salt
+from dppipeline.engines.spark.engine import bound_and_aggregate, bounded_pairs
 from dppipeline.errors import InputError
-from dppipeline.queries import task_for
-from dppipeline.spec import build_spec
+from dppipeline.spec.model import build_spec
 
 pytestmark = pytest.mark.usefixtures("spark")
 
@@ -183,8 +183,8 @@ def skewed_rows(seed: int = 17) -> pd.DataFrame:
 def test_priorities_are_sparks_own_xxhash64(spark):
     """Spark computes the Linf priority in the JVM (xxhash64); the numpy implementation the
     local and Beam engines use gives the same longs."""
-    from dppipeline.engines.sampling import row_priorities
-    from dppipeline.engines.spark import LINF_SECRET, sampling_secrets, with_secret
+    from dppipeline.engines.shared.sampling import row_priorities
+    from dppipeline.engines.spark.engine import LINF_SECRET, sampling_secrets, with_secret
 
     rows = skewed_rows().head(500)
     salt = new_salt()

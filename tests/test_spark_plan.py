@@ -13,12 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import functions as F
 
-from dppipeline.engines import spark as spark_engine
-from dppipeline.engines.sampling import new_salt
-from dppipeline.engines.spark import bound_and_aggregate, keep_public, sql_literal
-from dppipeline.engines.spark_read import footer_ddl
-from dppipeline.queries import task_for
-from dppipeline.spec import build_spec
+from dppipeline.core.tasks import task_for
+from dppipeline.engines.shared.sampling import new_salt
+from dppipeline.engines.spark import engine as spark_engine
+from dppipeline.engines.spark.engine import bound_and_aggregate, keep_public, sql_literal
+from dppipeline.engines.spark.read import footer_ddl
+from dppipeline.spec.model import build_spec
 
 pytestmark = pytest.mark.usefixtures("spark")
 

@@ -13,8 +13,8 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from dppipeline.schemas import schema_dir, transactions_schema
-from dppipeline.synth import DEFAULT_RADIUS, GenerateSummary, build_population, generate
+from dppipeline.commands.generate import DEFAULT_RADIUS, GenerateSummary, build_population, generate
+from dppipeline.spec.schema import schema_dir, transactions_schema
 
 SMALL = {"customers": 300, "terminals": 80, "days": 3, "tx_per_day": 1500}
 START = datetime.date(2026, 1, 1)
@@ -26,7 +26,7 @@ SIGMAS = 6
 
 
 def _expected_arrow_schema() -> pa.Schema:
-    """The schema straight from the JSON file, independently of dppipeline.schemas."""
+    """The schema straight from the JSON file, independently of dppipeline.spec.schema."""
     raw = json.loads((schema_dir() / "transactions.json").read_text())
     types = {"int64": pa.int64(), "float64": pa.float64(), "timestamp[us]": pa.timestamp("us")}
     return pa.schema(

@@ -13,11 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 from scipy import stats
 
-from dppipeline.cli import main
+from dppipeline.commands.cli import main
+from dppipeline.commands.tune import BIN_EDGES, contribution_histograms, noisy, tune
 from dppipeline.core.budget import MechanismBudget
 from dppipeline.ledger import Ledger
-from dppipeline.spec import build_spec
-from dppipeline.tuning import BIN_EDGES, contribution_histograms, noisy, tune
+from dppipeline.spec.model import build_spec
 
 CUSTOMERS, TERMINALS_EACH, ROWS_EACH, MAX_AMOUNT = 3000, 6, 4, 120.0
 SCHEMA = pa.schema(

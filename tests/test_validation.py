@@ -20,14 +20,10 @@ from conftest import DAYS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dppipeline.engines.local_read import read_validated
-from dppipeline.engines.polars_rules import broken, column_flag, parsed, parsed_name
+from dppipeline.engines.shared.polars_read import read_validated
+from dppipeline.engines.shared.polars_rules import broken, column_flag, parsed, parsed_name
 from dppipeline.errors import InputError
-from dppipeline.io import DailyPartition
-from dppipeline.runner import run_job
-from dppipeline.schemas import transactions_schema
-from dppipeline.spec import build_spec
-from dppipeline.validation import (
+from dppipeline.inputs.contract import (
     Check,
     RejectedRow,
     RejectSummary,
@@ -35,6 +31,10 @@ from dppipeline.validation import (
     check_rejected_fraction,
     rules_for,
 )
+from dppipeline.inputs.files import DailyPartition
+from dppipeline.orchestration.runner import run_job
+from dppipeline.spec.model import build_spec
+from dppipeline.spec.schema import transactions_schema
 
 HEADER = "TRANSACTION_ID,TX_DATETIME,CUSTOMER_ID,TERMINAL_ID,TX_AMOUNT"
 COLUMNS = HEADER.split(",")

@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dppipeline.runner import make_plan, run_job
-from dppipeline.spec import build_spec
+from dppipeline.orchestration.runner import make_plan, run_job
+from dppipeline.spec.model import build_spec
 
 ALL_METRICS = ["count", "sum", "mean", "variance", "percentile(50)", "privacy_id_count"]
 NOTHING = "TX_AMOUNT > 1000000"  # no row matches
@@ -109,7 +109,7 @@ def engine(request):
     if request.param == "spark":
         request.getfixturevalue("spark")
     if request.param == "beam-many-shards":
-        from dppipeline.engines.beam import BeamEngine
+        from dppipeline.engines.beam.engine import BeamEngine
 
         return BeamEngine(unit_shards=16, partition_shards=16)
     return request.param
@@ -143,7 +143,7 @@ def test_queries_matching_no_row_release_what_the_spec_says(tiny_input, tmp_path
 
 def _release_schema(spec, plan, name):
     from dppipeline.core.release import release_arrow_schema
-    from dppipeline.queries import key_columns
+    from dppipeline.core.tasks import key_columns
 
     query = next(q for q in spec.query_specs if q.name == name)
     keys = [(k.name, k.arrow_type) for k in key_columns(query)]

@@ -12,7 +12,7 @@ import os
 import socket
 from pathlib import Path
 
-from dppipeline.charts import day_axis, pyplot
+from dppipeline.commands.charts import day_axis, pyplot
 from dppipeline.ledger import CHARGED_STATES, BudgetPolicy, Ledger, LedgerRow
 from dppipeline.ledger.caps import over_cap, worst_spend
 

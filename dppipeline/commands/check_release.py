@@ -15,10 +15,10 @@ import pyarrow.dataset as pads
 
 from dppipeline.core.manifest import MANIFEST_NAME, MANIFEST_VERSION
 from dppipeline.core.release import release_arrow_schema
+from dppipeline.core.tasks import KeyColumn
 from dppipeline.errors import InputError
 from dppipeline.ledger import Ledger
-from dppipeline.queries import KeyColumn
-from dppipeline.spec import TIME_BUCKETS
+from dppipeline.spec.model import TIME_BUCKETS
 
 
 def check_release(release: str | Path, ledger: str | None) -> str:

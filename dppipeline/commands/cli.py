@@ -26,7 +26,7 @@ from dppipeline.errors import (
     is_failure,
     one_line,
 )
-from dppipeline.signals import Terminated, handle_sigterm
+from dppipeline.orchestration.signals import Terminated, handle_sigterm
 
 # CLI flag -> job spec field (dotted YAML path). Flags override the YAML.
 FLAG_FIELDS: dict[str, str] = {
@@ -362,7 +362,7 @@ def _add_logging_flags(parser: argparse.ArgumentParser, default: object) -> None
 
 
 def _spec_from_args(args: argparse.Namespace):
-    from dppipeline.spec import build_spec, load_raw  # noqa: PLC0415
+    from dppipeline.spec.model import build_spec, load_raw  # noqa: PLC0415
 
     raw = load_raw(args.config) if args.config else {}
     overrides: dict[str, Any] = {}
@@ -384,7 +384,7 @@ def _spec_from_args(args: argparse.Namespace):
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from dppipeline.synth import generate  # noqa: PLC0415
+    from dppipeline.commands.generate import generate  # noqa: PLC0415
 
     try:
         summary = generate(
@@ -410,10 +410,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     spec = _spec_from_args(args)
     if args.engine == "spark" and not args.check_budget:
         # The JVM takes longer to start than everything up to the first read: start it first.
-        from dppipeline.engines.spark_session import start_spark_early  # noqa: PLC0415
+        from dppipeline.engines.spark.session import start_spark_early  # noqa: PLC0415
 
         start_spark_early()
-    from dppipeline.runner import check_budget, load_engine, run_job  # noqa: PLC0415
+    from dppipeline.orchestration.runner import check_budget, load_engine, run_job  # noqa: PLC0415
 
     if args.check_budget:
         if args.no_ledger:
@@ -448,7 +448,7 @@ def _cmd_budget(args: argparse.Namespace) -> int:
     policy = None
     if getattr(args, "config", None):
         from dppipeline.ledger import BudgetPolicy  # noqa: PLC0415
-        from dppipeline.spec import budget_from_dict, load_raw  # noqa: PLC0415
+        from dppipeline.spec.model import budget_from_dict, load_raw  # noqa: PLC0415
 
         budget = budget_from_dict(load_raw(args.config).get("budget"), source=args.config)
         policy = BudgetPolicy(budget.cap_epsilon, budget.cap_delta, budget.window_days)
@@ -469,8 +469,8 @@ def _cmd_budget(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from dppipeline.plan import render_plan  # noqa: PLC0415
-    from dppipeline.runner import make_plan  # noqa: PLC0415
+    from dppipeline.commands.plan import render_plan  # noqa: PLC0415
+    from dppipeline.orchestration.runner import make_plan  # noqa: PLC0415
 
     spec = _spec_from_args(args)
     _print(render_plan(spec, make_plan(spec)))
@@ -478,7 +478,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_check_release(args: argparse.Namespace) -> int:
-    from dppipeline.release_check import check_release  # noqa: PLC0415
+    from dppipeline.commands.check_release import check_release  # noqa: PLC0415
 
     ledger = None if args.no_ledger else (args.ledger or default_ledger())
     _print(check_release(args.release, ledger))
@@ -488,7 +488,7 @@ def _cmd_check_release(args: argparse.Namespace) -> int:
 def _cmd_tune(args: argparse.Namespace) -> int:
     from pathlib import Path  # noqa: PLC0415
 
-    from dppipeline.tuning import render, tune  # noqa: PLC0415
+    from dppipeline.commands.tune import render, tune  # noqa: PLC0415
 
     if args.no_ledger:
         logs.log.warning("[tune] --no-ledger: this spend is NOT recorded anywhere")
@@ -509,7 +509,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from pathlib import Path  # noqa: PLC0415
 
-    from dppipeline.evaluate import (  # noqa: PLC0415
+    from dppipeline.commands.evaluate import (  # noqa: PLC0415
         evaluate,
         parse_epsilons,
         refuse_unless_not_sensitive,
@@ -535,7 +535,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from dppipeline.report import build_report  # noqa: PLC0415
+    from dppipeline.commands.report import build_report  # noqa: PLC0415
 
     ledger = None if args.no_ledger else (args.ledger or default_ledger())
     _print(build_report(args.release, ledger, args.output))
@@ -543,7 +543,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_spec_doc(args: argparse.Namespace) -> int:
-    from dppipeline.spec import describe_fields  # noqa: PLC0415
+    from dppipeline.spec.model import describe_fields  # noqa: PLC0415
 
     rows = describe_fields()
     if args.markdown:

@@ -28,31 +28,30 @@ import numpy as np
 import pandas as pd
 import polars as pl
 
-from dppipeline.charts import pyplot
+from dppipeline.commands.charts import pyplot
 from dppipeline.core.budget import BudgetPlan
 from dppipeline.core.intervals import half_width, sum_half_width
 from dppipeline.core.manifest import MANIFEST_NAME
-from dppipeline.engines.local import aggregate_task, key_expr
-from dppipeline.engines.local_read import read_validated
-from dppipeline.engines.polars_filter import to_polars
-from dppipeline.engines.sampling import SamplingKeys, new_salt
-from dppipeline.errors import UsageError
-from dppipeline.io import DailyPartition
-from dppipeline.queries import (
+from dppipeline.core.tasks import (
     AggregationTask,
     canonical_keys,
     input_schema,
     public_key_set,
     task_for,
 )
-from dppipeline.runner import input_days, make_plan, run_job
-from dppipeline.spec import JobSpec, QuerySpec, metric_column, percentile_of
+from dppipeline.engines.shared.polars_filter import to_polars
+from dppipeline.engines.shared.polars_read import read_validated
+from dppipeline.engines.shared.polars_tasks import aggregate_task, key_expr
+from dppipeline.engines.shared.sampling import SamplingKeys, new_salt
+from dppipeline.errors import UsageError
+from dppipeline.inputs.files import DailyPartition
+from dppipeline.orchestration.runner import input_days, make_plan, run_job
+from dppipeline.spec.model import JobSpec, QuerySpec, metric_column, percentile_of
 
 NOT_SENSITIVE_FLAG = "--data-is-not-sensitive"
 DEFAULT_EPSILONS = (0.1, 0.3, 1.0, 3.0, 10.0)
 DEFAULT_REPEATS = 3
 CSV_COLUMNS = ["query", "metric", "epsilon", "repeat", "stat", "value"]
-ERROR_STATS = ("median_abs_error", "mean_abs_error", "median_rel_error")
 SELECTION = "partition_selection"  # the `metric` of the partition-selection rows
 # Metrics whose bounded value (no noise) the local engine's exact aggregates give directly.
 BOUNDED_METRICS = ("count", "sum", "mean", "privacy_id_count")

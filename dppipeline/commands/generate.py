@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from dppipeline.schemas import transactions_schema
+from dppipeline.spec.schema import transactions_schema
 
 __all__ = ["FORMATS", "GenerateSummary", "Population", "build_population", "day_path", "generate"]
 

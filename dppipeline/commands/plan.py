@@ -12,7 +12,7 @@ from dppipeline.core.intervals import (
     ratio_stddev_bound,
     ratio_stddev_times_rows,
 )
-from dppipeline.spec import JobSpec, QuerySpec, percentile_of
+from dppipeline.spec.model import JobSpec, QuerySpec, percentile_of
 
 
 def _num(value: float | None) -> str:

@@ -17,8 +17,8 @@ from typing import Any
 
 import pandas as pd
 
-from dppipeline.budget_report import cumulative
-from dppipeline.charts import day_axis, pyplot
+from dppipeline.commands.budget import cumulative
+from dppipeline.commands.charts import day_axis, pyplot
 from dppipeline.core.manifest import MANIFEST_NAME
 from dppipeline.errors import InputError, UsageError
 from dppipeline.ledger import Ledger, LedgerRow

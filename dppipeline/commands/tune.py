@@ -42,12 +42,12 @@ from pipeline_dp import dp_computations
 from pipeline_dp.aggregate_params import MechanismType
 
 from dppipeline.core.budget import MechanismBudget
-from dppipeline.engines.local import task_rows
-from dppipeline.engines.local_read import read_validated
+from dppipeline.core.tasks import input_schema, plan_tasks
+from dppipeline.engines.shared.polars_read import read_validated
+from dppipeline.engines.shared.polars_tasks import task_rows
 from dppipeline.errors import UsageError
 from dppipeline.ledger import Reservation
-from dppipeline.queries import input_schema, plan_tasks
-from dppipeline.runner import (
+from dppipeline.orchestration.runner import (
     budget_policy,
     input_days,
     ledger_line,
@@ -56,8 +56,8 @@ from dppipeline.runner import (
     release_key,
     settle_expired,
 )
-from dppipeline.signals import signals_deferred
-from dppipeline.spec import JobSpec, QuerySpec
+from dppipeline.orchestration.signals import signals_deferred
+from dppipeline.spec.model import JobSpec, QuerySpec
 
 # Histogram bins: exact small values, then coarser; the last bin is open-ended.
 BIN_EDGES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 25, 30, 40, 50, 75, 100, 150, 200, 300)

@@ -38,7 +38,7 @@ from pydp.algorithms.quantile_tree import QuantileTree
 from scipy.special import log_ndtr
 
 from dppipeline.errors import SpecError, UsageError
-from dppipeline.spec import MIN_EPSILON, JobSpec, QuerySpec, percentile_of
+from dppipeline.spec.model import MIN_EPSILON, QuerySpec, percentile_of
 
 _NOISE_TYPES = {
     "laplace": MechanismType.LAPLACE,
@@ -71,10 +71,6 @@ class AggregationParams:
     pre_threshold: int | None = None
     key_columns: tuple[str, ...] = ()
     confidence_intervals: bool = False
-
-    @classmethod
-    def from_spec(cls, spec: JobSpec) -> AggregationParams:
-        return cls.from_query(spec.query_specs[0], spec.noise, spec.confidence_intervals)
 
     @classmethod
     def from_query(

@@ -25,8 +25,8 @@ from dppipeline.core.intervals import (
     ratio_stddev_bound,
     ratio_stddev_times_rows,
 )
-from dppipeline.spec import JobSpec, QuerySpec, metric_column, percentile_of
-from dppipeline.spec_hash import key_sources_by_content
+from dppipeline.spec.hashing import key_sources_by_content
+from dppipeline.spec.model import JobSpec, QuerySpec, metric_column, percentile_of
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 2

@@ -19,8 +19,8 @@ from pydp.algorithms.quantile_tree import QuantileTree
 
 from dppipeline.core.budget import AggregationParams, BudgetPlan, JobPlan, MechanismBudget
 from dppipeline.core.intervals import INTERVAL_METRICS, mean_interval, metric_half_width
-from dppipeline.schemas import release_schema, transactions_schema
-from dppipeline.spec import metric_column, percentile_of
+from dppipeline.spec.model import metric_column, percentile_of
+from dppipeline.spec.schema import release_schema, transactions_schema
 
 # Exact, bounded aggregates per partition that engines hand to the release.
 AGGREGATE_COLUMNS = ("privacy_id_count", "count", "sum")

@@ -32,16 +32,15 @@ from dppipeline.core.release import (
     release_selection_group,
 )
 from dppipeline.errors import InputError, UsageError
-from dppipeline.filters import FilterExpr, any_of, columns, parse_filter, to_text
-from dppipeline.io import (
+from dppipeline.inputs.files import (
     DailyPartition,
     first_line,
     key_file_text,
     parse_int64_key,
     read_public_partitions,
 )
-from dppipeline.schemas import Schema, transactions_schema
-from dppipeline.spec import (
+from dppipeline.spec.filters import FilterExpr, any_of, columns, parse_filter, to_text
+from dppipeline.spec.model import (
     _RANGE,
     INPUT_RANGE,
     TIME_BUCKETS,
@@ -50,6 +49,7 @@ from dppipeline.spec import (
     is_file_source,
     percentile_of,
 )
+from dppipeline.spec.schema import Schema, transactions_schema
 
 TIME_COLUMN = "TX_DATETIME"
 GLOBAL_KEY = "_global"  # the constant key engines group a global total by

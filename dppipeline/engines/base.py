@@ -18,11 +18,11 @@ import pyarrow.parquet as pq
 
 from dppipeline.core.budget import JobPlan
 from dppipeline.core.release import release_arrow_schema
-from dppipeline.engines.sampling import new_salt
-from dppipeline.io import DailyPartition
-from dppipeline.queries import JobTasks, release_job
-from dppipeline.spec import JobSpec
-from dppipeline.validation import RejectSummary
+from dppipeline.core.tasks import JobTasks, release_job
+from dppipeline.engines.shared.sampling import new_salt
+from dppipeline.inputs.contract import RejectSummary
+from dppipeline.inputs.files import DailyPartition
+from dppipeline.spec.model import JobSpec
 
 
 @dataclass(frozen=True)

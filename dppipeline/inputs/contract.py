@@ -11,7 +11,7 @@ engine rejects the same rows for the same reasons.
 
 Reasons name the column and the rule, never the value: they end up in error messages and
 logs; the quarantine keeps the raw row for the operator. Rejected rows are counted and
-written to the quarantine (`dppipeline.quarantine`); above `max_rejected_fraction` the run
+written to the quarantine (`dppipeline.inputs.quarantine`); above `max_rejected_fraction` the run
 fails and names the first bad file and row.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from dppipeline.errors import InputError
-from dppipeline.schemas import Schema
+from dppipeline.spec.schema import Schema
 
 # --------------------------------------------------------------------------------------------
 # Text grammars. ASCII classes only ([0-9], not \d) and \A...\z anchors (Java's `$` also

@@ -27,8 +27,8 @@ import numpy as np
 import polars as pl
 
 from dppipeline.errors import InputError
-from dppipeline.schemas import Schema
-from dppipeline.validation import missing_column
+from dppipeline.inputs.contract import missing_column
+from dppipeline.spec.schema import Schema
 
 ROW = "_row"  # the physical line a record starts on (header = 1)
 FIELDS = "_fields"  # the record's number of fields

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from dppipeline.errors import UsageError
 
-log = logging.getLogger("dppipeline")
+log = logging.getLogger(__name__)
 DEFAULT_LEASE_SECONDS = 120.0
 _PROCESS_TOKEN = uuid.uuid4().hex[:12]
 

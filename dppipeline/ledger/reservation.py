@@ -22,7 +22,7 @@ from dppipeline.ledger.caps import BudgetPolicy
 from dppipeline.ledger.keys import ReleaseKey
 from dppipeline.ledger.lease import Heartbeat, renew_seconds
 
-log = logging.getLogger("dppipeline")
+log = logging.getLogger(__name__)
 
 
 class Reservation:

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from dppipeline.errors import OutputError
-from dppipeline.failpoints import failpoint
+from dppipeline.orchestration.failpoints import failpoint
 
 MANIFEST = "manifest.json"
 # Files a release folder may hold besides its datasets: the manifest, and the `_PUBLISHED`

@@ -32,10 +32,12 @@ from pathlib import Path
 
 from dppipeline.core.budget import AggregationParams, JobPlan, plan_job
 from dppipeline.core.manifest import MANIFEST_NAME, build_manifest, published_run_id
+from dppipeline.core.tasks import check_query_columns, plan_tasks
 from dppipeline.engines.base import Engine, ReleaseJob
 from dppipeline.errors import DPPipelineError, InputError, OutputError, UsageError
-from dppipeline.failpoints import failpoint
-from dppipeline.io import DailyPartition, discover_partitions, select_days
+from dppipeline.inputs.files import DailyPartition, discover_partitions, select_days
+from dppipeline.inputs.quarantine import default_root as quarantine_root
+from dppipeline.inputs.quarantine import run_folder
 from dppipeline.ledger import (
     BudgetPolicy,
     Ledger,
@@ -44,7 +46,8 @@ from dppipeline.ledger import (
     Reservation,
     input_fingerprint,
 )
-from dppipeline.publication import (
+from dppipeline.orchestration.failpoints import failpoint
+from dppipeline.orchestration.publication import (
     check_release_target,
     fsync_tree,
     heal,
@@ -54,13 +57,10 @@ from dppipeline.publication import (
     refuse_unsafe_target,
     remove_release,
 )
-from dppipeline.quarantine import default_root as quarantine_root
-from dppipeline.quarantine import run_folder
-from dppipeline.queries import check_query_columns, plan_tasks
-from dppipeline.signals import signals_deferred
-from dppipeline.spec import JobSpec
+from dppipeline.orchestration.signals import signals_deferred
+from dppipeline.spec.model import JobSpec
 
-log = logging.getLogger("dppipeline")
+log = logging.getLogger(__name__)
 ENGINES = ("local", "spark", "beam")
 
 
@@ -90,7 +90,7 @@ def make_plan(spec: JobSpec) -> JobPlan:
 
 def default_quarantine(run_id: str, output: Path) -> Path:
     """With the operator's state, never beside or inside a release:
-    `<state dir>/quarantine/<run_id>/` (see `dppipeline.quarantine`)."""
+    `<state dir>/quarantine/<run_id>/` (see `dppipeline.inputs.quarantine`)."""
     return run_folder(quarantine_root(), run_id, output)
 
 
@@ -102,14 +102,14 @@ def load_engine(name: str, options: Sequence[str] = ()) -> Engine:
     if options and name != "beam":
         raise UsageError(f"unrecognized arguments: {' '.join(options)}")
     if name == "local":
-        from dppipeline.engines.local import LocalEngine  # noqa: PLC0415
+        from dppipeline.engines.local.engine import LocalEngine  # noqa: PLC0415
 
         return LocalEngine()
     if name == "spark":
-        from dppipeline.engines.spark import SparkEngine  # noqa: PLC0415
+        from dppipeline.engines.spark.engine import SparkEngine  # noqa: PLC0415
 
         return SparkEngine()
-    from dppipeline.engines.beam import BeamEngine  # noqa: PLC0415
+    from dppipeline.engines.beam.engine import BeamEngine  # noqa: PLC0415
 
     return BeamEngine(options)
 

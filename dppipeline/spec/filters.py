@@ -41,7 +41,7 @@ from decimal import Decimal
 from typing import Any, Protocol, TypeVar
 
 from dppipeline.errors import SpecError, excerpt
-from dppipeline.schemas import Field, Schema
+from dppipeline.spec.schema import Field, Schema
 
 E = TypeVar("E")  # an engine's expression type
 

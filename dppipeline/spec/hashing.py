@@ -97,7 +97,7 @@ def _section(value: Any, where: str) -> dict[str, Any]:
 
 def key_sources_by_content(sources: Any) -> Any:
     """Public key sources with every file replaced by the sha256 of its bytes."""
-    from dppipeline.spec import is_file_source  # noqa: PLC0415 (spec imports this module)
+    from dppipeline.spec.model import is_file_source  # noqa: PLC0415 (spec imports this module)
 
     if isinstance(sources, str):
         return {"file_sha256": file_sha256(sources)} if is_file_source(sources) else sources

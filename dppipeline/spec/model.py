@@ -443,8 +443,8 @@ class QuerySpec:
                 raise SpecError(
                     "filter", f"must be a filter expression, got {excerpt(self.filter)}"
                 )
-            from dppipeline.filters import parse_filter  # noqa: PLC0415
-            from dppipeline.schemas import transactions_schema  # noqa: PLC0415
+            from dppipeline.spec.filters import parse_filter  # noqa: PLC0415
+            from dppipeline.spec.schema import transactions_schema  # noqa: PLC0415
 
             parse_filter(self.filter, transactions_schema(), where="filter")
         weight = _number("budget_weight", self.budget_weight)
@@ -613,7 +613,7 @@ class JobSpec:
     def spec_hash(self) -> str:
         """sha256 of the canonical spec: what decides the release's numbers, defaults left
         out, public key files by content (see `spec_hash.py`); for release keys."""
-        from dppipeline.spec_hash import spec_hash  # noqa: PLC0415
+        from dppipeline.spec.hashing import spec_hash  # noqa: PLC0415
 
         return spec_hash(self)
 

@@ -63,50 +63,50 @@ from dppipeline.core.release import (
     SUM_SQUARES,
     VALUES,
 )
-from dppipeline.csv_records import ROW, check_header
-from dppipeline.engines.base import EngineRun, ReleaseJob
-from dppipeline.engines.bounding import (
-    aggregate_per_partition,
-    aggregates_frame,
-    bottom_k_per_group,
-    sample_contributions,
-    stable_shard,
-)
-from dppipeline.engines.local import task_rows
-from dppipeline.engines.local_read import (
-    FileRows,
-    csv_rows,
-    first_rejected,
-    rejected_schema,
-    validate_batch,
-)
-from dppipeline.engines.polars_rules import DAY
-from dppipeline.engines.sampling import (
-    SamplingKeys,
-    pair_priorities,
-    partition_seeds,
-    row_priorities,
-)
-from dppipeline.errors import InputError, UsageError
-from dppipeline.io import DailyPartition, first_line
-from dppipeline.logs import debug_statistics_enabled, statistic
-from dppipeline.quarantine import private_folder, write_rejected
-from dppipeline.queries import (
+from dppipeline.core.tasks import (
     AggregationTask,
     JobTasks,
     canonical_keys,
     input_schema,
     release_job,
 )
-from dppipeline.schemas import Schema, transactions_schema
-from dppipeline.validation import (
+from dppipeline.engines.base import EngineRun, ReleaseJob
+from dppipeline.engines.shared.bounding import (
+    aggregate_per_partition,
+    aggregates_frame,
+    bottom_k_per_group,
+    sample_contributions,
+    stable_shard,
+)
+from dppipeline.engines.shared.polars_read import (
+    FileRows,
+    csv_rows,
+    first_rejected,
+    rejected_schema,
+    validate_batch,
+)
+from dppipeline.engines.shared.polars_rules import DAY
+from dppipeline.engines.shared.polars_tasks import task_rows
+from dppipeline.engines.shared.sampling import (
+    SamplingKeys,
+    pair_priorities,
+    partition_seeds,
+    row_priorities,
+)
+from dppipeline.errors import InputError, UsageError
+from dppipeline.inputs.contract import (
     RejectSummary,
     check_rejected_fraction,
     column_sources,
     rules_for,
 )
+from dppipeline.inputs.csv_records import ROW, check_header
+from dppipeline.inputs.files import DailyPartition, first_line
+from dppipeline.inputs.quarantine import private_folder, write_rejected
+from dppipeline.logs import debug_statistics_enabled, statistic
+from dppipeline.spec.schema import Schema, transactions_schema
 
-log = logging.getLogger("dppipeline.beam")
+log = logging.getLogger(__name__)
 
 METRICS_NAMESPACE = "dppipeline"
 # Rows per shard the defaults aim at: enough to amortise a DoFn call, small enough for a worker.

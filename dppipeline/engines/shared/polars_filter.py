@@ -1,4 +1,4 @@
-"""Filters (`dppipeline.filters`) as Polars expressions, for the local and Beam engines.
+"""Filters (`dppipeline.spec.filters`) as Polars expressions, for the local and Beam engines.
 
 Literals get the schema's Polars types (Int64, Float64, String, Datetime("us")), so every test
 compares like with like; nulls follow Kleene logic, as in `filters.evaluate_row`.
@@ -10,7 +10,7 @@ import datetime as dt
 
 import polars as pl
 
-from dppipeline.filters import FilterExpr, Value, compile_filter
+from dppipeline.spec.filters import FilterExpr, Value, compile_filter
 
 
 def _dtype(value: Value) -> pl.DataType:

@@ -1,7 +1,7 @@
 """In-process reading and validation with Polars: typed rows in, rejects counted and kept aside.
 
 Each file is read on its own (so a rejected row keeps its file and position) and checked
-against the input contract (`dppipeline.validation`, compiled by `polars_rules`); Polars
+against the input contract (`dppipeline.inputs.contract`, compiled by `polars_rules`); Polars
 collects the files' lazy frames in parallel. Parquet is read by Polars (`glob=False`: a path
 is a path) after pyarrow read its footer; CSV by the shared tokenizer (`csv_records`).
 The Beam engine validates its batches with the same functions.
@@ -18,12 +18,9 @@ from pathlib import Path
 
 import polars as pl
 
-from dppipeline.csv_records import ROW, read_csv_records
-from dppipeline.engines.polars_rules import BAD, DAY, flag_rows, parsed_name, reason
+from dppipeline.engines.shared.polars_rules import BAD, DAY, flag_rows, parsed_name, reason
 from dppipeline.errors import InputError
-from dppipeline.io import DailyPartition, first_line, parquet_footer, read_bytes
-from dppipeline.schemas import Schema
-from dppipeline.validation import (
+from dppipeline.inputs.contract import (
     RejectedRow,
     RejectSummary,
     Rule,
@@ -31,6 +28,9 @@ from dppipeline.validation import (
     column_sources,
     rules_for,
 )
+from dppipeline.inputs.csv_records import ROW, read_csv_records
+from dppipeline.inputs.files import DailyPartition, first_line, parquet_footer, read_bytes
+from dppipeline.spec.schema import Schema
 
 REASON = "_reason"
 SOURCE = "_source_file"

@@ -1,4 +1,4 @@
-"""The input contract (`dppipeline.validation`) as Polars expressions, for the local and Beam
+"""The input contract (`dppipeline.inputs.contract`) as Polars expressions, for the local and Beam
 engines: each column parsed into its schema type, and per rule a boolean that is true (never
 null) when a row breaks it.
 
@@ -12,9 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import polars as pl
 
-from dppipeline.csv_records import FIELDS, HEADER_FIELDS
-from dppipeline.schemas import Field, Schema
-from dppipeline.validation import (
+from dppipeline.inputs.contract import (
     BLANKS,
     INT64_END,
     INT64_MIN,
@@ -23,6 +21,8 @@ from dppipeline.validation import (
     Rule,
     Source,
 )
+from dppipeline.inputs.csv_records import FIELDS, HEADER_FIELDS
+from dppipeline.spec.schema import Field, Schema
 
 DAY = "_day"
 BAD = "_bad"

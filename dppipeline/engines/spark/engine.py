@@ -44,28 +44,28 @@ from dppipeline.core.release import (
     release_partitions,
     value_arrays,
 )
-from dppipeline.engines import spark_read
-from dppipeline.engines.base import EngineRun, ReleaseJob, release_to_datasets
-from dppipeline.engines.sampling import SamplingKeys
-from dppipeline.engines.spark_filter import to_spark
-from dppipeline.engines.spark_session import (
-    shuffle_partitions,
-    start_spark_early,
-    started_spark,
-)
-from dppipeline.errors import InputError, UsageError
-from dppipeline.logs import statistic
-from dppipeline.quarantine import FILE_NAME, private_folder, seal
-from dppipeline.queries import (
+from dppipeline.core.tasks import (
     GLOBAL_KEY,
     AggregationTask,
     KeyColumn,
     canonical_keys,
     input_schema,
 )
-from dppipeline.validation import RejectedRow, RejectSummary, check_rejected_fraction
+from dppipeline.engines.base import EngineRun, ReleaseJob, release_to_datasets
+from dppipeline.engines.shared.sampling import SamplingKeys
+from dppipeline.engines.spark import read as spark_read
+from dppipeline.engines.spark.filter import to_spark
+from dppipeline.engines.spark.session import (
+    shuffle_partitions,
+    start_spark_early,
+    started_spark,
+)
+from dppipeline.errors import InputError, UsageError
+from dppipeline.inputs.contract import RejectedRow, RejectSummary, check_rejected_fraction
+from dppipeline.inputs.quarantine import FILE_NAME, private_folder, seal
+from dppipeline.logs import statistic
 
-log = logging.getLogger("dppipeline.spark")
+log = logging.getLogger(__name__)
 
 
 # Above this many partitions the release runs on the executors (mapInPandas). Read when the

@@ -1,4 +1,4 @@
-"""Filters (`dppipeline.filters`) as Spark Column expressions, for the Spark engine.
+"""Filters (`dppipeline.spec.filters`) as Spark Column expressions, for the Spark engine.
 
 A filter is written as one Spark SQL expression and handed to the JVM in one call (`F.expr`):
 building it from Column objects costs a Py4J round trip per column, literal, cast and
@@ -23,7 +23,7 @@ import datetime as dt
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from dppipeline.filters import FilterExpr, Value, compile_filter
+from dppipeline.spec.filters import FilterExpr, Value, compile_filter
 
 
 class _Sql:

@@ -32,12 +32,12 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from dppipeline.csv_records import FIELDS, HEADER_FIELDS, ROW, check_header, read_csv_records
-from dppipeline.engines.spark_rules import BAD, DAY, flag_rows, parsed_name, reason
+from dppipeline.engines.spark.rules import BAD, DAY, flag_rows, parsed_name, reason
 from dppipeline.errors import InputError
-from dppipeline.io import DailyPartition, first_line, parquet_footer
-from dppipeline.schemas import Schema
-from dppipeline.validation import Rule, Source, column_sources, rules_for
+from dppipeline.inputs.contract import Rule, Source, column_sources, rules_for
+from dppipeline.inputs.csv_records import FIELDS, HEADER_FIELDS, ROW, check_header, read_csv_records
+from dppipeline.inputs.files import DailyPartition, first_line, parquet_footer
+from dppipeline.spec.schema import Schema
 
 SOURCE = "_source_file"
 REASON = "_reason"

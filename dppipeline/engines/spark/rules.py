@@ -1,4 +1,4 @@
-"""The input contract (`dppipeline.validation`) as Spark columns: each column parsed into its
+"""The input contract (`dppipeline.inputs.contract`) as Spark columns: each column parsed into its
 schema type, and per rule a boolean that is true (never null) when a row breaks it. The same
 `Rule` values as `polars_rules`, so Spark rejects the same rows with the same reasons.
 
@@ -17,9 +17,7 @@ from functools import reduce
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from dppipeline.csv_records import FIELDS, HEADER_FIELDS
-from dppipeline.schemas import Field, Schema, spark_type_name
-from dppipeline.validation import (
+from dppipeline.inputs.contract import (
     BLANKS,
     INT64_END,
     INT64_MIN,
@@ -28,6 +26,8 @@ from dppipeline.validation import (
     Rule,
     Source,
 )
+from dppipeline.inputs.csv_records import FIELDS, HEADER_FIELDS
+from dppipeline.spec.schema import Field, Schema, spark_type_name
 
 DAY = "_day"
 BAD = "_bad"

@@ -6,7 +6,6 @@ fills in what is unset. Run in-process (`dppipeline run --engine spark`), it sta
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import sys
@@ -16,8 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from dppipeline.errors import UsageError
-
-log = logging.getLogger("dppipeline.spark")
 
 # SQL defaults applied only where neither spark-submit nor the user set a value.
 SQL_DEFAULTS: dict[str, str] = {

@@ -1,0 +1,137 @@
+"""A query's task on Polars rows: filter, keys (time buckets), clipping, contribution
+bounding and exact per-partition aggregates. The local engine runs it on all rows at once;
+Beam on each batch; `evaluate` and `tune` on in-memory data."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import polars as pl
+
+from dppipeline.core.tasks import (
+    AggregationTask,
+    KeyColumn,
+    canonical_keys,
+)
+from dppipeline.engines.shared.bounding import (
+    aggregate_per_partition,
+    aggregates_table,
+    dense_codes,
+    sample_contributions,
+)
+from dppipeline.engines.shared.polars_filter import to_polars
+from dppipeline.engines.shared.polars_read import ROW, SOURCE
+from dppipeline.engines.shared.sampling import (
+    SamplingKeys,
+    pair_priorities,
+    partition_seeds,
+    row_priorities,
+)
+from dppipeline.spec.schema import transactions_schema
+
+_CODE = "_key_code"
+
+
+def key_expr(key: KeyColumn) -> pl.Expr:
+    """A partition key column as a Polars expression (time buckets from TX_DATETIME)."""
+    if key.bucket is None:
+        return pl.col(key.name)
+    moment = pl.col(key.source)
+    if key.bucket == "day":
+        return moment.dt.date().alias(key.name)
+    if key.bucket == "week":
+        return moment.dt.truncate("1w").dt.date().alias(key.name)
+    return moment.dt.strftime("%Y-%m").alias(key.name)
+
+
+def task_rows(
+    rows: pl.DataFrame, task: AggregationTask, unit: str, public: pl.DataFrame | None = None
+) -> pl.DataFrame:
+    """The task's rows: filtered, with its key columns derived, unlisted keys dropped (before
+    bounding, so no unit spends its L0 on a partition that is never released) and the value
+    clipped, as (unit, keys..., `_value`, and the row identity `_source_file`, `_row` where
+    the rows have it). `public`: the task's public keys, already converted to Polars
+    (callers that run this per batch convert them once)."""
+    if task.filter is not None:
+        rows = rows.filter(to_polars(task.filter))
+    value = pl.lit(0.0) if task.clip is None else pl.col(task.value).clip(*task.clip)
+    identity = [c for c in (SOURCE, ROW) if c in rows.columns]
+    frame = rows.select(
+        pl.col(unit),
+        *[key_expr(k) for k in task.keys],
+        value.cast(pl.Float64).alias("_value"),
+        *identity,
+    )
+    if task.public_keys is not None:
+        if public is None:
+            public = pl.from_pandas(task.public_keys, include_index=False)
+        frame = frame.join(public, on=task.key_names, how="semi")
+    return frame
+
+
+def key_codes_of(frame: pl.DataFrame, keys: Sequence[KeyColumn]) -> tuple[np.ndarray, pd.DataFrame]:
+    """(dense code per row, key values per code as canonical pandas columns)."""
+    if not keys:
+        return np.zeros(frame.height, dtype=np.int64), pd.DataFrame(index=range(1))
+    if len(keys) == 1 and keys[0].kind == "int64":
+        codes, values = dense_codes(frame.get_column(keys[0].name).to_numpy())
+        return codes, pd.DataFrame({keys[0].name: values})
+    names = [k.name for k in keys]
+    coded = frame.select(names).with_columns(
+        (pl.struct(names).rank("dense") - 1).cast(pl.Int64).alias(_CODE)
+    )
+    values = coded.unique(_CODE).sort(_CODE).drop(_CODE).to_pandas()
+    return coded.get_column(_CODE).to_numpy(), canonical_keys(values, keys)
+
+
+def row_priority(frame: pl.DataFrame, keys: SamplingKeys) -> np.ndarray:
+    """Each row's Linf priority from its identity; rows built in memory without one are
+    identified by their position."""
+    if SOURCE in frame.columns:
+        source = frame.get_column(SOURCE)
+        files = list(source.dtype.categories) if isinstance(source.dtype, pl.Enum) else None
+        if files is None:  # plain text: one code per distinct file
+            codes, names = pd.factorize(source.to_numpy())
+            files, file_codes = [str(n) for n in names], codes
+        else:
+            file_codes = source.to_physical().to_numpy()
+        rows = frame.get_column(ROW).to_numpy()
+    else:
+        files, file_codes, rows = [""], np.zeros(frame.height, np.int64), np.arange(frame.height)
+    return row_priorities(keys, files, file_codes, rows)
+
+
+def aggregate_task(
+    rows: pl.DataFrame, task: AggregationTask, unit: str, keys: SamplingKeys
+) -> pd.DataFrame:
+    """One task's exact bounded aggregates per partition, sampled with the run's keys."""
+    frame = task_rows(rows, task, unit)
+    key_codes, key_values = key_codes_of(frame, task.keys)
+    privacy_codes, unit_values = dense_codes(frame.get_column(unit).to_numpy())
+    n_keys = max(len(key_values), 1)
+    seeds = partition_seeds(keys, key_values, [k.kind for k in task.keys])
+    unit_kind = transactions_schema().field(unit).type
+    values = None if task.clip is None else frame.get_column("_value").to_numpy()
+    sample = sample_contributions(
+        privacy_codes,
+        key_codes,
+        n_keys=n_keys,
+        max_partitions_contributed=task.max_partitions_contributed,
+        max_contributions_per_partition=task.max_contributions_per_partition,
+        row_priority=row_priority(frame, keys),
+        pair_priority=lambda units, codes: pair_priorities(
+            seeds[codes], unit_values[units], unit_kind
+        ),
+        values=values,
+    )
+    bounded = aggregate_per_partition(
+        sample,
+        key_codes,
+        values,
+        n_keys,
+        sum_squares=task.sum_squares,
+        keep_values=task.values,
+    )
+    return aggregates_table(bounded, key_values)
