@@ -1,0 +1,46 @@
+"""The layout the docs describe is the layout of the code."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "dppipeline"
+
+
+def named_paths(text: str) -> set[str]:
+    """`folder/` and `folder/file.py` names a document gives for the package."""
+    return set(re.findall(r"(?<![\w/.])((?:[a-z_]+/)+(?:[a-z_]+\.py)?)", text))
+
+
+def exists(path: str) -> bool:
+    """In the package, under engines/ (an engine's folder), or in the repository."""
+    return any((base / path).exists() for base in (PACKAGE, PACKAGE / "engines", ROOT))
+
+
+def test_every_package_and_module_the_architecture_names_exists():
+    named = named_paths((ROOT / "docs" / "architecture.md").read_text())
+    assert len(named) > 15
+    missing = [p for p in named if not exists(p)]
+    assert not missing, missing
+
+
+def test_the_readme_layout_names_what_exists():
+    readme = (ROOT / "README.md").read_text()
+    layout = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    named = named_paths(layout)
+    assert len(named) > 15
+    missing = [p for p in named if not exists(p)]
+    assert not missing, missing
+
+
+def test_every_layer_package_is_in_the_contracts_and_the_architecture():
+    """A new top-level package must take its place in the layers (and the doc)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    layers = config["tool"]["importlinter"]["contracts"][0]["layers"]
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert {layer.removeprefix("dppipeline.") for layer in layers} == packages
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    assert all(f"{name}/" in doc for name in packages)
