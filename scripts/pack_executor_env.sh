@@ -93,15 +93,11 @@ ENV_PY="$WORK/env/bin/python"
 "$ENV_PY" -m pip install --quiet --disable-pip-version-check \
     -c "$LOCK" "${RUNTIME_DEPS[@]}" "$WHEEL"
 
-# Workaround: the wheel lacks schemas/*.json (they live at the repository root, outside the
-# package, and pyproject.toml's package-data does not list them), so dppipeline.spec.schema cannot
-# load a schema from an installed wheel. schema_dir() also looks in dppipeline/schemas/: put
-# them there. A no-op once the wheel carries them.
+# The wheel carries dppipeline/spec/schemas/ (pyproject.toml's package-data); check it did.
 SITE="$("$ENV_PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-if [[ ! -d "$SITE/dppipeline/schemas" ]]; then
-    echo "$PROG: warning: the dppipeline wheel has no schemas/; copying $ROOT/schemas/*.json into the environment" >&2
-    mkdir "$SITE/dppipeline/schemas"
-    cp "$ROOT"/schemas/*.json "$SITE/dppipeline/schemas/"
+if [[ ! -f "$SITE/dppipeline/spec/schemas/transactions.json" ]]; then
+    echo "$PROG: error: the dppipeline wheel lacks spec/schemas/*.json (package-data)" >&2
+    exit 1
 fi
 # Executors need neither pip nor setuptools.
 "$ENV_PY" -m pip uninstall --quiet --yes pip setuptools

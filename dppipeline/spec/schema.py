@@ -65,7 +65,7 @@ class Schema:
 
 
 def schema_dir() -> Path:
-    """`dppipeline/schemas/`, shipped inside the package (the repository's top-level
+    """`dppipeline/spec/schemas/`, shipped inside the package (the repository's top-level
     `schemas/` is a link to it)."""
     return Path(__file__).resolve().parent / "schemas"
 
