@@ -721,8 +721,8 @@ def test_a_bug_is_one_line_without_its_message(debug):
         return
     line = check_one_line_failure(result, 70)
     assert re.fullmatch(
-        r"dppipeline plan: error: internal error \(a bug\): KeyError at dppipeline\.cli:\d+; "
-        r"set DPPIPELINE_DEBUG=1 for the traceback",
+        r"dppipeline plan: error: internal error \(a bug\): KeyError at "
+        r"dppipeline\.commands\.cli:\d+; set DPPIPELINE_DEBUG=1 for the traceback",
         line,
     ), line
     assert "4242" not in result.stderr
