@@ -24,17 +24,15 @@ from scipy.stats import norm
 from dppipeline.commands.cli import main
 from dppipeline.core.tasks import plan_tasks, task_for
 from dppipeline.engines.base import ReleaseJob
-from dppipeline.engines.beam.engine import (
-    AggregatePerPartition,
-    BeamEngine,
-    BoundContributions,
+from dppipeline.engines.beam.bound import BoundContributions
+from dppipeline.engines.beam.engine import BeamEngine
+from dppipeline.engines.beam.read import (
     RawBatch,
     ReadTransactions,
-    ReleaseDP,
     ValidateTransactions,
-    WriteRelease,
     input_parts,
 )
+from dppipeline.engines.beam.release import AggregatePerPartition, ReleaseDP, WriteRelease
 from dppipeline.engines.shared.polars_read import FileRows
 from dppipeline.engines.shared.sampling import new_salt
 from dppipeline.errors import InputError, UsageError

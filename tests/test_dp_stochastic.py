@@ -102,7 +102,8 @@ def bound_beam(rows: pd.DataFrame, task, folder) -> pd.DataFrame:
     from apache_beam.testing.test_pipeline import TestPipeline
     from apache_beam.testing.util import assert_that
 
-    from dppipeline.engines.beam.engine import AggregatePerPartition, BoundContributions
+    from dppipeline.engines.beam.bound import BoundContributions
+    from dppipeline.engines.beam.release import AggregatePerPartition
 
     target = folder / f"beam-{len(rows)}.parquet"
 

@@ -443,7 +443,7 @@ def _print(line: str) -> None:
 
 
 def _cmd_budget(args: argparse.Namespace) -> int:
-    from dppipeline import budget_report  # noqa: PLC0415
+    from dppipeline.commands import budget as budget_report  # noqa: PLC0415
 
     policy = None
     if getattr(args, "config", None):

@@ -1,0 +1,210 @@
+"""Per-partition sums, the DP release of each partition shard (`core.release`) and the
+release's Parquet files written by exact name."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import apache_beam as beam
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics.metric import Metrics
+from apache_beam.typehints import KV, Any
+
+from dppipeline.core.budget import JobPlan
+from dppipeline.core.release import (
+    AGGREGATE_COLUMNS,
+    AGGREGATE_DTYPES,
+    SUM_SQUARES,
+    VALUES,
+)
+from dppipeline.core.tasks import (
+    AggregationTask,
+    JobTasks,
+    release_job,
+)
+from dppipeline.engines.base import ReleaseJob
+from dppipeline.engines.beam.bound import decode_keys, encode_key_frame, encoded_key
+from dppipeline.engines.beam.elements import METRICS_NAMESPACE, CompactingCombineFn
+from dppipeline.engines.shared.bounding import (
+    stable_shard,
+)
+
+PUBLIC_CHUNK = 100_000  # public keys per element
+
+
+def _sum_frames(frames: list[pd.DataFrame], key: str) -> pd.DataFrame:
+    """Partial aggregates summed per key; kept values (percentiles) concatenated."""
+    merged = pd.concat(frames, ignore_index=True)
+    totals = [c for c in (*AGGREGATE_COLUMNS, SUM_SQUARES) if c in merged]
+    out = merged.groupby(key, sort=False, as_index=False)[totals].sum()
+    if VALUES in merged:
+        values = merged.groupby(key, sort=False)[VALUES].agg(lambda v: np.concatenate(list(v)))
+        out[VALUES] = values.reindex(out[key]).to_list()
+    return out
+
+
+class _SumPerPartition(CompactingCombineFn):
+    """Partial aggregates of one partition shard -> their sum per partition key."""
+
+    def __init__(self, key: str):
+        self._key = key
+
+    def _merge(self, frames: list[pd.DataFrame]) -> pd.DataFrame:
+        return _sum_frames(frames, self._key)
+
+
+class AggregatePerPartition(beam.PTransform):
+    """(partition shard, partial aggregates) -> (partition shard, exact bounded aggregates)."""
+
+    def __init__(self, task: AggregationTask):
+        super().__init__()
+        self._key = encoded_key(task)
+
+    def expand(self, partials):
+        return partials | "SumPerPartition" >> beam.CombinePerKey(_SumPerPartition(self._key))
+
+
+def _empty_aggregates(task: AggregationTask) -> pd.DataFrame:
+    frame = decode_keys(np.zeros(0, dtype=object), task)
+    for column, dtype in AGGREGATE_DTYPES.items():
+        frame[column] = pd.Series([], dtype=dtype)
+    if task.sum_squares:
+        frame[SUM_SQUARES] = pd.Series([], dtype="float64")
+    if task.values:
+        frame[VALUES] = pd.Series([], dtype=object)
+    return frame
+
+
+class _ReleaseShard(beam.DoFn):
+    """Every task's exact aggregates of one partition shard (and the public keys that fall in
+    it) -> each query's released rows, by `core.release`, as (shard, table) tagged by query
+    (the shard names the file the rows are written to)."""
+
+    def __init__(self, plan: JobPlan, tasks: JobTasks, schemas: dict[str, pa.Schema]):
+        self._plan, self._tasks, self._schemas = plan, tasks, schemas
+        self._released = Metrics.counter(METRICS_NAMESPACE, "partitions_released")
+
+    def process(self, element) -> list:
+        shard, grouped = element
+        exact: dict[str, pd.DataFrame] = {}
+        for task in self._tasks.tasks:
+            frames = [f for f in grouped.get(task.name, ()) if f is not None]
+            if frames:
+                merged = pd.concat(frames, ignore_index=True)
+                keys = decode_keys(merged[encoded_key(task)].to_numpy(), task)
+                merged = merged.drop(columns=[encoded_key(task)])
+                exact[task.name] = pd.concat([keys, merged], axis=1)
+            else:
+                exact[task.name] = _empty_aggregates(task)
+        public: dict[str, pd.DataFrame | None] = {}
+        for name in self._tasks.public_keys:
+            task = self._tasks.task(name)
+            chunks = list(grouped.get(_PUBLIC + name, ()))
+            encoded = np.concatenate(chunks) if chunks else np.zeros(0, dtype=object)
+            public[name] = decode_keys(encoded, task)
+        shard_tasks = JobTasks(self._tasks.tasks, self._tasks.selection_sources, public)
+        outputs = []
+        for query, released in release_job(self._plan, shard_tasks, exact).items():
+            if len(released):
+                schema = self._schemas[query]
+                table = pa.Table.from_pandas(
+                    released[schema.names], schema=schema, preserve_index=False
+                )
+                self._released.inc(table.num_rows)
+                outputs.append(beam.pvalue.TaggedOutput(query, (shard, table)))
+        return outputs
+
+
+_PUBLIC = "public:"
+
+
+class ReleaseDP(beam.PTransform):
+    """{task name: exact aggregates per partition shard} -> {query: released Arrow tables}:
+    one CoGroupByKey brings each shard's aggregates of every task, and the public keys that
+    fall in it, to one `core.release` call (selection + noise)."""
+
+    def __init__(self, job: ReleaseJob, partition_shards: int):
+        super().__init__()
+        self._job, self._shards = job, partition_shards
+
+    def expand(self, aggregates: dict):
+        job, pipeline = self._job, next(iter(aggregates.values())).pipeline
+        inputs = dict(aggregates)
+        for name, keys in job.tasks.public_keys.items():
+            task = job.tasks.task(name)
+            encoded = encode_key_frame(keys, task) if keys is not None else np.zeros(1, np.int64)
+            inputs[_PUBLIC + name] = (
+                pipeline
+                | f"PublicPartitions[{name}]" >> beam.Create(_chunks(encoded))
+                | f"ShardPublicPartitions[{name}]"
+                >> beam.FlatMap(_split_by_shard, shards=self._shards).with_output_types(
+                    KV[int, Any]
+                )
+            )
+        queries = [q.name for q in job.plan.queries]
+        release = _ReleaseShard(
+            job.plan,
+            job.tasks,
+            {q: job.release_schema(q) for q in queries},
+        )
+        return (
+            inputs
+            | "GroupByPartitionShard" >> beam.CoGroupByKey()
+            | "SelectAndNoise" >> beam.ParDo(release).with_outputs(*queries)
+        )
+
+
+class WriteParquetFile(beam.DoFn):
+    """(number, Arrow table) -> `<folder>/<prefix>-<number>.parquet`, through Beam's file
+    systems. One file per number, so a retried bundle overwrites its own file, and an exact
+    name: Beam's file sinks match their temporary files as patterns, which breaks in a folder
+    whose name holds `[` or `*` (a path is a path)."""
+
+    def __init__(self, folder: str, prefix: str, schema: pa.Schema):
+        self._folder, self._prefix, self._schema = folder, prefix, schema
+
+    def process(self, element) -> None:
+        number, table = element
+        write_parquet(parquet_name(self._folder, self._prefix, number), table.cast(self._schema))
+
+
+def parquet_name(folder: str, prefix: str, number: int) -> str:
+    return FileSystems.join(folder, f"{prefix}-{number:05d}.parquet")
+
+
+def write_parquet(path: str, table: pa.Table) -> None:
+    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        pq.write_table(table, handle)
+
+
+class WriteRelease(beam.PTransform):
+    """(partition shard, released table) -> `part-SSSSS.parquet` in the dataset folder (a
+    shard with nothing released writes no file; the engine writes an empty one for a query
+    that released nothing). The folder is in the runner's staging area, published only on
+    success."""
+
+    def __init__(self, dataset_dir: Path, schema: pa.Schema):
+        super().__init__()
+        self._dir, self._schema = dataset_dir, schema
+
+    def expand(self, tables):
+        return tables | "WriteParquet" >> beam.ParDo(
+            WriteParquetFile(str(self._dir), "part", self._schema)
+        )
+
+
+def _chunks(keys: np.ndarray) -> list[np.ndarray]:
+    return np.array_split(keys, max(1, math.ceil(len(keys) / PUBLIC_CHUNK)))
+
+
+def _split_by_shard(keys: np.ndarray, shards: int) -> Iterator[tuple[int, np.ndarray]]:
+    target = stable_shard(keys, shards)
+    for shard in np.unique(target):
+        yield int(shard), keys[target == shard]
