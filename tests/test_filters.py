@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import dppipeline.spec.filters as filters_module
 from dppipeline.engines.shared.polars_filter import to_polars
+from dppipeline.engines.spark.types import to_spark_ddl
 from dppipeline.errors import SpecError
 from dppipeline.spec.filters import (
     INT64_MAX,
@@ -40,7 +41,7 @@ from dppipeline.spec.filters import (
     parse_filter,
     to_text,
 )
-from dppipeline.spec.schema import Field, Schema, to_spark_ddl, transactions_schema
+from dppipeline.spec.schema import Field, Schema, transactions_schema
 
 TX = transactions_schema()
 # The transactions columns plus one string column, so that string literals are covered too.

@@ -110,25 +110,3 @@ def release_schema(
             f = typed[name]
         fields.append(pa.field(name, f.arrow_type, nullable=f.nullable))
     return pa.schema(fields)
-
-
-_SPARK_TYPES = {
-    "int64": "bigint",
-    "float64": "double",
-    "string": "string",
-    "timestamp[us]": "timestamp_ntz",
-    "date32": "date",
-}
-
-
-def spark_type_name(field: Field) -> str:
-    """The Spark SQL type of a schema field (DDL name, usable in casts)."""
-    return _SPARK_TYPES[field.type]
-
-
-def to_spark_ddl(schema: Schema) -> str:
-    """The schema as a Spark DDL string (`StructType.fromDDL`), keeping pyspark optional here."""
-    return ", ".join(
-        f"{f.name} {spark_type_name(f)}" + ("" if f.nullable else " NOT NULL")
-        for f in schema.fields
-    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import polars as pl
+import pyarrow as pa
 
 from dppipeline.inputs.contract import (
     BLANKS,
@@ -26,12 +27,11 @@ from dppipeline.spec.schema import Field, Schema
 
 DAY = "_day"
 BAD = "_bad"
-_TYPES: dict[str, pl.DataType] = {
-    "int64": pl.Int64(),
-    "float64": pl.Float64(),
-    "string": pl.String(),
-    "timestamp[us]": pl.Datetime("us"),
-}
+
+
+def polars_type(field: Field) -> pl.DataType:
+    """A schema field's Polars type, derived from its Arrow type."""
+    return pl.from_arrow(pa.array([], type=field.arrow_type)).dtype
 
 
 def parsed_name(column: str) -> str:
@@ -44,7 +44,7 @@ def _text(column: str) -> pl.Expr:
 
 def parsed(field: Field, source: Source) -> pl.Expr:
     """The column in its schema type; null where it does not parse (its rules say why)."""
-    raw, target = pl.col(field.name), _TYPES[field.type]
+    raw, target = pl.col(field.name), polars_type(field)
     if field.type == "timestamp[us]":
         if source is Source.TEXT:
             return _text_timestamp(_text(field.name))

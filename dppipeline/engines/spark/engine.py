@@ -60,6 +60,7 @@ from dppipeline.engines.spark.session import (
     start_spark_early,
     started_spark,
 )
+from dppipeline.engines.spark.types import to_spark_ddl
 from dppipeline.errors import InputError, UsageError
 from dppipeline.inputs.contract import RejectedRow, RejectSummary, check_rejected_fraction
 from dppipeline.inputs.quarantine import FILE_NAME, private_folder, seal
@@ -79,12 +80,6 @@ PRIORITY = "_priority"
 LINF_SECRET, L0_SECRET = "_linf_secret", "_l0_secret"
 MIN_BY_MAX_K = 100_000  # the largest k Spark's min_by takes
 INSET_MAX_KEYS = 10_000
-_ARROW_TO_SPARK = {
-    "int64": "bigint",
-    "double": "double",
-    "string": "string",
-    "date32[day]": "date",
-}
 
 
 def key_column(key: KeyColumn) -> Column:
@@ -261,7 +256,7 @@ def release_on_executors(
     task = job.tasks.task(query)
     plan = job.plan.query(query).plan
     arrow_schema = job.release_schema(query)
-    ddl = ", ".join(f"{f.name} {_ARROW_TO_SPARK[str(f.type)]}" for f in arrow_schema)
+    ddl = to_spark_ddl(arrow_schema)
     names, keys = arrow_schema.names, task.key_names
 
     def release_batches(batches):

@@ -33,6 +33,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dppipeline.engines.spark.rules import BAD, DAY, flag_rows, parsed_name, reason
+from dppipeline.engines.spark.types import spark_type
 from dppipeline.errors import InputError
 from dppipeline.inputs.contract import Rule, Source, column_sources, rules_for
 from dppipeline.inputs.csv_records import FIELDS, HEADER_FIELDS, ROW, check_header, read_csv_records
@@ -45,21 +46,6 @@ ERROR = "_error"
 _GLOB_CHARACTERS = re.compile(r"([\\*?\[\]{}])")
 _EPOCH = "TIMESTAMP_NTZ'1970-01-01 00:00:00'"
 _NANOS_AS_LONG = "spark.sql.legacy.parquet.nanosAsLong"
-# Arrow types as Spark reads them, for an explicit read schema (timestamps apart).
-_SPARK_TYPES = {
-    "int8": "tinyint",
-    "int16": "smallint",
-    "int32": "int",
-    "int64": "bigint",
-    "uint8": "smallint",
-    "uint16": "int",
-    "uint32": "bigint",
-    "uint64": "decimal(20,0)",
-    "float": "float",
-    "double": "double",
-    "string": "string",
-    "large_string": "string",
-}
 
 
 @dataclass(frozen=True)
@@ -162,13 +148,8 @@ def footer_ddl(names: Sequence[str], footer: pa.Schema) -> str:
     parts = []
     for name in names:
         arrow = footer.field(name).type
-        if pa.types.is_timestamp(arrow):
-            spark_type = (
-                "bigint" if arrow.unit == "ns" else ("timestamp" if arrow.tz else "timestamp_ntz")
-            )
-        else:
-            spark_type = _SPARK_TYPES[str(arrow)]
-        parts.append(f"`{name}` {spark_type}")
+        is_nanos = pa.types.is_timestamp(arrow) and arrow.unit == "ns"
+        parts.append(f"`{name}` {'bigint' if is_nanos else spark_type(arrow)}")
     return ", ".join(parts)
 
 

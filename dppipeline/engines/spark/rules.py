@@ -17,6 +17,7 @@ from functools import reduce
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
+from dppipeline.engines.spark.types import field_type
 from dppipeline.inputs.contract import (
     BLANKS,
     INT64_END,
@@ -27,7 +28,7 @@ from dppipeline.inputs.contract import (
     Source,
 )
 from dppipeline.inputs.csv_records import FIELDS, HEADER_FIELDS
-from dppipeline.spec.schema import Field, Schema, spark_type_name
+from dppipeline.spec.schema import Field, Schema
 
 DAY = "_day"
 BAD = "_bad"
@@ -44,7 +45,7 @@ def _text(column: str) -> Column:
 
 def parsed(field: Field, source: Source) -> Column:
     """The column in its schema type; null where it does not parse (its rules say why)."""
-    raw, target = F.col(field.name), spark_type_name(field)
+    raw, target = F.col(field.name), field_type(field)
     if field.type == "timestamp[us]":
         if source is Source.TEXT:
             return F.translate(_text(field.name), "T", " ").try_cast("timestamp_ntz")
