@@ -44,3 +44,14 @@ def test_every_layer_package_is_in_the_contracts_and_the_architecture():
     assert {layer.removeprefix("dppipeline.") for layer in layers} == packages
     doc = (ROOT / "docs" / "architecture.md").read_text()
     assert all(f"{name}/" in doc for name in packages)
+
+
+def test_the_readme_field_table_is_what_spec_doc_prints(capsys):
+    """The README's job spec table is generated (`dppipeline spec-doc --markdown`); edit the
+    field docs in spec/model.py and paste the new table when this fails."""
+    from dppipeline.commands.cli import main
+
+    assert main(["spec-doc", "--markdown"]) == 0
+    table = capsys.readouterr().out.strip()
+    assert table.count("\n") > 20
+    assert table in (ROOT / "README.md").read_text()
