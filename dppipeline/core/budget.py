@@ -34,6 +34,7 @@ import pipeline_dp
 from pipeline_dp import budget_accounting, dp_computations
 from pipeline_dp import partition_selection as pdp_partition_selection
 from pipeline_dp.aggregate_params import MechanismType
+from pydp.algorithms.partition_selection import PartitionSelectionStrategy
 from pydp.algorithms.quantile_tree import QuantileTree
 from scipy.special import log_ndtr
 
@@ -139,7 +140,7 @@ class MechanismBudget:
         )
         return dp_computations.create_additive_mechanism(spec, sensitivities)
 
-    def build_selection(self, pre_threshold: int | None):
+    def build_selection(self, pre_threshold: int | None) -> PartitionSelectionStrategy:
         """The PyDP partition selection strategy this budget describes."""
         return pdp_partition_selection.create_partition_selection_strategy(
             _SELECTION_STRATEGIES[self.kind],
@@ -284,11 +285,14 @@ class JobPlan:
         return math.fsum(e for e, _ in parts), math.fsum(d for _, d in parts)
 
 
+_GroupKey = tuple[tuple[str, ...], str, int | None]  # key columns, strategy, pre_threshold
+
+
 def _selection_groups(
     queries: Sequence[tuple[str, AggregationParams, float]],
-) -> dict[tuple, list[str]]:
+) -> dict[_GroupKey, list[str]]:
     """Private queries by (key columns, strategy, pre_threshold), in spec order."""
-    groups: dict[tuple, list[str]] = {}
+    groups: dict[_GroupKey, list[str]] = {}
     for name, params, _ in queries:
         if not params.public_partitions:
             group = (params.key_columns, params.selection_strategy, params.pre_threshold)
@@ -336,7 +340,9 @@ def plan_job(
             )
             for mechanism, linf in mechanisms
         ]
-    group_specs = {}
+    group_specs: dict[
+        str, tuple[tuple[str, ...], str, int | None, list[str], budget_accounting.MechanismSpec]
+    ] = {}
     for (keys, strategy, pre_threshold), members in _selection_groups(queries).items():
         group_name = ",".join(keys) if prefix_names else "partition_selection"
         if group_name in group_specs:  # same keys, other settings: keep names unique
@@ -371,16 +377,16 @@ def plan_job(
     plans = []
     for name, params, weight in queries:
         where = _Where(name if prefix_names else None)
-        mechanisms = [
+        budgets = [
             _metric_budget(params, mechanism, kind, linf, spec, where=where)
             for mechanism, kind, linf, spec in requested[name]
         ]
         group = selection_of.get(name)
         if group is not None:
-            mechanisms.append(group[1])
-        eps = math.fsum(m.epsilon for m in mechanisms)
-        dlt = math.fsum(m.delta for m in mechanisms)
-        plan = BudgetPlan(epsilon=eps, delta=dlt, params=params, mechanisms=tuple(mechanisms))
+            budgets.append(group[1])
+        eps = math.fsum(m.epsilon for m in budgets)
+        dlt = math.fsum(m.delta for m in budgets)
+        plan = BudgetPlan(epsilon=eps, delta=dlt, params=params, mechanisms=tuple(budgets))
         _check_selection_is_sound(plan, where)
         plans.append(QueryPlan(name, weight, plan, None if group is None else group[0]))
     return JobPlan(epsilon, delta, tuple(plans), tuple(selections))

@@ -35,9 +35,10 @@ MANIFEST_VERSION = 2
 def published_run_id(release: Path) -> str | None:
     """The run id in a release folder's manifest; None when there is no readable manifest."""
     try:
-        return json.loads((release / MANIFEST_NAME).read_text()).get("run_id")
-    except (OSError, ValueError):
+        run_id = json.loads((release / MANIFEST_NAME).read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):  # AttributeError: not a JSON object
         return None
+    return run_id if isinstance(run_id, str) else None
 
 
 def _version(package: str) -> str | None:

@@ -157,7 +157,8 @@ def centred_squares_term(exact: pd.DataFrame, params: AggregationParams) -> np.n
     count = exact["count"].to_numpy(dtype=np.float64)
     total = exact["sum"].to_numpy(dtype=np.float64)
     squares = exact[SUM_SQUARES].to_numpy(dtype=np.float64)
-    return squares - 2 * mid * total + (mid * mid - r2 / 2) * count
+    centred: np.ndarray = squares - 2 * mid * total + (mid * mid - r2 / 2) * count
+    return centred
 
 
 def noise_partitions(

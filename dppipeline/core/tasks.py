@@ -185,7 +185,7 @@ def task_for(query: QuerySpec) -> AggregationTask:
         filter=_parsed_filter(query),
         keys=keys,
         value=query.value,
-        clip=(bounds.min_value, bounds.max_value) if query.needs_value_bounds else None,
+        clip=_clip(query),
         max_partitions_contributed=bounds.max_partitions_contributed if keys else 1,
         max_contributions_per_partition=bounds.max_contributions_per_partition,
         sum_squares="variance" in metrics,
@@ -282,6 +282,15 @@ def public_key_set(
     return frame[[k.name for k in keys]]
 
 
+def _clip(query: QuerySpec) -> tuple[float, float] | None:
+    """[min_value, max_value] when the query aggregates its value (the spec requires both)."""
+    if not query.needs_value_bounds:
+        return None
+    low, high = query.bounds.min_value, query.bounds.max_value
+    assert low is not None and high is not None  # checked when the spec was built
+    return (low, high)
+
+
 def _column_keys(
     where: str, key: KeyColumn, source: object, days: Sequence[DailyPartition]
 ) -> list[object]:
@@ -291,7 +300,7 @@ def _column_keys(
     if source == INPUT_RANGE:
         if key.bucket is None:
             raise UsageError(f"{where}.{key.name}: {INPUT_RANGE} is for day, week and month")
-        return sorted({bucket_of(key.bucket, d.day) for d in days})
+        return sorted({bucket_of(key.bucket, d.day) for d in days}, key=str)  # ISO text order
     match = _RANGE.match(source)
     if match:
         if key.kind != "int64":
@@ -300,7 +309,8 @@ def _column_keys(
     if key.bucket is not None:
         frame = read_public_partitions(source, key.name, "string")
         return [_parse_key(f"{source}", key, v) for v in frame[key.name]]
-    return read_public_partitions(source, key.name, key.kind)[key.name].tolist()
+    values: list[object] = read_public_partitions(source, key.name, key.kind)[key.name].tolist()
+    return values
 
 
 def _key_file(path: Path, keys: Sequence[KeyColumn]) -> pd.DataFrame:
