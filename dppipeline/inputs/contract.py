@@ -32,6 +32,10 @@ from dppipeline.spec.schema import Schema
 # matches before a final line break): Rust's regex (Polars) and Java's (Spark) agree on them.
 # Blanks (space, tab) around a value are ignored; a blank value is null.
 
+# Columns every engine adds while it checks rows: the daily partition of a row, and whether
+# the row breaks a rule.
+DAY = "_day"
+BAD = "_bad"
 BLANKS = " \t"
 INT_TEXT = r"\A[ \t]*[+-]?[0-9]+[ \t]*\z"
 FLOAT_TEXT = r"\A[ \t]*[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?[ \t]*\z"

@@ -14,7 +14,9 @@ import polars as pl
 import pyarrow as pa
 
 from dppipeline.inputs.contract import (
+    BAD,
     BLANKS,
+    DAY,
     INT64_END,
     INT64_MIN,
     REPLACEMENT_CHARACTER,
@@ -24,9 +26,6 @@ from dppipeline.inputs.contract import (
 )
 from dppipeline.inputs.csv_records import FIELDS, HEADER_FIELDS
 from dppipeline.spec.schema import Field, Schema
-
-DAY = "_day"
-BAD = "_bad"
 
 
 def polars_type(field: Field) -> pl.DataType:

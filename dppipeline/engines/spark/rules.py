@@ -19,7 +19,9 @@ from pyspark.sql import functions as F
 
 from dppipeline.engines.spark.types import field_type
 from dppipeline.inputs.contract import (
+    BAD,
     BLANKS,
+    DAY,
     INT64_END,
     INT64_MIN,
     REPLACEMENT_CHARACTER,
@@ -30,8 +32,6 @@ from dppipeline.inputs.contract import (
 from dppipeline.inputs.csv_records import FIELDS, HEADER_FIELDS
 from dppipeline.spec.schema import Field, Schema
 
-DAY = "_day"
-BAD = "_bad"
 _EPOCH = "1970-01-01 00:00:00"
 
 
