@@ -22,16 +22,12 @@ from dppipeline.engines.beam.elements import (
     ContributionBlock,
 )
 from dppipeline.engines.shared.bounding import (
-    aggregate_per_partition,
     aggregates_frame,
-    sample_contributions,
     stable_shard,
 )
-from dppipeline.engines.shared.polars_tasks import task_rows
+from dppipeline.engines.shared.polars_tasks import bound_and_aggregate, task_rows
 from dppipeline.engines.shared.sampling import (
     SamplingKeys,
-    pair_priorities,
-    partition_seeds,
     row_priorities,
 )
 from dppipeline.inputs.csv_records import ROW
@@ -158,34 +154,20 @@ class _SamplePartitionsPerUnit(beam.DoFn):
         if block is None or len(block) == 0:
             return []
         unit_codes, unit_values, key_codes, key_values, _ = block.pair_codes()
-        n_keys = max(len(key_values), 1)
-        task = self._task
-        seeds = partition_seeds(
-            self._keys, decode_keys(key_values, task), [k.kind for k in task.keys]
-        )
-        # The rows are already <= Linf per pair; sample_contributions keeps them all and
-        # keeps the L0 pairs of lowest priority per unit, exactly as the local engine does.
-        sample = sample_contributions(
-            unit_codes,
-            key_codes,
-            n_keys=n_keys,
-            max_partitions_contributed=task.max_partitions_contributed,
-            max_contributions_per_partition=task.max_contributions_per_partition,
+        pairs = self._pairs
+        # The rows are already <= Linf per pair; the sample keeps them all and keeps the L0
+        # pairs of lowest priority per unit, with the local engine's code.
+        bounded = bound_and_aggregate(
+            self._task,
+            self._keys,
+            privacy_codes=unit_codes,
+            unit_values=unit_values,
+            unit_kind=self._unit_kind,
+            key_codes=key_codes,
+            key_values=decode_keys(key_values, self._task),
             row_priority=block.priority,
-            pair_priority=lambda units, codes: pair_priorities(
-                seeds[codes], unit_values[units], self._unit_kind
-            ),
             values=block.value,
-        )
-        if self._pairs is not None:
-            self._pairs.inc(len(sample.pair_key_codes))
-        bounded = aggregate_per_partition(
-            sample,
-            key_codes,
-            block.value,
-            n_keys,
-            sum_squares=task.sum_squares,
-            keep_values=task.values,
+            on_sample=None if pairs is None else lambda s: pairs.inc(len(s.pair_key_codes)),
         )
         partial = aggregates_frame(bounded, self._key, key_values)
         target = stable_shard(partial[self._key].to_numpy(), self._shards)

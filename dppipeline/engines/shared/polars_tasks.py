@@ -4,7 +4,7 @@ Beam on each batch; `evaluate` and `tune` on in-memory data."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -16,6 +16,8 @@ from dppipeline.core.tasks import (
     canonical_keys,
 )
 from dppipeline.engines.shared.bounding import (
+    BoundedAggregates,
+    ContributionSample,
     aggregate_per_partition,
     aggregates_table,
     dense_codes,
@@ -110,28 +112,54 @@ def aggregate_task(
     frame = task_rows(rows, task, unit)
     key_codes, key_values = key_codes_of(frame, task.keys)
     privacy_codes, unit_values = dense_codes(frame.get_column(unit).to_numpy())
+    values = None if task.clip is None else frame.get_column("_value").to_numpy()
+    bounded = bound_and_aggregate(
+        task,
+        keys,
+        privacy_codes=privacy_codes,
+        unit_values=unit_values,
+        unit_kind=transactions_schema().field(unit).type,
+        key_codes=key_codes,
+        key_values=key_values,
+        row_priority=row_priority(frame, keys),
+        values=values,
+    )
+    return aggregates_table(bounded, key_values)
+
+
+def bound_and_aggregate(
+    task: AggregationTask,
+    keys: SamplingKeys,
+    *,
+    privacy_codes: np.ndarray,
+    unit_values: np.ndarray,
+    unit_kind: str,
+    key_codes: np.ndarray,
+    key_values: pd.DataFrame,
+    row_priority: np.ndarray,
+    values: np.ndarray | None,
+    on_sample: Callable[[ContributionSample], None] | None = None,
+) -> BoundedAggregates:
+    """Linf and L0 sampling with the run's keys, then exact sums per partition: the one
+    bounding step of the local engine and of Beam's unit shards. `key_values`: the canonical
+    keys of codes 0..n-1 (the L0 priority hashes them); `on_sample` sees the sample (Beam's
+    debug statistic)."""
     n_keys = max(len(key_values), 1)
     seeds = partition_seeds(keys, key_values, [k.kind for k in task.keys])
-    unit_kind = transactions_schema().field(unit).type
-    values = None if task.clip is None else frame.get_column("_value").to_numpy()
     sample = sample_contributions(
         privacy_codes,
         key_codes,
         n_keys=n_keys,
         max_partitions_contributed=task.max_partitions_contributed,
         max_contributions_per_partition=task.max_contributions_per_partition,
-        row_priority=row_priority(frame, keys),
+        row_priority=row_priority,
         pair_priority=lambda units, codes: pair_priorities(
             seeds[codes], unit_values[units], unit_kind
         ),
         values=values,
     )
-    bounded = aggregate_per_partition(
-        sample,
-        key_codes,
-        values,
-        n_keys,
-        sum_squares=task.sum_squares,
-        keep_values=task.values,
+    if on_sample is not None:
+        on_sample(sample)
+    return aggregate_per_partition(
+        sample, key_codes, values, n_keys, sum_squares=task.sum_squares, keep_values=task.values
     )
-    return aggregates_table(bounded, key_values)
