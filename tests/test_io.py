@@ -13,6 +13,7 @@ from dppipeline.errors import InputError
 from dppipeline.inputs.files import (
     DailyPartition,
     discover_partitions,
+    key_lines,
     read_public_partitions,
     select_days,
 )
@@ -296,3 +297,22 @@ def test_read_public_partitions_missing_file(tmp_path):
     with pytest.raises(InputError) as info:
         read_public_partitions(tmp_path / "keys.csv", "TERMINAL_ID", "int64")
     assert str(tmp_path / "keys.csv") in str(info.value)
+
+
+def test_one_reader_for_every_key_file(tmp_path):
+    """`key_lines` reads one-column and several-column key files alike: quoted fields as in
+    any CSV, other columns ignored, blank lines skipped, physical line numbers."""
+    path = touch(
+        tmp_path / "keys.csv",
+        'note,TERMINAL_ID,day\n"a, b",7,2026-01-01\n\n"c",8,2026-01-02\n',
+    )
+    assert key_lines(path, ["TERMINAL_ID", "day"]) == [
+        (2, ["7", "2026-01-01"]),
+        (4, ["8", "2026-01-02"]),
+    ]
+    assert key_lines(path, ["TERMINAL_ID"]) == [(2, ["7"]), (4, ["8"])]
+    with pytest.raises(InputError, match="no month column in the header"):
+        key_lines(path, ["TERMINAL_ID", "month"])
+    short = touch(tmp_path / "short.csv", "TERMINAL_ID,day\n7\n")
+    with pytest.raises(InputError, match=r"line 2: no day field \(column 2 of the header\)"):
+        key_lines(short, ["TERMINAL_ID", "day"])

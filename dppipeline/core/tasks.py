@@ -15,7 +15,6 @@ form (int64, str, `datetime.date`), so results of every engine align and compare
 from __future__ import annotations
 
 import datetime as dt
-import io
 import itertools
 import math
 import re
@@ -34,8 +33,7 @@ from dppipeline.core.release import (
 from dppipeline.errors import InputError, UsageError
 from dppipeline.inputs.files import (
     DailyPartition,
-    first_line,
-    key_file_text,
+    key_lines,
     parse_int64_key,
     read_public_partitions,
 )
@@ -315,24 +313,14 @@ def _column_keys(
 
 def _key_file(path: Path, keys: Sequence[KeyColumn]) -> pd.DataFrame:
     """A CSV whose header names every key column; one key per line."""
-    text = key_file_text(path)
-    try:
-        frame = pd.read_csv(io.StringIO(text), dtype=str, skipinitialspace=True)
-    except (ValueError, pd.errors.ParserError) as exc:
-        raise InputError(f"cannot read public partitions {path}: {first_line(exc)}") from None
-    missing = [k.name for k in keys if k.name not in frame.columns]
-    if missing:
-        raise InputError(f"public partitions {path}: no {missing[0]} column in the header")
-    out = pd.DataFrame(
-        {
-            k.name: [
-                _parse_key(f"public partitions {path} line {i + 2}", k, v)
-                for i, v in enumerate(frame[k.name])
-            ]
-            for k in keys
-        }
-    )
-    return out.drop_duplicates(ignore_index=True)
+    rows = [
+        [
+            _parse_key(f"public partitions {path} line {n}", key, text)
+            for key, text in zip(keys, texts, strict=True)
+        ]
+        for n, texts in key_lines(path, [k.name for k in keys])
+    ]
+    return pd.DataFrame(rows, columns=[k.name for k in keys]).drop_duplicates(ignore_index=True)
 
 
 def _parse_key(where: str, key: KeyColumn, value: object) -> object:

@@ -6,8 +6,10 @@ Two input layouts, as data lakes and the book's data set use them:
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,33 +136,48 @@ def _parse_day(text: str, path: Path) -> dt.date:
         raise InputError(f"{path}: {text} is not a valid date") from None
 
 
-def read_public_partitions(path: str | Path, key_column: str, dtype: str) -> pd.DataFrame:
-    """A public key list: a CSV with a `key_column` header, or one key per line without one.
+def key_lines(path: str | Path, columns: Sequence[str]) -> list[tuple[int, list[str]]]:
+    """The one reader of public key files: (line number, the texts of `columns`) per key.
 
-    Keys are parsed to the key column's type; duplicates are dropped; a bad key names its line
-    (never its text: error messages quote no input value).
+    A file is a CSV whose header names every key column (other columns ignored; quoted fields
+    as in any CSV), or, for a single key column, one key per line without a header. Blank
+    lines are skipped; line numbers are physical (the header is line 1).
     """
     path = Path(path)
-    lines = key_file_text(path).splitlines()
-    entries = [(n, line.strip()) for n, line in enumerate(lines, start=1) if line.strip()]
-    header = [name.strip() for name in entries[0][1].split(",")] if entries else []
-    if key_column in header:
-        position = header.index(key_column)
-        try:
-            entries = [(n, line.split(",")[position].strip()) for n, line in entries[1:]]
-        except IndexError:
-            raise InputError(
-                f"public partitions {path}: a line has no {key_column} field "
-                f"(column {position + 1} of the header)"
-            ) from None
-    if not entries:
+    text = key_file_text(path)
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    if not lines:
         raise InputError(f"public partitions {path}: no keys")
+    header = [name.strip() for name in next(csv.reader([lines[0][1]]))]
+    if all(column in header for column in columns):
+        positions = [header.index(column) for column in columns]
+        out = []
+        for number, line in lines[1:]:
+            fields = next(csv.reader([line]))
+            short = [p for p in positions if p >= len(fields)]
+            if short:
+                raise InputError(
+                    f"public partitions {path} line {number}: no {header[short[0]]} field "
+                    f"(column {short[0] + 1} of the header)"
+                )
+            out.append((number, [fields[p].strip() for p in positions]))
+        if not out:
+            raise InputError(f"public partitions {path}: no keys")
+        return out
+    if len(columns) == 1:  # no header: the whole line is the key
+        return [(number, [line.strip()]) for number, line in lines]
+    missing = next(column for column in columns if column not in header)
+    raise InputError(f"public partitions {path}: no {missing} column in the header")
+
+
+def read_public_partitions(path: str | Path, key_column: str, dtype: str) -> pd.DataFrame:
+    """One column's public keys, parsed to its type (`key_lines`); duplicates dropped; a bad
+    key names its line (never its text: error messages quote no input value)."""
     keys: list[object] = []
-    for line_no, text in entries:
+    for number, (text,) in key_lines(path, [key_column]):
         if dtype == "int64":
-            keys.append(
-                parse_int64_key(text, f"public partitions {path} line {line_no}", key_column)
-            )
+            where = f"public partitions {Path(path)} line {number}"
+            keys.append(parse_int64_key(text, where, key_column))
         else:
             keys.append(text)
     frame = pd.DataFrame({key_column: keys}).drop_duplicates(ignore_index=True)
