@@ -608,7 +608,8 @@ class JobSpec:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return _jsonable(dataclasses.asdict(self))
+        content: dict[str, Any] = _jsonable(dataclasses.asdict(self))
+        return content
 
     def spec_hash(self) -> str:
         """sha256 of the canonical spec: what decides the release's numbers, defaults left
@@ -743,9 +744,10 @@ def _refuse_unknown(prefix: str, raw: Mapping[Any, Any], cls: type) -> None:
 def budget_from_dict(raw: Any, source: str) -> BudgetSpec:
     """Just the budget section of a spec (for `dppipeline budget`), validated."""
     try:
-        return _section_from_dict("budget", BudgetSpec, raw)
+        budget: BudgetSpec = _section_from_dict("budget", BudgetSpec, raw)
     except SpecError as exc:
         raise SpecError(f"{source}: {exc.field}", exc.rule) from None
+    return budget
 
 
 MAX_SPEC_BYTES = 1 << 20  # 1 MiB: a job spec is a few kB; key lists belong in key files
@@ -810,14 +812,15 @@ class _SpecLoader(yaml.SafeLoader):
 
     _depth = 0
 
-    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         self._depth += 1
         try:
             if self._depth > MAX_SPEC_DEPTH:
+                event = self.peek_event()  # type: ignore[no-untyped-call]
                 raise _SpecYAMLError(
-                    f"nested deeper than {MAX_SPEC_DEPTH} levels", self.peek_event().start_mark
+                    f"nested deeper than {MAX_SPEC_DEPTH} levels", event.start_mark
                 )
-            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+            return super().compose_node(parent, index)
         finally:
             self._depth -= 1
 
@@ -868,7 +871,7 @@ class _SpecLoader(yaml.SafeLoader):
                 f"an integer of {len(str(node.value)):,} characters; at most {MAX_SPEC_INT_DIGITS}",
                 node.start_mark,
             )
-        return super().construct_yaml_int(node)  # type: ignore[no-any-return]
+        return super().construct_yaml_int(node)
 
     def construct_yaml_timestamp(self, node: yaml.ScalarNode) -> str:  # type: ignore[override]
         return str(self.construct_scalar(node))  # an explicit !!timestamp stays text too
@@ -921,7 +924,7 @@ def resolve_paths(raw: Mapping[str, Any], base: Path) -> dict[str, Any]:
     files, so a job runs the same from any working directory (Airflow, spark-submit)."""
     data = copy.deepcopy(dict(raw))
     for path in _PATH_FIELDS:
-        target = data
+        target: Any = data
         for part in path[:-1]:
             target = target.get(part) if isinstance(target, dict) else None
         if isinstance(target, dict) and isinstance(target.get(path[-1]), str):
