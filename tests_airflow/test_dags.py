@@ -6,6 +6,7 @@ import datetime as dt
 import hashlib
 import itertools
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -56,6 +57,16 @@ def states(run) -> dict[str, str]:
     return {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
 
 
+def task_log_lines(output: str, logger: str, message: str) -> list[str]:
+    """Lines of dag.test()'s task log (Airflow's console renderer: `<time> [<level>] <message>
+    [<logger>] ...`) that a logger whose name ends with `logger` wrote, whose message matches
+    `message`. A line a job wrote straight to the terminal has no such frame and does not count."""
+    pattern = re.compile(
+        rf"^\S+ \[(info|warning|error)\s*\] .*{message}.*\[[\w.]*{re.escape(logger)}\]"
+    )
+    return [line for line in output.splitlines() if pattern.search(line)]
+
+
 def test_dagbag_loads_every_dag_without_import_errors(dagbag):
     assert dagbag.import_errors == {}
     assert set(DAG_IDS) <= set(dagbag.dag_ids)
@@ -76,10 +87,22 @@ def test_task_graph_is_a_chain(dagbag, dag_id):
     assert dag.get_task("check_budget").retries == 0  # a refusal is final
 
 
-def test_spark_dag_releases_a_day_and_a_rerun_changes_nothing(dagbag, transactions):
+def test_spark_dag_releases_a_day_and_a_rerun_changes_nothing(dagbag, transactions, capfd):
     dag = dagbag.get_dag("dp_terminal_stats_spark")
     run = dag.test(logical_date=day("2026-01-02"))
     assert states(run) == dict.fromkeys(states(run), "success"), states(run)
+    # Every line of the job reaches the task log, through spark-submit's output and the
+    # checks' streamed stderr: the job's progress, not only its last line.
+    output = capfd.readouterr().out
+    spark = "SparkSubmitHook"
+    assert task_log_lines(output, spark, r"\[spark\] reading 1 daily partitions")
+    assert task_log_lines(output, spark, r"\[spark\] read [\d,]+ rows; rejected [\d,]+")
+    assert task_log_lines(output, spark, r"\[ledger\] reserved epsilon=")
+    assert task_log_lines(output, spark, r"\[ledger\] committed run \S+")
+    assert task_log_lines(output, spark, r"release written to \S+2026-01-02")
+    # the budget check and the release check, streamed line by line by dppipeline_common
+    assert task_log_lines(output, "dppipeline_common", r"budget available: epsilon=1")
+    assert task_log_lines(output, "dppipeline_common", r"2026-01-02: valid release of run")
     release = DATA / "releases" / "2026-01-02"
     assert (release / "manifest.json").is_file() and (release / "_PUBLISHED").is_file()
     assert (release / "terminal_stats").is_dir()
@@ -95,13 +118,48 @@ def test_spark_dag_releases_a_day_and_a_rerun_changes_nothing(dagbag, transactio
     assert ledger_rows() == ledger_before  # nothing spent
 
 
-def test_missing_input_fails_at_the_sensor(dagbag, transactions):
+def reschedules(run, task_id: str) -> list:
+    """The sensor's reschedule requests, as Airflow recorded them."""
+    from airflow.models.taskreschedule import TaskReschedule
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    (ti,) = [ti for ti in run.get_task_instances() if ti.task_id == task_id]
+    with create_session() as session:
+        rows = session.scalars(select(TaskReschedule).where(TaskReschedule.ti_id == ti.id))
+        return sorted(rows, key=lambda row: row.id)
+
+
+@pytest.mark.parametrize(
+    ("run_conf", "timeout", "poke"),
+    [(None, 4, 1), ({"sensor_timeout_seconds": 3, "sensor_poke_seconds": 5}, 3, 5)],
+    ids=["settings", "params"],
+)
+def test_missing_input_fails_at_the_sensor(dagbag, transactions, capfd, run_conf, timeout, poke):
+    """The sensor times out with the timeout and poke interval of the run: the Variable's, or
+    the params a triggered run gives (which are not known when the DAG file is parsed)."""
     dag = dagbag.get_dag("dp_terminal_stats_spark")
-    run = dag.test(logical_date=day("2026-03-01"))
+    run = dag.test(logical_date=day("2026-03-01"), run_conf=run_conf)
     found = states(run)
     assert found["wait_for_input"] == "failed"
     assert found["check_budget"] != "success" and found["submit_spark_job"] != "success"
     assert not (DATA / "releases" / "2026-03-01").exists()
+    output = capfd.readouterr().out
+    assert f"exceeds the specified timeout of {float(timeout)}" in output  # the sensor's own check
+    assert task_log_lines(
+        output,
+        "dppipeline_common",
+        rf"waiting for input partition \S+date=2026-03-01 \(poke "
+        rf"every {poke} s, timeout {timeout} s\)",
+    )
+    # Each reschedule the sensor asked for lies poke seconds after the moment it poked, which
+    # Airflow recorded between the try's start and end; a timeout reached after the poke.
+    asked = reschedules(run, "wait_for_input")
+    assert asked
+    for row in asked:
+        assert row.start_date + dt.timedelta(seconds=poke) <= row.reschedule_date
+        assert row.reschedule_date <= row.end_date + dt.timedelta(seconds=poke)
+    assert len(asked) <= timeout // poke + 1
 
 
 def capped_config(folder: Path) -> Path:
@@ -114,7 +172,7 @@ def capped_config(folder: Path) -> Path:
     return path
 
 
-def test_no_budget_left_fails_at_the_check(dagbag, transactions, tmp_path):
+def test_no_budget_left_fails_at_the_check(dagbag, transactions, tmp_path, capfd):
     config = capped_config(tmp_path)
     subprocess.run(  # another day's release spends the whole cap (the project's CLI)
         [str(MAIN_PYTHON), "-m", "dppipeline", "run", "--config", str(config), "--input",
@@ -130,10 +188,13 @@ def test_no_budget_left_fails_at_the_check(dagbag, transactions, tmp_path):
     assert found["check_budget"] == "failed"
     assert found["submit_spark_job"] != "success"
     assert ledger_rows() == ledger_before
+    # the CLI's one-line refusal, streamed from its stderr into the task log at error level
+    (refusal,) = task_log_lines(capfd.readouterr().out, "dppipeline_common", "budget")
+    assert "[error" in refusal and "capped" in refusal
     assert not (DATA / "releases" / "2026-01-03").exists()
 
 
-def test_beam_dag_releases_a_day_on_the_direct_runner(dagbag, transactions):
+def test_beam_dag_releases_a_day_on_the_direct_runner(dagbag, transactions, capfd):
     dag = dagbag.get_dag("dp_terminal_stats_beam")
     run = dag.test(
         logical_date=day("2026-01-03"),
@@ -143,6 +204,11 @@ def test_beam_dag_releases_a_day_on_the_direct_runner(dagbag, transactions):
     release = DATA / "beam_releases" / "2026-01-03"
     manifest = (release / "manifest.json").read_text()
     assert '"engine": "beam"' in manifest and (release / "_PUBLISHED").is_file()
+    # the pipeline's progress lines, streamed by the Beam operator (stderr lines as warnings)
+    output = capfd.readouterr().out
+    assert task_log_lines(output, "BeamHook", r"\[beam\] read [\d,]+ rows; rejected [\d,]+")
+    assert task_log_lines(output, "BeamHook", r"\[ledger\] committed run \S+")
+    assert task_log_lines(output, "BeamHook", r"release written to \S+2026-01-03")
 
 
 # -------------------------------------------------------------------------------------------------
@@ -159,12 +225,99 @@ def common():
     return dppipeline_common
 
 
-def test_the_ledger_connection_is_not_read_when_dags_are_parsed(airflow_db, monkeypatch):
-    monkeypatch.setenv("AIRFLOW_CONN_DPPIPELINE_LEDGER", "{this is not a connection")
+def parse_dags() -> BundleDagBag:
+    """A fresh parse of the folder, as the DAG processor does it (the shared module too)."""
+    sys.modules.pop("dppipeline_common", None)
     folder = PROJECT / "airflow_dags"
-    bag = BundleDagBag(dag_folder=str(folder), bundle_path=folder)
-    assert bag.import_errors == {}
+    return BundleDagBag(dag_folder=str(folder), bundle_path=folder)
+
+
+def test_parsing_the_dags_reads_no_variable_and_no_connection(airflow_db, monkeypatch):
+    """Airflow's best practice: no Variable or Connection lookup at the top level of a DAG file.
+    Every lookup is counted and refused while the files are parsed; unreadable values would
+    fail a lookup that slipped past the guard."""
+    from airflow.sdk import Connection, Variable
+
+    lookups: list[str] = []
+
+    def refuse(kind: str):
+        def lookup(*args, **kwargs):
+            lookups.append(f"{kind} {args[:1]}")
+            raise AssertionError(f"{kind} lookup while parsing a DAG file: {args[:1]}")
+
+        return classmethod(lambda cls, *args, **kwargs: lookup(*args, **kwargs))
+
+    monkeypatch.setenv("AIRFLOW_CONN_DPPIPELINE_LEDGER", "{this is not a connection")
+    monkeypatch.setenv("AIRFLOW_VAR_DPPIPELINE_TERMINAL_STATS", "{this is not JSON")
+    with monkeypatch.context() as guard:
+        guard.setattr(Variable, "get", refuse("Variable"))
+        guard.setattr(Connection, "get", refuse("Connection"))
+        bag = parse_dags()
+        assert bag.import_errors == {}
+        assert lookups == []
+        # the guard is live: what the tasks do when they run is refused here
+        with pytest.raises(AssertionError, match="Variable lookup"):
+            common().run_settings({})
     assert set(DAG_IDS) <= set(bag.dag_ids)
+    dag = bag.get_dag("dp_terminal_stats_spark")
+    assert dag.get_task("check_budget").retries == 0 and dag.default_args["retries"] == 0
+
+
+def test_the_dag_shape_comes_from_the_environment_and_run_settings_from_the_variable(
+    airflow_db, monkeypatch
+):
+    module = common()
+    monkeypatch.setenv(module.SHAPE_ENVIRONMENT, json.dumps({"retries": 1, "schedule": "@hourly"}))
+    dag = parse_dags().get_dag("dp_terminal_stats_beam")
+    assert dag.default_args["retries"] == 1 and dag.schedule == "@hourly"
+    monkeypatch.setenv(module.SHAPE_ENVIRONMENT, json.dumps({"input_root": "/x"}))
+    with pytest.raises(ValueError, match=r"unknown keys \['input_root'\].*in the Variable"):
+        module.load_shape()
+
+    settings = {"input_root": "/var/tx", "sensor_poke_seconds": 7, "spark_conf": {"a": "b"}}
+    monkeypatch.setenv("AIRFLOW_VAR_DPPIPELINE_TERMINAL_STATS", json.dumps(settings))
+    found = module.run_settings({"input_root": "/run/tx", "release_root": None})
+    assert found.input_root == "/run/tx"  # a run's param over the Variable
+    assert found.sensor_poke_seconds == 7 and found.spark_conf == {"a": "b"}  # the Variable
+    assert found.release_root == module.RunSettings().release_root  # None: not overridden
+    monkeypatch.setenv("AIRFLOW_VAR_DPPIPELINE_TERMINAL_STATS", json.dumps({"retries": 0}))
+    with pytest.raises(ValueError, match=r"\['retries'\] shape the DAG.*DPPIPELINE_DAG_SETTINGS"):
+        module.run_settings({})
+    monkeypatch.setenv("AIRFLOW_VAR_DPPIPELINE_TERMINAL_STATS", json.dumps({"inputroot": "/x"}))
+    with pytest.raises(ValueError, match=r"unknown keys \['inputroot'\]"):
+        module.run_settings({})
+
+
+def test_spark_submit_command_carries_the_settings_archives_and_conf(airflow_db, monkeypatch):
+    """The README's cluster recipe through the DAG: the Variable's `spark_archives` and
+    `spark_conf` become spark-submit's --archives and --conf when the task renders its fields,
+    next to the run's paths (a param) and the ledger connection."""
+    settings = {
+        "input_root": "/data/tx",
+        "release_root": "/data/releases",
+        "spark_archives": "build/executor-env.tar.gz#env",
+        "spark_conf": {
+            "spark.pyspark.python": "./env/bin/python",
+            "spark.pyspark.driver.python": "/srv/dp/.venv/bin/python",
+            "spark.executor.extraJavaOptions": "-XX:+UseParallelGC",
+        },
+    }
+    monkeypatch.setenv("AIRFLOW_VAR_DPPIPELINE_TERMINAL_STATS", json.dumps(settings))
+    dag = parse_dags().get_dag("dp_terminal_stats_spark")
+    task = dag.get_task("submit_spark_job")
+    params = {**dag.params.dump(), "release_root": "/run/releases"}
+    task.render_template_fields({"params": params, "ds": "2026-01-02", "ds_nodash": "20260102"})
+
+    command = task._get_hook()._build_spark_submit_command(task.application)
+    assert command[command.index("--archives") + 1] == "build/executor-env.tar.gz#env"
+    confs = [command[i + 1] for i, arg in enumerate(command) if arg == "--conf"]
+    assert confs == [f"{key}={value}" for key, value in settings["spark_conf"].items()]
+    assert command[command.index("--master") + 1] == "local[2]"  # the spark_default connection
+    tail = command[command.index(f"{PROJECT}/jobs/spark_terminal_stats.py") + 1 :]
+    assert tail[tail.index("--input") + 1] == "/data/tx"
+    assert tail[tail.index("--output") + 1] == "/run/releases/2026-01-02"
+    assert task.env_vars["DPPIPELINE_LEDGER"] == str(LEDGER)
+    assert task.env_vars["PATH"].startswith(f"{PROJECT}/.venv/bin:")
 
 
 def test_ledger_urls_from_airflow_connections(airflow_db, monkeypatch):
