@@ -57,14 +57,39 @@ def states(run) -> dict[str, str]:
     return {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
 
 
-def task_log_lines(output: str, logger: str, message: str) -> list[str]:
-    """Lines of dag.test()'s task log (Airflow's console renderer: `<time> [<level>] <message>
-    [<logger>] ...`) that a logger whose name ends with `logger` wrote, whose message matches
-    `message`. A line a job wrote straight to the terminal has no such frame and does not count."""
-    pattern = re.compile(
-        rf"^\S+ \[(info|warning|error)\s*\] .*{message}.*\[[\w.]*{re.escape(logger)}\]"
-    )
-    return [line for line in output.splitlines() if pattern.search(line)]
+CONSOLE_LINE = re.compile(r"^\S+ \[(\w+)\s*\] (.*) \[([\w.]+)\] loc=\S+$")
+
+
+class TaskLog:
+    """What dag.test()'s tasks logged, as (level, logger, message): the lines Airflow's console
+    renderer wrote for structlog loggers (the providers' hooks) and the standard-library records
+    (dppipeline_common), which Airflow's root handler sends to the task log. A line a job wrote
+    straight to the terminal has no logger and never counts."""
+
+    def __init__(self, capfd, caplog) -> None:
+        self.capfd, self.caplog = capfd, caplog
+
+    def lines(self, logger: str, message: str) -> list[tuple[str, str]]:
+        """(level, message) of the records whose logger name ends with `logger` and whose
+        message matches the regular expression `message`."""
+        found = [
+            (match[1], match[3], match[2])
+            for match in map(CONSOLE_LINE.match, self.capfd.readouterr().out.splitlines())
+            if match
+        ]
+        found += [(r.levelname.lower(), r.name, r.getMessage()) for r in self.caplog.records]
+        self.caplog.clear()
+        self._seen = getattr(self, "_seen", []) + found
+        return [
+            (level, text)
+            for level, name, text in self._seen
+            if name.endswith(logger) and re.search(message, text)
+        ]
+
+
+@pytest.fixture
+def task_log(capfd, caplog) -> TaskLog:
+    return TaskLog(capfd, caplog)
 
 
 def test_dagbag_loads_every_dag_without_import_errors(dagbag):
@@ -87,22 +112,21 @@ def test_task_graph_is_a_chain(dagbag, dag_id):
     assert dag.get_task("check_budget").retries == 0  # a refusal is final
 
 
-def test_spark_dag_releases_a_day_and_a_rerun_changes_nothing(dagbag, transactions, capfd):
+def test_spark_dag_releases_a_day_and_a_rerun_changes_nothing(dagbag, transactions, task_log):
     dag = dagbag.get_dag("dp_terminal_stats_spark")
     run = dag.test(logical_date=day("2026-01-02"))
     assert states(run) == dict.fromkeys(states(run), "success"), states(run)
     # Every line of the job reaches the task log, through spark-submit's output and the
     # checks' streamed stderr: the job's progress, not only its last line.
-    output = capfd.readouterr().out
     spark = "SparkSubmitHook"
-    assert task_log_lines(output, spark, r"\[spark\] reading 1 daily partitions")
-    assert task_log_lines(output, spark, r"\[spark\] read [\d,]+ rows; rejected [\d,]+")
-    assert task_log_lines(output, spark, r"\[ledger\] reserved epsilon=")
-    assert task_log_lines(output, spark, r"\[ledger\] committed run \S+")
-    assert task_log_lines(output, spark, r"release written to \S+2026-01-02")
+    assert task_log.lines(spark, r"\[spark\] reading 1 daily partitions")
+    assert task_log.lines(spark, r"\[spark\] read [\d,]+ rows; rejected [\d,]+")
+    assert task_log.lines(spark, r"\[ledger\] reserved epsilon=")
+    assert task_log.lines(spark, r"\[ledger\] committed run \S+")
+    assert task_log.lines(spark, r"release written to \S+2026-01-02")
     # the budget check and the release check, streamed line by line by dppipeline_common
-    assert task_log_lines(output, "dppipeline_common", r"budget available: epsilon=1")
-    assert task_log_lines(output, "dppipeline_common", r"2026-01-02: valid release of run")
+    assert task_log.lines("dppipeline_common", r"budget available: epsilon=1")
+    assert task_log.lines("dppipeline_common", r"2026-01-02: valid release of run")
     release = DATA / "releases" / "2026-01-02"
     assert (release / "manifest.json").is_file() and (release / "_PUBLISHED").is_file()
     assert (release / "terminal_stats").is_dir()
@@ -135,7 +159,7 @@ def reschedules(run, task_id: str) -> list:
     [(None, 4, 1), ({"sensor_timeout_seconds": 3, "sensor_poke_seconds": 5}, 3, 5)],
     ids=["settings", "params"],
 )
-def test_missing_input_fails_at_the_sensor(dagbag, transactions, capfd, run_conf, timeout, poke):
+def test_missing_input_fails_at_the_sensor(dagbag, transactions, task_log, run_conf, timeout, poke):
     """The sensor times out with the timeout and poke interval of the run: the Variable's, or
     the params a triggered run gives (which are not known when the DAG file is parsed)."""
     dag = dagbag.get_dag("dp_terminal_stats_spark")
@@ -144,22 +168,22 @@ def test_missing_input_fails_at_the_sensor(dagbag, transactions, capfd, run_conf
     assert found["wait_for_input"] == "failed"
     assert found["check_budget"] != "success" and found["submit_spark_job"] != "success"
     assert not (DATA / "releases" / "2026-03-01").exists()
-    output = capfd.readouterr().out
-    assert f"exceeds the specified timeout of {float(timeout)}" in output  # the sensor's own check
-    assert task_log_lines(
-        output,
-        "dppipeline_common",
-        rf"waiting for input partition \S+date=2026-03-01 \(poke "
-        rf"every {poke} s, timeout {timeout} s\)",
+    # What the sensor did: each poke logged the timeout and poke interval it ran with (those
+    # its own timeout check and reschedule use); the last poke found the timeout passed and
+    # failed instead of asking for another reschedule.
+    pokes = task_log.lines(
+        "dppipeline_common", r"waiting for input partition \S+date=2026-03-01 \(poke every"
     )
-    # Each reschedule the sensor asked for lies poke seconds after the moment it poked, which
-    # Airflow recorded between the try's start and end; a timeout reached after the poke.
+    assert {text.rsplit("(", 1)[1] for _, text in pokes} == {
+        f"poke every {poke} s, timeout {timeout} s)"
+    }
     asked = reschedules(run, "wait_for_input")
-    assert asked
+    assert len(pokes) == len(asked) + 1 and len(asked) <= timeout // poke + 1
+    # Each reschedule it asked Airflow for is `poke` seconds after the poke, which happened
+    # just before the end of the try that Airflow recorded (within a second: bookkeeping).
     for row in asked:
-        assert row.start_date + dt.timedelta(seconds=poke) <= row.reschedule_date
-        assert row.reschedule_date <= row.end_date + dt.timedelta(seconds=poke)
-    assert len(asked) <= timeout // poke + 1
+        after_end = (row.reschedule_date - row.end_date).total_seconds()
+        assert poke - 1 < after_end <= poke
 
 
 def capped_config(folder: Path) -> Path:
@@ -172,7 +196,7 @@ def capped_config(folder: Path) -> Path:
     return path
 
 
-def test_no_budget_left_fails_at_the_check(dagbag, transactions, tmp_path, capfd):
+def test_no_budget_left_fails_at_the_check(dagbag, transactions, tmp_path, task_log):
     config = capped_config(tmp_path)
     subprocess.run(  # another day's release spends the whole cap (the project's CLI)
         [str(MAIN_PYTHON), "-m", "dppipeline", "run", "--config", str(config), "--input",
@@ -189,12 +213,12 @@ def test_no_budget_left_fails_at_the_check(dagbag, transactions, tmp_path, capfd
     assert found["submit_spark_job"] != "success"
     assert ledger_rows() == ledger_before
     # the CLI's one-line refusal, streamed from its stderr into the task log at error level
-    (refusal,) = task_log_lines(capfd.readouterr().out, "dppipeline_common", "budget")
-    assert "[error" in refusal and "capped" in refusal
+    (refusal,) = task_log.lines("dppipeline_common", "budget")
+    assert refusal[0] == "error" and "scope 'capped' exhausted" in refusal[1]
     assert not (DATA / "releases" / "2026-01-03").exists()
 
 
-def test_beam_dag_releases_a_day_on_the_direct_runner(dagbag, transactions, capfd):
+def test_beam_dag_releases_a_day_on_the_direct_runner(dagbag, transactions, task_log):
     dag = dagbag.get_dag("dp_terminal_stats_beam")
     run = dag.test(
         logical_date=day("2026-01-03"),
@@ -205,10 +229,9 @@ def test_beam_dag_releases_a_day_on_the_direct_runner(dagbag, transactions, capf
     manifest = (release / "manifest.json").read_text()
     assert '"engine": "beam"' in manifest and (release / "_PUBLISHED").is_file()
     # the pipeline's progress lines, streamed by the Beam operator (stderr lines as warnings)
-    output = capfd.readouterr().out
-    assert task_log_lines(output, "BeamHook", r"\[beam\] read [\d,]+ rows; rejected [\d,]+")
-    assert task_log_lines(output, "BeamHook", r"\[ledger\] committed run \S+")
-    assert task_log_lines(output, "BeamHook", r"release written to \S+2026-01-03")
+    assert task_log.lines("BeamHook", r"\[beam\] read [\d,]+ rows; rejected [\d,]+")
+    assert task_log.lines("BeamHook", r"\[ledger\] committed run \S+")
+    assert task_log.lines("BeamHook", r"release written to \S+2026-01-03")
 
 
 # -------------------------------------------------------------------------------------------------
