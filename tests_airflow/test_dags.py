@@ -343,6 +343,36 @@ def test_spark_submit_command_carries_the_settings_archives_and_conf(airflow_db,
     assert task.env_vars["PATH"].startswith(f"{PROJECT}/.venv/bin:")
 
 
+def test_every_line_the_cli_writes_reaches_the_task_log(
+    airflow_db, transactions, task_log, monkeypatch, tmp_path
+):
+    """The checks' subprocess (here a whole local run, which says more): each line of the
+    CLI's stderr is a record of the task's logger, in order, not only the last one."""
+    module = common()
+    settings = module.RunSettings(
+        input_root=str(transactions), release_root=str(tmp_path), python=str(MAIN_PYTHON)
+    )
+    ledger = tmp_path / "ledger.sqlite"
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_DPPIPELINE_LEDGER", json.dumps({"conn_type": "sqlite", "host": str(ledger)})
+    )
+    done = module.dppipeline(
+        settings, "run", *module.job_args(settings, "2026-01-01"), "--engine", "local"
+    )
+    assert done.returncode == 0, done.last_error
+    lines = [text for _, text in task_log.lines("dppipeline_common", ".")]
+    read = [
+        i
+        for i, text in enumerate(lines)
+        if re.match(r"\[local\] read [\d,]+ rows; rejected [\d,]+$", text)
+    ]
+    committed = [i for i, text in enumerate(lines) if text.startswith("[ledger] committed run ")]
+    written = [i for i, text in enumerate(lines) if text.startswith("[local] release written to")]
+    assert len(read) == len(committed) == len(written) == 1
+    assert read[0] < committed[0] < written[0]
+    assert done.last_error == lines[written[0]]  # the last stderr line, also logged
+
+
 def test_ledger_urls_from_airflow_connections(airflow_db, monkeypatch):
     from airflow.sdk import Connection
 
