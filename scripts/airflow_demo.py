@@ -21,7 +21,6 @@ LEDGER = DATA / "ledger.sqlite"
 SETTINGS = {
     "input_root": str(DATA / "transactions"),
     "release_root": str(DATA / "releases"),
-    "retries": 0,
     "sensor_timeout_seconds": 30,
     "sensor_poke_seconds": 5,
 }
@@ -33,6 +32,7 @@ os.environ.update(
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{HOME / 'airflow.db'}",
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
         "AIRFLOW_VAR_DPPIPELINE_TERMINAL_STATS": json.dumps(SETTINGS),
+        "DPPIPELINE_DAG_SETTINGS": json.dumps({"retries": 0}),  # the DAG's shape
         # The ledger is a connection (a PostgreSQL URL for workers on several hosts).
         "AIRFLOW_CONN_DPPIPELINE_LEDGER": json.dumps({"conn_type": "sqlite", "host": str(LEDGER)}),
     }

@@ -2,7 +2,8 @@
 
 Runs under `.venv-airflow` (make test does it). The environment is set before Airflow is
 imported, since Airflow reads its configuration on import. The DAGs' jobs run with the
-project's `.venv` Python, as in a deployment.
+project's `.venv` Python, as in a deployment; `PYTHONPATH` (inherited by every job) chooses which
+dppipeline source they import when `.venv` holds an editable install of another checkout.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ LEDGER = DATA / "ledger.sqlite"  # the connection dppipeline_ledger names it
 SETTINGS = {
     "input_root": str(DATA / "transactions"),
     "release_root": str(DATA / "releases"),
-    "retries": 0,
     "sensor_timeout_seconds": 4,
     "sensor_poke_seconds": 1,
 }
+SHAPE = {"retries": 0}  # the DAG's shape: read from the environment when the file is parsed
 
 os.environ.update(
     {
@@ -37,8 +38,11 @@ os.environ.update(
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{HOME / 'airflow.db'}",
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
         "AIRFLOW_VAR_DPPIPELINE_TERMINAL_STATS": json.dumps(SETTINGS),
+        "DPPIPELINE_DAG_SETTINGS": json.dumps(SHAPE),
         "AIRFLOW_CONN_DPPIPELINE_LEDGER": json.dumps({"conn_type": "sqlite", "host": str(LEDGER)}),
         "DPPIPELINE_SPARK_MASTER": "local[2]",
+        # the jobs import this checkout's dppipeline, whatever .venv's editable install names
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")])),
     }
 )
 

@@ -6,6 +6,7 @@ import datetime as dt
 import hashlib
 import itertools
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -56,6 +57,41 @@ def states(run) -> dict[str, str]:
     return {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
 
 
+CONSOLE_LINE = re.compile(r"^\S+ \[(\w+)\s*\] (.*) \[([\w.]+)\] loc=\S+$")
+
+
+class TaskLog:
+    """What dag.test()'s tasks logged, as (level, logger, message): the lines Airflow's console
+    renderer wrote for structlog loggers (the providers' hooks) and the standard-library records
+    (dppipeline_common), which Airflow's root handler sends to the task log. A line a job wrote
+    straight to the terminal has no logger and never counts."""
+
+    def __init__(self, capfd, caplog) -> None:
+        self.capfd, self.caplog = capfd, caplog
+
+    def lines(self, logger: str, message: str) -> list[tuple[str, str]]:
+        """(level, message) of the records whose logger name ends with `logger` and whose
+        message matches the regular expression `message`."""
+        found = [
+            (match[1], match[3], match[2])
+            for match in map(CONSOLE_LINE.match, self.capfd.readouterr().out.splitlines())
+            if match
+        ]
+        found += [(r.levelname.lower(), r.name, r.getMessage()) for r in self.caplog.records]
+        self.caplog.clear()
+        self._seen = getattr(self, "_seen", []) + found
+        return [
+            (level, text)
+            for level, name, text in self._seen
+            if name.endswith(logger) and re.search(message, text)
+        ]
+
+
+@pytest.fixture
+def task_log(capfd, caplog) -> TaskLog:
+    return TaskLog(capfd, caplog)
+
+
 def test_dagbag_loads_every_dag_without_import_errors(dagbag):
     assert dagbag.import_errors == {}
     assert set(DAG_IDS) <= set(dagbag.dag_ids)
@@ -76,10 +112,21 @@ def test_task_graph_is_a_chain(dagbag, dag_id):
     assert dag.get_task("check_budget").retries == 0  # a refusal is final
 
 
-def test_spark_dag_releases_a_day_and_a_rerun_changes_nothing(dagbag, transactions):
+def test_spark_dag_releases_a_day_and_a_rerun_changes_nothing(dagbag, transactions, task_log):
     dag = dagbag.get_dag("dp_terminal_stats_spark")
     run = dag.test(logical_date=day("2026-01-02"))
     assert states(run) == dict.fromkeys(states(run), "success"), states(run)
+    # Every line of the job reaches the task log, through spark-submit's output and the
+    # checks' streamed stderr: the job's progress, not only its last line.
+    spark = "SparkSubmitHook"
+    assert task_log.lines(spark, r"\[spark\] reading 1 daily partitions")
+    assert task_log.lines(spark, r"\[spark\] read [\d,]+ rows; rejected [\d,]+")
+    assert task_log.lines(spark, r"\[ledger\] reserved epsilon=")
+    assert task_log.lines(spark, r"\[ledger\] committed run \S+")
+    assert task_log.lines(spark, r"release written to \S+2026-01-02")
+    # the budget check and the release check, streamed line by line by dppipeline_common
+    assert task_log.lines("dppipeline_common", r"budget available: epsilon=1")
+    assert task_log.lines("dppipeline_common", r"2026-01-02: valid release of run")
     release = DATA / "releases" / "2026-01-02"
     assert (release / "manifest.json").is_file() and (release / "_PUBLISHED").is_file()
     assert (release / "terminal_stats").is_dir()
@@ -95,13 +142,48 @@ def test_spark_dag_releases_a_day_and_a_rerun_changes_nothing(dagbag, transactio
     assert ledger_rows() == ledger_before  # nothing spent
 
 
-def test_missing_input_fails_at_the_sensor(dagbag, transactions):
+def reschedules(run, task_id: str) -> list:
+    """The sensor's reschedule requests, as Airflow recorded them."""
+    from airflow.models.taskreschedule import TaskReschedule
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    (ti,) = [ti for ti in run.get_task_instances() if ti.task_id == task_id]
+    with create_session() as session:
+        rows = session.scalars(select(TaskReschedule).where(TaskReschedule.ti_id == ti.id))
+        return sorted(rows, key=lambda row: row.id)
+
+
+@pytest.mark.parametrize(
+    ("run_conf", "timeout", "poke"),
+    [(None, 4, 1), ({"sensor_timeout_seconds": 3, "sensor_poke_seconds": 5}, 3, 5)],
+    ids=["settings", "params"],
+)
+def test_missing_input_fails_at_the_sensor(dagbag, transactions, task_log, run_conf, timeout, poke):
+    """The sensor times out with the timeout and poke interval of the run: the Variable's, or
+    the params a triggered run gives (which are not known when the DAG file is parsed)."""
     dag = dagbag.get_dag("dp_terminal_stats_spark")
-    run = dag.test(logical_date=day("2026-03-01"))
+    run = dag.test(logical_date=day("2026-03-01"), run_conf=run_conf)
     found = states(run)
     assert found["wait_for_input"] == "failed"
     assert found["check_budget"] != "success" and found["submit_spark_job"] != "success"
     assert not (DATA / "releases" / "2026-03-01").exists()
+    # What the sensor did: each poke logged the timeout and poke interval it ran with (those
+    # its own timeout check and reschedule use); the last poke found the timeout passed and
+    # failed instead of asking for another reschedule.
+    pokes = task_log.lines(
+        "dppipeline_common", r"waiting for input partition \S+date=2026-03-01 \(poke every"
+    )
+    assert {text.rsplit("(", 1)[1] for _, text in pokes} == {
+        f"poke every {poke} s, timeout {timeout} s)"
+    }
+    asked = reschedules(run, "wait_for_input")
+    assert len(pokes) == len(asked) + 1 and len(asked) <= timeout // poke + 1
+    # Each reschedule it asked Airflow for is `poke` seconds after the poke, which happened
+    # just before the end of the try that Airflow recorded (within a second: bookkeeping).
+    for row in asked:
+        after_end = (row.reschedule_date - row.end_date).total_seconds()
+        assert poke - 1 < after_end <= poke
 
 
 def capped_config(folder: Path) -> Path:
@@ -114,7 +196,7 @@ def capped_config(folder: Path) -> Path:
     return path
 
 
-def test_no_budget_left_fails_at_the_check(dagbag, transactions, tmp_path):
+def test_no_budget_left_fails_at_the_check(dagbag, transactions, tmp_path, task_log):
     config = capped_config(tmp_path)
     subprocess.run(  # another day's release spends the whole cap (the project's CLI)
         [str(MAIN_PYTHON), "-m", "dppipeline", "run", "--config", str(config), "--input",
@@ -130,10 +212,13 @@ def test_no_budget_left_fails_at_the_check(dagbag, transactions, tmp_path):
     assert found["check_budget"] == "failed"
     assert found["submit_spark_job"] != "success"
     assert ledger_rows() == ledger_before
+    # the CLI's one-line refusal, streamed from its stderr into the task log at error level
+    (refusal,) = task_log.lines("dppipeline_common", "budget")
+    assert refusal[0] == "error" and "scope 'capped' exhausted" in refusal[1]
     assert not (DATA / "releases" / "2026-01-03").exists()
 
 
-def test_beam_dag_releases_a_day_on_the_direct_runner(dagbag, transactions):
+def test_beam_dag_releases_a_day_on_the_direct_runner(dagbag, transactions, task_log):
     dag = dagbag.get_dag("dp_terminal_stats_beam")
     run = dag.test(
         logical_date=day("2026-01-03"),
@@ -143,6 +228,10 @@ def test_beam_dag_releases_a_day_on_the_direct_runner(dagbag, transactions):
     release = DATA / "beam_releases" / "2026-01-03"
     manifest = (release / "manifest.json").read_text()
     assert '"engine": "beam"' in manifest and (release / "_PUBLISHED").is_file()
+    # the pipeline's progress lines, streamed by the Beam operator (stderr lines as warnings)
+    assert task_log.lines("BeamHook", r"\[beam\] read [\d,]+ rows; rejected [\d,]+")
+    assert task_log.lines("BeamHook", r"\[ledger\] committed run \S+")
+    assert task_log.lines("BeamHook", r"release written to \S+2026-01-03")
 
 
 # -------------------------------------------------------------------------------------------------
@@ -159,12 +248,129 @@ def common():
     return dppipeline_common
 
 
-def test_the_ledger_connection_is_not_read_when_dags_are_parsed(airflow_db, monkeypatch):
-    monkeypatch.setenv("AIRFLOW_CONN_DPPIPELINE_LEDGER", "{this is not a connection")
+def parse_dags() -> BundleDagBag:
+    """A fresh parse of the folder, as the DAG processor does it (the shared module too)."""
+    sys.modules.pop("dppipeline_common", None)
     folder = PROJECT / "airflow_dags"
-    bag = BundleDagBag(dag_folder=str(folder), bundle_path=folder)
-    assert bag.import_errors == {}
+    return BundleDagBag(dag_folder=str(folder), bundle_path=folder)
+
+
+def test_parsing_the_dags_reads_no_variable_and_no_connection(airflow_db, monkeypatch):
+    """Airflow's best practice: no Variable or Connection lookup at the top level of a DAG file.
+    Every lookup is counted and refused while the files are parsed; unreadable values would
+    fail a lookup that slipped past the guard."""
+    from airflow.sdk import Connection, Variable
+
+    lookups: list[str] = []
+
+    def refuse(kind: str):
+        def lookup(*args, **kwargs):
+            lookups.append(f"{kind} {args[:1]}")
+            raise AssertionError(f"{kind} lookup while parsing a DAG file: {args[:1]}")
+
+        return classmethod(lambda cls, *args, **kwargs: lookup(*args, **kwargs))
+
+    monkeypatch.setenv("AIRFLOW_CONN_DPPIPELINE_LEDGER", "{this is not a connection")
+    monkeypatch.setenv("AIRFLOW_VAR_DPPIPELINE_TERMINAL_STATS", "{this is not JSON")
+    with monkeypatch.context() as guard:
+        guard.setattr(Variable, "get", refuse("Variable"))
+        guard.setattr(Connection, "get", refuse("Connection"))
+        bag = parse_dags()
+        assert bag.import_errors == {}
+        assert lookups == []
+        # the guard is live: what the tasks do when they run is refused here
+        with pytest.raises(AssertionError, match="Variable lookup"):
+            common().run_settings({})
     assert set(DAG_IDS) <= set(bag.dag_ids)
+    dag = bag.get_dag("dp_terminal_stats_spark")
+    assert dag.get_task("check_budget").retries == 0 and dag.default_args["retries"] == 0
+
+
+def test_the_dag_shape_comes_from_the_environment_and_run_settings_from_the_variable(
+    airflow_db, monkeypatch
+):
+    module = common()
+    monkeypatch.setenv(module.SHAPE_ENVIRONMENT, json.dumps({"retries": 1, "schedule": "@hourly"}))
+    dag = parse_dags().get_dag("dp_terminal_stats_beam")
+    assert dag.default_args["retries"] == 1 and dag.schedule == "@hourly"
+    monkeypatch.setenv(module.SHAPE_ENVIRONMENT, json.dumps({"input_root": "/x"}))
+    with pytest.raises(ValueError, match=r"unknown keys \['input_root'\].*in the Variable"):
+        module.load_shape()
+
+    settings = {"input_root": "/var/tx", "sensor_poke_seconds": 7, "spark_conf": {"a": "b"}}
+    monkeypatch.setenv("AIRFLOW_VAR_DPPIPELINE_TERMINAL_STATS", json.dumps(settings))
+    found = module.run_settings({"input_root": "/run/tx", "release_root": None})
+    assert found.input_root == "/run/tx"  # a run's param over the Variable
+    assert found.sensor_poke_seconds == 7 and found.spark_conf == {"a": "b"}  # the Variable
+    assert found.release_root == module.RunSettings().release_root  # None: not overridden
+    monkeypatch.setenv("AIRFLOW_VAR_DPPIPELINE_TERMINAL_STATS", json.dumps({"retries": 0}))
+    with pytest.raises(ValueError, match=r"\['retries'\] shape the DAG.*DPPIPELINE_DAG_SETTINGS"):
+        module.run_settings({})
+    monkeypatch.setenv("AIRFLOW_VAR_DPPIPELINE_TERMINAL_STATS", json.dumps({"inputroot": "/x"}))
+    with pytest.raises(ValueError, match=r"unknown keys \['inputroot'\]"):
+        module.run_settings({})
+
+
+def test_spark_submit_command_carries_the_settings_archives_and_conf(airflow_db, monkeypatch):
+    """The README's cluster recipe through the DAG: the Variable's `spark_archives` and
+    `spark_conf` become spark-submit's --archives and --conf when the task renders its fields,
+    next to the run's paths (a param) and the ledger connection."""
+    settings = {
+        "input_root": "/data/tx",
+        "release_root": "/data/releases",
+        "spark_archives": "build/executor-env.tar.gz#env",
+        "spark_conf": {
+            "spark.pyspark.python": "./env/bin/python",
+            "spark.pyspark.driver.python": "/srv/dp/.venv/bin/python",
+            "spark.executor.extraJavaOptions": "-XX:+UseParallelGC",
+        },
+    }
+    monkeypatch.setenv("AIRFLOW_VAR_DPPIPELINE_TERMINAL_STATS", json.dumps(settings))
+    dag = parse_dags().get_dag("dp_terminal_stats_spark")
+    task = dag.get_task("submit_spark_job")
+    params = {**dag.params.dump(), "release_root": "/run/releases"}
+    task.render_template_fields({"params": params, "ds": "2026-01-02", "ds_nodash": "20260102"})
+
+    command = task._get_hook()._build_spark_submit_command(task.application)
+    assert command[command.index("--archives") + 1] == "build/executor-env.tar.gz#env"
+    confs = [command[i + 1] for i, arg in enumerate(command) if arg == "--conf"]
+    assert confs == [f"{key}={value}" for key, value in settings["spark_conf"].items()]
+    assert command[command.index("--master") + 1] == "local[2]"  # the spark_default connection
+    tail = command[command.index(f"{PROJECT}/jobs/spark_terminal_stats.py") + 1 :]
+    assert tail[tail.index("--input") + 1] == "/data/tx"
+    assert tail[tail.index("--output") + 1] == "/run/releases/2026-01-02"
+    assert task.env_vars["DPPIPELINE_LEDGER"] == str(LEDGER)
+    assert task.env_vars["PATH"].startswith(f"{PROJECT}/.venv/bin:")
+
+
+def test_every_line_the_cli_writes_reaches_the_task_log(
+    airflow_db, transactions, task_log, monkeypatch, tmp_path
+):
+    """The checks' subprocess (here a whole local run, which says more): each line of the
+    CLI's stderr is a record of the task's logger, in order, not only the last one."""
+    module = common()
+    settings = module.RunSettings(
+        input_root=str(transactions), release_root=str(tmp_path), python=str(MAIN_PYTHON)
+    )
+    ledger = tmp_path / "ledger.sqlite"
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_DPPIPELINE_LEDGER", json.dumps({"conn_type": "sqlite", "host": str(ledger)})
+    )
+    done = module.dppipeline(
+        settings, "run", *module.job_args(settings, "2026-01-01"), "--engine", "local"
+    )
+    assert done.returncode == 0, done.last_error
+    lines = [text for _, text in task_log.lines("dppipeline_common", ".")]
+    read = [
+        i
+        for i, text in enumerate(lines)
+        if re.match(r"\[local\] read [\d,]+ rows; rejected [\d,]+$", text)
+    ]
+    committed = [i for i, text in enumerate(lines) if text.startswith("[ledger] committed run ")]
+    written = [i for i, text in enumerate(lines) if text.startswith("[local] release written to")]
+    assert len(read) == len(committed) == len(written) == 1
+    assert read[0] < committed[0] < written[0]
+    assert done.last_error == lines[written[0]]  # the last stderr line, also logged
 
 
 def test_ledger_urls_from_airflow_connections(airflow_db, monkeypatch):
