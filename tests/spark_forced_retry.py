@@ -71,7 +71,7 @@ def main(output: Path, markers: Path) -> None:
             "bounds.max_value": 100.0,
         },
     )
-    task = task_for(spec.query_specs[0])
+    task = task_for(spec.queries[0])
     salt = new_salt(99)
     rows = skewed_rows()
     frame = spark.createDataFrame(rows).repartition(3)

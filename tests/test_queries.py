@@ -300,7 +300,7 @@ def test_budget_weights_scale_query_shares(transactions, tmp_path):
 def test_the_bank_partner_config_plans_and_names_every_query():
     spec = load_spec("jobs/configs/bank_partner_release.yaml")
     plan = make_plan(spec)
-    assert [q.name for q in plan.queries] == [q.name for q in spec.query_specs]
+    assert [q.name for q in plan.queries] == [q.name for q in spec.queries]
     assert plan.total_spent()[0] == pytest.approx(spec.budget.epsilon)
     month_queries = ["total_per_month", "customers_per_month"]
     assert [list(g.queries) for g in plan.selections] == [month_queries]

@@ -9,7 +9,6 @@ real subprocesses and signals (crash points are set with DPPIPELINE_FAILPOINT).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import io
 import json
@@ -234,21 +233,22 @@ def test_adding_a_defaulted_field_keeps_every_key():
          "budget.epsilon": 0.5},
     )  # fmt: skip
 
-    @dataclasses.dataclass(frozen=True)
     class NewBounds(BoundsSpec):
         clip_mode: str = "saturate"  # a future option, defaulting to today's behaviour
 
-    @dataclasses.dataclass(frozen=True)
     class NewJob(JobSpec):
         audit_level: int = 0
+        bounds: NewBounds = NewBounds()
 
-    fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(JobSpec)}
-    upgraded = NewJob(**{**fields, "bounds": NewBounds(**dataclasses.asdict(spec.bounds))})
+    written = {**spec.model_dump(), "queries": None}  # the shorthand, as it was written
+    upgraded = NewJob.model_validate(written)
+    assert upgraded.is_shorthand and isinstance(upgraded.bounds, NewBounds)
     assert upgraded.spec_hash() == spec.spec_hash()
     # ... and the new field, set away from its default, is part of the key.
-    assert dataclasses.replace(upgraded, audit_level=2).spec_hash() != spec.spec_hash()
-    louder = dataclasses.replace(upgraded, bounds=dataclasses.replace(
-        upgraded.bounds, clip_mode="drop"))  # fmt: skip
+    assert upgraded.model_copy(update={"audit_level": 2}).spec_hash() != spec.spec_hash()
+    louder = upgraded.model_copy(
+        update={"bounds": upgraded.bounds.model_copy(update={"clip_mode": "drop"})}
+    )
     assert louder.spec_hash() != spec.spec_hash()
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import datetime as dt
 import re
 from pathlib import Path
 
+import pydantic
 import pytest
 import yaml
 
@@ -257,12 +257,15 @@ def test_spec_hash():
 
 def test_spec_is_frozen():
     spec = build_spec(BASE)
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
         spec.noise = "gaussian"  # type: ignore[misc]
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
         spec.budget.epsilon = 100.0  # type: ignore[misc]
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
         spec.input.start_date = dt.date(2026, 1, 1)  # type: ignore[misc]
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
+        spec.queries[0].bounds.max_value = 1e9  # type: ignore[misc]
+    assert isinstance(spec.queries, tuple)
     assert spec.budget.epsilon == 1.0
 
 
@@ -527,3 +530,79 @@ def test_the_field_docs_state_the_limits():
     assert f"{MAX_FILTER_CHARS:,} characters" in text
     assert f"{MAX_FILTER_TERMS} conditions" in text
     assert f"{MAX_IN_VALUES:,} values" in text
+
+
+# Spec hashes computed by the dataclass spec of commit 0137f71, before the pydantic models:
+# release keys made then must stay the same (a retried night after an upgrade must find its
+# release, not spend again). Never update these values; add a case instead.
+KEYS_BEFORE_PYDANTIC = {
+    "2bf3446170e914023cd96bfcbf624ab8cecb9ba615f99335d4d187674972a267": {
+        "bounds": {"min_value": 0.0, "max_value": 100.0}
+    },
+    "43c4da51e020bab1f8fe2e402078fa3e61259e1ebf00c08f3d56954cf5801a56": {
+        "metrics": ["count", "privacy_id_count"],
+        "noise": "gaussian",
+        "budget": {"epsilon": 2.0, "delta": 1e-7, "scope": "x", "cap_epsilon": 9},
+        "bounds": {"max_partitions_contributed": 3},
+    },
+    "727bfef339ea07a222632f0c26332267d3a458da31b1b4d23112234f23b61622": {
+        "name": "bank",
+        "metrics": ["count", "mean"],
+        "bounds": {"min_value": 0, "max_value": 50, "max_contributions_per_partition": 4},
+        "queries": [
+            {"name": "a", "filter": "TX_AMOUNT >= 25"},
+            {
+                "name": "b",
+                "partition_by": ["day"],
+                "budget_weight": 2,
+                "partition_selection": {"public_partitions": {"day": "input_range"}},
+            },
+        ],
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "expected", list(KEYS_BEFORE_PYDANTIC), ids=["shorthand", "caps", "queries"]
+)
+def test_spec_hash_survives_the_move_to_models(expected):
+    assert build_spec(KEYS_BEFORE_PYDANTIC[expected]).spec_hash() == expected
+
+
+def test_the_shorthand_is_one_query_named_after_the_job():
+    spec = build_spec(changed(name="nightly", partition_key="CUSTOMER_ID", privacy_unit="TX_ID"))
+    (query,) = spec.queries
+    assert spec.is_shorthand
+    assert query.name == "nightly"
+    assert query.partition_by == ("CUSTOMER_ID",)
+    assert query.metrics == spec.metrics and query.value == spec.value
+    assert query.bounds == spec.bounds and query.partition_selection == spec.partition_selection
+    assert spec.query_path(query) == ""
+
+
+def test_queries_take_the_job_fields_they_leave_unset():
+    spec = build_spec({**BASE, "partition_key": "TX_ID", "queries": [
+        {"name": "a"},
+        {"name": "b", "metrics": ["count"], "bounds": {"max_value": 50.0}, "partition_by": []},
+    ]})  # fmt: skip
+    a, b = spec.queries
+    assert not spec.is_shorthand and spec.query_path(b) == "queries.b."
+    assert a.partition_by == ("TX_ID",) and a.metrics == ("count", "sum", "mean")
+    assert a.bounds == spec.bounds
+    assert b.metrics == ("count",) and b.partition_by == ()
+    assert (b.bounds.min_value, b.bounds.max_value) == (0.0, 50.0)  # field by field
+    assert not a.partition_selection.is_public  # selection is not inherited
+
+
+def test_an_explicit_query_error_names_the_query_and_the_shorthand_the_job():
+    bad = {"min_value": 5.0, "max_value": 1.0}
+    with pytest.raises(SpecError) as shorthand:
+        build_spec(changed(bounds=bad))
+    assert shorthand.value.field == "bounds.min_value"
+    with pytest.raises(SpecError) as query:
+        build_spec({**BASE, "queries": [{"name": "ok"}, {"name": "q", "bounds": bad}]})
+    assert query.value.field == "queries.q.bounds.min_value"
+    assert "must be <= bounds.max_value (5.0 > 1.0)" in query.value.rule
+    with pytest.raises(SpecError) as unnamed:
+        build_spec({**BASE, "queries": [{"name": "ok"}, {"bounds": {"min_value": "x"}}]})
+    assert unnamed.value.field.startswith("queries[2].")

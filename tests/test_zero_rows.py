@@ -145,6 +145,6 @@ def _release_schema(spec, plan, name):
     from dppipeline.core.release import release_arrow_schema
     from dppipeline.core.tasks import key_columns
 
-    query = next(q for q in spec.query_specs if q.name == name)
+    query = next(q for q in spec.queries if q.name == name)
     keys = [(k.name, k.arrow_type) for k in key_columns(query)]
     return release_arrow_schema(keys, plan.query(name).plan.params.metrics)

@@ -116,7 +116,7 @@ def check_arguments(spec: JobSpec, output: Path, epsilons: Sequence[float], repe
 def read_rows(spec: JobSpec, days: Sequence[DailyPartition]) -> pl.DataFrame:
     """The rows every engine keeps: read and validated by the same rules, so the truth is
     computed over exactly what the released values were computed from."""
-    tasks = [task_for(q) for q in spec.query_specs]
+    tasks = [task_for(q) for q in spec.queries]
     schema = input_schema(spec.privacy_unit, tasks)
     return read_validated(list(days), spec.input.format, schema).rows
 
@@ -282,7 +282,7 @@ def measure_run(
     """Error rows of one run, per query: every metric against the truth, and under private
     selection the released share and the keys outside the truth."""
     records: list[dict] = []
-    for query in spec.query_specs:
+    for query in spec.queries:
         task = task_for(query)
         keys = task.key_names
         released = canonical_keys(pd.read_parquet(release / query.name), task.keys)
@@ -303,7 +303,7 @@ def truths_and_bounding(
     unit = spec.privacy_unit
     truths: dict[str, pd.DataFrame] = {}
     records: list[dict] = []
-    for query in spec.query_specs:
+    for query in spec.queries:
         task = task_for(query)
         truth = true_values(rows, query, unit)
         public = public_key_set(query, task.keys, days) if query.is_public and task.keys else None
@@ -321,7 +321,7 @@ def noise_rows(spec: JobSpec) -> list[dict]:
     parameters, so it costs nothing and needs no run."""
     plan = make_plan(spec)
     records: list[dict] = []
-    for query in spec.query_specs:
+    for query in spec.queries:
         for metric in query.metrics:
             expected = noise_median_abs(plan.query(query.name).plan, metric, spec.noise)
             if expected is not None:
@@ -354,12 +354,13 @@ def evaluate(
     (runs / "README.txt").write_text(RUNS_NOTE)
     total = len(epsilons) * repeats
     for i, epsilon in enumerate(epsilons):
-        run_spec = replace(spec, budget=replace(spec.budget, epsilon=epsilon))
+        budget = spec.budget.model_copy(update={"epsilon": epsilon})
+        run_spec = spec.model_copy(update={"budget": budget})
         records += noise_rows(run_spec)
         for repeat in range(1, repeats + 1):
             folder = run_dir(runs, epsilon, repeat)
             result = run_job(
-                replace(run_spec, output=str(folder / "release")),
+                run_spec.model_copy(update={"output": str(folder / "release")}),
                 engine,
                 overwrite=True,
                 echo=lambda _line: None,
@@ -372,7 +373,7 @@ def evaluate(
     csv = output / "evaluation.csv"
     table.to_csv(csv, index=False)
     json_path = write_json(spec, table, output, epsilons=epsilons, repeats=repeats, engine=engine)
-    charts = {q.name: error_chart(table, q, output) for q in spec.query_specs}
+    charts = {q.name: error_chart(table, q, output) for q in spec.queries}
     page = write_page(
         spec, table, charts, output, epsilons=epsilons, repeats=repeats, engine=engine
     )
@@ -420,7 +421,7 @@ def write_json(
     row of the CSV: for scripts that pick epsilon and bounds."""
     summary = summarise(table)
     queries: dict[str, dict] = {}
-    for query in spec.query_specs:
+    for query in spec.queries:
         mine = table[table["query"] == query.name]
         parts = mine[mine["repeat"].isna()]
         queries[query.name] = {

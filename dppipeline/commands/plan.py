@@ -34,9 +34,9 @@ def render_plan(spec: JobSpec, plan: JobPlan) -> str:
         f"budget: epsilon={_num(plan.epsilon)} delta={_num(plan.delta)}, {spec.noise} noise, "
         "split by pipeline-dp NaiveBudgetAccountant (basic composition)",
     ]
-    for query in spec.query_specs:
+    for query in spec.queries:
         lines += ["", *_render_query(spec, query, plan)]
-    if plan.selections and spec.is_multi_query:
+    if plan.selections and not spec.is_shorthand:
         lines += ["", "partition selections (each shared by the queries listed):"]
         for group in plan.selections:
             m = group.mechanism

@@ -221,8 +221,8 @@ def tune(
     in the ledger, writes them with the recommendation to a JSON file; returns both."""
     if spec.input.path is None:
         raise UsageError("--input: required (or input.path in the job spec)")
-    queries = {q.name: q for q in spec.query_specs}
-    name = query_name or spec.query_specs[0].name
+    queries = {q.name: q for q in spec.queries}
+    name = query_name or spec.queries[0].name
     if name not in queries:
         raise UsageError(f"--query: no query {name!r} in the job ({', '.join(queries)})")
     query: QuerySpec = queries[name]
@@ -338,14 +338,12 @@ def _measure(spec, query, task, days, *, eps, partitions, progress) -> Tuning:
 
 def _count_noise(spec: JobSpec, query: QuerySpec, bounds: dict) -> float:
     """Noise std of the count with these bounds under the job's own budget split."""
-    tuned = replace(query, bounds=replace(query.bounds, **bounds), metrics=("count", *[
-        m for m in query.metrics if m != "count"]))  # fmt: skip
-    if spec.is_multi_query:
-        job = replace(
-            spec, queries=tuple(tuned if q.name == query.name else q for q in spec.queries)
-        )
-    else:
-        job = replace(spec, bounds=tuned.bounds, metrics=tuned.metrics)
+    tuned = query.model_copy(update={
+        "bounds": query.bounds.model_copy(update=bounds),
+        "metrics": ("count", *[m for m in query.metrics if m != "count"]),
+    })  # fmt: skip
+    job = spec.model_copy(update={"queries": tuple(
+        tuned if q.name == query.name else q for q in spec.queries)})  # fmt: skip
     plan = make_plan(job).query(query.name).plan
     return float(plan.metric_noise_stddev("count") or 0.0)
 

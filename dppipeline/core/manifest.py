@@ -71,7 +71,7 @@ def build_manifest(
         query.name: _query_entry(
             query, plan, released_partitions[query.name], public_keys.get(query.name)
         )
-        for query in spec.query_specs
+        for query in spec.queries
     }
     return {
         "manifest_version": MANIFEST_VERSION,

@@ -157,8 +157,8 @@ def key_columns(query: QuerySpec) -> tuple[KeyColumn, ...]:
 def check_query_columns(spec: JobSpec) -> None:
     """Every query's columns exist in the input schema with a type that fits their role."""
     schema = transactions_schema()
-    for query in spec.query_specs:
-        where = f"queries.{query.name}." if spec.is_multi_query else ""
+    for query in spec.queries:
+        where = spec.query_path(query)
         if spec.privacy_unit in query.partition_by:
             raise UsageError(f"{where}partition_by: must not include the privacy unit")
         key_columns(query)
@@ -199,10 +199,10 @@ def _parsed_filter(query: QuerySpec) -> FilterExpr | None:
 
 def plan_tasks(spec: JobSpec, plan: JobPlan, days: Sequence[DailyPartition]) -> JobTasks:
     """One task per query, plus one per selection group its members cannot share."""
-    queries = {q.name: q for q in spec.query_specs}
+    queries = {q.name: q for q in spec.queries}
     tasks: dict[str, AggregationTask] = {}
     public: dict[str, pd.DataFrame | None] = {}
-    for query in spec.query_specs:
+    for query in spec.queries:
         task = task_for(query)
         if query.is_public:
             keys = public_key_set(query, task.keys, days) if task.keys else None

@@ -81,10 +81,10 @@ def make_plan(spec: JobSpec) -> JobPlan:
             AggregationParams.from_query(q, spec.noise, spec.confidence_intervals),
             q.budget_weight,
         )
-        for q in spec.query_specs
+        for q in spec.queries
     ]
     return plan_job(
-        queries, spec.budget.epsilon, spec.budget.delta, prefix_names=spec.is_multi_query
+        queries, spec.budget.epsilon, spec.budget.delta, prefix_names=not spec.is_shorthand
     )
 
 

@@ -12,9 +12,10 @@ covers a canonical form of the spec:
 - public key files by the sha256 of their bytes, never by path: an edited key list is a new
   release, a moved one is not.
 
-The canonical form is built from the spec's values and each section's defaults (one small
-function below reads them from the dataclasses; a pydantic model gives the same with
-`model_dump(exclude_defaults=True)`), then serialised as sorted, compact JSON.
+The canonical form is built from the spec's values and each section's defaults (the models'
+field defaults), then serialised as sorted, compact JSON. A shorthand spec (one query written
+at the top level) is hashed as written, without the query the model derives from it, so keys
+made before every job had `queries` stay the same.
 
 The price of omitting defaults: a default must never change its value, or old keys would
 match releases made with the new one. Change the field's name (or give the new meaning a new
@@ -23,12 +24,13 @@ field) instead.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import hashlib
 import json
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel
 
 from dppipeline.errors import InputError
 
@@ -44,21 +46,19 @@ EXCLUDED = {
 }
 
 
-def _defaults(value: Any) -> dict[str, Any]:
-    """Field -> default of a spec section (the one place that reads dataclass internals)."""
-    out = {}
-    for f in dataclasses.fields(value):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-    return out
+def _defaults(value: BaseModel) -> dict[str, Any]:
+    """Field -> default of a spec section."""
+    return {
+        name: info.get_default(call_default_factory=True)
+        for name, info in type(value).model_fields.items()
+        if not info.is_required()
+    }
 
 
 def _plain(value: Any) -> Any:
     """A spec value as JSON data (tuples as lists, dates as text, sections as mappings)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, BaseModel):
+        return {name: _plain(getattr(value, name)) for name in type(value).model_fields}
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -70,21 +70,23 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _section(value: Any, where: str) -> dict[str, Any]:
-    """A spec section (`where`: its dotted path) without its defaulted and excluded fields,
-    recursively; a section left empty is dropped."""
+def _section(value: BaseModel, where: str, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """A spec section (`where`: its dotted path) without its defaulted, excluded and `skip`
+    fields, recursively; a section left empty is dropped."""
     defaults = _defaults(value)
     out: dict[str, Any] = {}
-    for name in (f.name for f in dataclasses.fields(value)):
+    for name in type(value).model_fields:
         field_value = getattr(value, name)
-        if (where, name) in EXCLUDED or (
-            name in defaults and _plain(field_value) == _plain(defaults[name])
+        if (
+            name in skip
+            or (where, name) in EXCLUDED
+            or (name in defaults and _plain(field_value) == _plain(defaults[name]))
         ):
             continue
         path = f"{where}.{name}" if where else name
-        if dataclasses.is_dataclass(field_value):
+        if isinstance(field_value, BaseModel):
             content: Any = _section(field_value, path)
-        elif isinstance(field_value, tuple) and any(map(dataclasses.is_dataclass, field_value)):
+        elif isinstance(field_value, tuple) and any(isinstance(v, BaseModel) for v in field_value):
             content = [_section(item, f"{path}[]") for item in field_value]
         else:
             content = _plain(field_value)
@@ -116,7 +118,7 @@ def file_sha256(path: str | Path) -> str:
 
 def canonical_spec(spec: Any) -> dict[str, Any]:
     """The canonical form of a job spec (see the module docstring)."""
-    return _section(spec, "")
+    return _section(spec, "", frozenset({"queries"}) if spec.is_shorthand else frozenset())
 
 
 def spec_hash(spec: Any) -> str:

@@ -1,23 +1,35 @@
-"""The job spec: an immutable, self-validating description of one release.
+"""The job spec: immutable, self-validating pydantic models of one release.
 
-A spec comes from YAML (`load_raw`), from CLI flags, or both (`build_spec`): flags win.
-Every dataclass validates itself in `__post_init__`, so an invalid spec cannot exist; errors name
-the field by its YAML path and the rule it breaks (`budget.epsilon: must be > 0, got -1.0`).
+A spec comes from YAML (`load_raw`), from CLI flags, or both (`build_spec`): flags win. A job
+always has `queries`; a spec written as one query at the top level (the shorthand) is expanded
+into one query named after the job. Fields are checked by the constrained types below, so an
+invalid spec cannot exist; `spec_from_dict` turns pydantic's errors into one `SpecError` that
+names the field by its YAML path and the rule it breaks (`budget.epsilon: must be > 0 and
+finite, got -1.0`, `queries.q.bounds.min_value: must be <= bounds.max_value ...`).
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import datetime as dt
 import math
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from dppipeline.errors import SpecError, UsageError, excerpt
 
@@ -42,297 +54,464 @@ MAX_WINDOW_DAYS = 36_525  # 100 years of data days
 MAX_RANGE_KEYS = 1_000_000  # public keys an 'A..B' range may list
 MAX_NAME_CHARS = 100  # job, query and column names (a release folder is named after them)
 _COLUMN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_QUERY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+_RULE = "spec_rule"  # the pydantic error type of every rule below
 
 
-def _doc(text: str) -> dict[str, str]:
-    """Field metadata: the one-line doc shown by `dppipeline spec-doc` and in the README."""
-    return {"doc": text}
+# --- rules: each raises a pydantic error whose message is the rule; the path comes from pydantic
 
 
-@dataclass(frozen=True)
-class InputSpec:
+def _broken(rule: str, at: str = "") -> PydanticCustomError:
+    """A broken rule; `at` names a field below the one being validated (model-level checks)."""
+    return PydanticCustomError(_RULE, "{rule}", {"rule": rule, "at": at})
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool):
+        raise _broken(f"must be a number, got {excerpt(value)}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise _broken(f"must be a number, got {excerpt(value)}") from None
+    if math.isnan(number):
+        raise _broken("must be a number, got NaN")
+    return number
+
+
+def _in(low: float, high: float) -> Callable[[Any], float]:
+    def check(value: Any) -> float:
+        number = _number(value)
+        if not low <= number <= high:
+            raise _broken(f"must be in [{low}, {high}], got {excerpt(value)}")
+        return number
+
+    return check
+
+
+def _int_in(low: int, high: int) -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise _broken(f"must be an integer from {low:,} to {high:,}, got {excerpt(value)}")
+        return value
+
+    return check
+
+
+def _positive_finite(value: Any) -> float:
+    number = _number(value)
+    if not number > 0 or math.isinf(number):
+        raise _broken(f"must be > 0 and finite, got {excerpt(value)}")
+    return number
+
+
+def _one_of(allowed: tuple[str, ...]) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if value not in allowed:
+            raise _broken(f"must be one of {', '.join(allowed)}; got {excerpt(value)}")
+        return str(value)
+
+    return check
+
+
+def _path_text(value: Any) -> str | None:
+    """Paths are kept as text (a spec must serialise to JSON); an empty one means unset."""
+    if isinstance(value, Path):
+        return str(value)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise _broken(f"must be a path, got {excerpt(value)}")
+    return value
+
+
+def _date(value: Any) -> dt.date | None:
+    if value is None or (isinstance(value, dt.date) and not isinstance(value, dt.datetime)):
+        return value
+    if isinstance(value, dt.datetime):
+        return value.date()
+    if isinstance(value, str):
+        try:
+            return dt.date.fromisoformat(value)
+        except ValueError:
+            pass
+    raise _broken(f"must be a date YYYY-MM-DD, got {excerpt(value)}")
+
+
+def _column(value: Any) -> str:
+    """A column name: an identifier of at most MAX_NAME_CHARS characters."""
+    if not isinstance(value, str) or len(value) > MAX_NAME_CHARS or not _COLUMN.fullmatch(value):
+        raise _broken(
+            f"must be a column name (letters, digits, _; at most {MAX_NAME_CHARS} characters), "
+            f"got {excerpt(value)}"
+        )
+    return value
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _broken(f"must be true or false, got {excerpt(value)}")
+    return value
+
+
+def _query_name(value: Any) -> str:
+    if not _is_query_name(value):
+        raise _broken(
+            "must start with a letter, then letters, digits, _ (at most "
+            f"{MAX_NAME_CHARS} characters); got {excerpt(value)}"
+        )
+    return str(value)
+
+
+def _job_name(value: Any) -> str:
+    if (
+        not isinstance(value, str)
+        or not value.replace("_", "").isalnum()
+        or len(value) > MAX_NAME_CHARS
+    ):
+        raise _broken(
+            f"must be letters, digits and underscores (at most {MAX_NAME_CHARS} characters), "
+            f"got {excerpt(value)}"
+        )
+    return value
+
+
+def _metrics(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [m.strip() for m in re.split(r",(?![^(]*\))", value) if m.strip()]
+    if not isinstance(value, list | tuple):
+        raise _broken(f"must be a list of metric names, got {excerpt(value)}")
+    metrics = tuple(_metric(m) for m in value)
+    if not metrics:
+        raise _broken("must name at least one metric")
+    if len(set(metrics)) != len(metrics):
+        raise _broken(f"lists a metric twice: {excerpt(list(metrics))}")
+    return metrics
+
+
+def _metric(name: Any) -> str:
+    try:
+        return parse_metric(name)
+    except SpecError as exc:
+        raise _broken(exc.rule) from None
+
+
+def _partition_by(value: Any) -> tuple[str, ...]:
+    keys = (value,) if isinstance(value, str) else value
+    if not isinstance(keys, list | tuple):
+        raise _broken(f"must be a list of column names, got {excerpt(keys)}")
+    for key in keys:
+        _column(key)
+    if len(set(keys)) != len(keys):
+        raise _broken(f"lists a key twice: {excerpt(list(keys))}")
+    return tuple(keys)
+
+
+Number = Annotated[float, BeforeValidator(_number)]
+PositiveFinite = Annotated[float, BeforeValidator(_positive_finite)]
+Fraction = Annotated[float, BeforeValidator(_in(0.0, 1.0))]
+Bound = Annotated[int, BeforeValidator(_int_in(1, MAX_INT_PARAM))]
+PathText = Annotated[str | None, BeforeValidator(_path_text)]
+Day = Annotated[dt.date | None, BeforeValidator(_date)]
+Column = Annotated[str, BeforeValidator(_column)]
+Flag = Annotated[bool, BeforeValidator(_flag)]
+Metrics = Annotated[tuple[str, ...], BeforeValidator(_metrics)]
+Keys = Annotated[tuple[str, ...], BeforeValidator(_partition_by)]
+
+
+class _Section(BaseModel):
+    """A spec section: frozen; an unknown key is an error naming the key and the known ones."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys_only(cls, raw: Any) -> Any:
+        if not isinstance(raw, Mapping):
+            if isinstance(raw, cls):
+                return raw
+            raise _broken("must be a mapping")
+        known = set(cls.model_fields)
+        unknown = sorted((k for k in raw if k not in known), key=str)
+        if unknown:
+            key = unknown[0]
+            short = isinstance(key, str) and _COLUMN.fullmatch(key) and len(key) <= 40
+            raise _broken(
+                f"unknown field (known: {', '.join(sorted(known))})",
+                at=key if short else excerpt(key),
+            )
+        return raw
+
+
+class InputSpec(_Section):
     """Where the transactions are and which days to read."""
 
-    path: str | None = field(
-        default=None, metadata=_doc("Input folder (required here or as --input).")
+    path: PathText = Field(None, description="Input folder (required here or as --input).")
+    format: Annotated[str, BeforeValidator(_one_of(INPUT_FORMATS))] = Field(
+        "parquet", description="parquet: DIR/date=YYYY-MM-DD/*.parquet; csv: DIR/YYYY-MM-DD.csv."
     )
-    format: str = field(
-        default="parquet",
-        metadata=_doc("parquet: DIR/date=YYYY-MM-DD/*.parquet; csv: DIR/YYYY-MM-DD.csv."),
+    start_date: Day = Field(
+        None, description="First day to read, inclusive (YYYY-MM-DD); default: all."
     )
-    start_date: dt.date | None = field(
-        default=None, metadata=_doc("First day to read, inclusive (YYYY-MM-DD); default: all.")
+    end_date: Day = Field(
+        None, description="Last day to read, inclusive (YYYY-MM-DD); default: all."
     )
-    end_date: dt.date | None = field(
-        default=None, metadata=_doc("Last day to read, inclusive (YYYY-MM-DD); default: all.")
+    max_rejected_fraction: Fraction = Field(
+        0.001, description="Fail the run when more than this share of rows is rejected."
     )
-    max_rejected_fraction: float = field(
-        default=0.001,
-        metadata=_doc("Fail the run when more than this share of rows is rejected."),
-    )
-    quarantine: str | None = field(
-        default=None,
-        metadata=_doc(
+    quarantine: PathText = Field(
+        None,
+        description=(
             "Operator-only folder for rejected rows (default $DPPIPELINE_STATE_DIR/quarantine);"
             " never inside or beside the release."
         ),
     )
 
-    def __post_init__(self) -> None:
-        _path_as_text(self, "path", "input.path")
-        _path_as_text(self, "quarantine", "input.quarantine")
-        _one_of("input.format", self.format, INPUT_FORMATS)
-        for name in ("start_date", "end_date"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, dt.date):
-                object.__setattr__(self, name, _parse_date(f"input.{name}", value))
+    @model_validator(mode="after")
+    def _days_in_order(self) -> InputSpec:
         if self.start_date and self.end_date and self.start_date > self.end_date:
-            raise SpecError(
-                "input.start_date",
+            raise _broken(
                 f"must not be after input.end_date ({self.start_date} > {self.end_date})",
+                at="start_date",
             )
-        _number_in("input.max_rejected_fraction", self.max_rejected_fraction, 0.0, 1.0)
+        return self
 
 
-@dataclass(frozen=True)
-class BudgetSpec:
+def _cap_epsilon(value: Any) -> float | None:
+    if value is None:
+        return None
+    cap = _number(value)
+    if not 0 <= cap < math.inf:
+        raise _broken(f"must be >= 0 and finite, got {excerpt(cap)}")
+    return cap
+
+
+def _epsilon(value: Any) -> float:
+    eps = _positive_finite(value)
+    if eps < MIN_EPSILON:
+        raise _broken(
+            f"must be >= 2^-50 (~{MIN_EPSILON:.2g}), PyDP's smallest epsilon, got {eps:g}"
+        )
+    return eps
+
+
+def _delta(value: Any) -> float:
+    delta = _number(value)
+    if not 0 <= delta < 1:
+        raise _broken(f"must be in [0, 1), got {excerpt(value)}")
+    if 0 < delta < MIN_DELTA:
+        raise _broken(
+            f"must be 0 or >= {MIN_DELTA:g} (PyDP's selection probabilities break down "
+            f"below), got {delta:g}"
+        )
+    return delta
+
+
+def _scope(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise _broken(f"must be a non-empty name, got {excerpt(value)}")
+    return value
+
+
+def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else check(value)
+
+
+class BudgetSpec(_Section):
     """The privacy budget of the whole run: all metrics and partition selection together."""
 
-    epsilon: float = field(
-        default=1.0,
-        metadata=_doc(
+    epsilon: Annotated[float, BeforeValidator(_epsilon)] = Field(
+        1.0,
+        description=(
             "Total epsilon of the release, finite and >= 2^-50 (~8.9e-16); smaller = more "
             "noise. Each mechanism's share must be >= 2^-50 too (PyDP's minimum), and Gaussian "
             "noise needs a share <= 709.78 (above it PyDP's sigma collapses to zero)."
         ),
     )
-    delta: float = field(
-        default=1e-6,
-        metadata=_doc(
+    delta: Annotated[float, BeforeValidator(_delta)] = Field(
+        1e-6,
+        description=(
             "Total delta: 0, or in [1e-100, 1); needed (> 0) for Gaussian noise or private "
             "selection (below 1e-100 PyDP's selection probabilities break down)."
         ),
     )
-
-    scope: str | None = field(
-        default=None,
-        metadata=_doc(
+    scope: Annotated[str | None, BeforeValidator(_scope)] = Field(
+        None,
+        description=(
             "Ledger scope: the dataset and privacy unit the cap protects (default "
             "<input folder name>/<privacy_unit>)."
         ),
     )
-    cap_epsilon: float | None = field(
-        default=None,
-        metadata=_doc("Ledger cap on the scope's total epsilon, finite, >= 0 (unset: no cap)."),
+    cap_epsilon: Annotated[float | None, BeforeValidator(_cap_epsilon)] = Field(
+        None, description="Ledger cap on the scope's total epsilon, finite, >= 0 (unset: no cap)."
     )
-    cap_delta: float | None = field(
-        default=None,
-        metadata=_doc("Ledger cap on the scope's total delta, in [0, 1] (unset: no cap)."),
+    cap_delta: Annotated[float | None, BeforeValidator(_optional(_in(0.0, 1.0)))] = Field(
+        None, description="Ledger cap on the scope's total delta, in [0, 1] (unset: no cap)."
     )
-    window_days: int | None = field(
-        default=None,
-        metadata=_doc(
-            f"Caps hold per rolling window of this many data days, 1 to {MAX_WINDOW_DAYS:,} "
-            "(unset: all time)."
-        ),
+    window_days: Annotated[int | None, BeforeValidator(_optional(_int_in(1, MAX_WINDOW_DAYS)))] = (
+        Field(
+            None,
+            description=(
+                f"Caps hold per rolling window of this many data days, 1 to {MAX_WINDOW_DAYS:,} "
+                "(unset: all time)."
+            ),
+        )
     )
 
-    def __post_init__(self) -> None:
-        if self.cap_epsilon is not None:
-            cap = _number("budget.cap_epsilon", self.cap_epsilon)
-            if not 0 <= cap < math.inf:
-                raise SpecError(
-                    "budget.cap_epsilon", f"must be >= 0 and finite, got {excerpt(cap)}"
-                )
-            object.__setattr__(self, "cap_epsilon", cap)
-        if self.cap_delta is not None:
-            object.__setattr__(
-                self, "cap_delta", _number_in("budget.cap_delta", self.cap_delta, 0.0, 1.0)
-            )
-        if self.window_days is not None:
-            _integer_in("budget.window_days", self.window_days, 1, MAX_WINDOW_DAYS)
-        if self.scope is not None and (not isinstance(self.scope, str) or not self.scope):
-            raise SpecError("budget.scope", f"must be a non-empty name, got {excerpt(self.scope)}")
-        eps = _number("budget.epsilon", self.epsilon)
-        if not eps > 0 or math.isinf(eps):
-            raise SpecError(
-                "budget.epsilon", f"must be > 0 and finite, got {excerpt(self.epsilon)}"
-            )
-        if eps < MIN_EPSILON:
-            raise SpecError(
-                "budget.epsilon",
-                f"must be >= 2^-50 (~{MIN_EPSILON:.2g}), PyDP's smallest epsilon, got {eps:g}",
-            )
-        delta = _number("budget.delta", self.delta)
-        if not 0 <= delta < 1:
-            raise SpecError("budget.delta", f"must be in [0, 1), got {excerpt(self.delta)}")
-        if 0 < delta < MIN_DELTA:
-            raise SpecError(
-                "budget.delta",
-                f"must be 0 or >= {MIN_DELTA:g} (PyDP's selection probabilities break down "
-                f"below), got {delta:g}",
-            )
-        object.__setattr__(self, "epsilon", eps)
-        object.__setattr__(self, "delta", delta)
+
+def _bound_value(value: Any) -> float | None:
+    if value is None:
+        return None
+    number = _number(value)
+    if not math.isfinite(number):
+        raise _broken(f"must be finite, got {excerpt(value)}")
+    if abs(number) > MAX_ABS_BOUND:
+        raise _broken(
+            f"must be within +-{MAX_ABS_BOUND:g} (float64 sums and PyDP's sensitivity limits), "
+            f"got {number:g}"
+        )
+    return number
 
 
-@dataclass(frozen=True)
-class BoundsSpec:
+BoundValue = Annotated[float | None, BeforeValidator(_bound_value)]
+
+
+class BoundsSpec(_Section):
     """Contribution bounds: what one privacy unit may change, hence the noise scale."""
 
-    max_partitions_contributed: int = field(
-        default=1,
-        metadata=_doc(
+    max_partitions_contributed: Bound = Field(
+        1,
+        description=(
             "L0: partitions kept per privacy unit (sampled uniformly when more); an integer "
             f"from 1 to {MAX_INT_PARAM:,} (PyDP's C++ int), with percentiles to "
             f"{MAX_INT_PARAM // 4:,} (its quantile tree multiplies L0 by its height, 4)."
         ),
     )
-    max_contributions_per_partition: int = field(
-        default=1,
-        metadata=_doc(
+    max_contributions_per_partition: Bound = Field(
+        1,
+        description=(
             "Linf: rows kept per privacy unit and partition (sampled uniformly); an integer "
             f"from 1 to {MAX_INT_PARAM:,} (PyDP's C++ int)."
         ),
     )
-    min_value: float | None = field(
-        default=None,
-        metadata=_doc(
+    min_value: BoundValue = Field(
+        None,
+        description=(
             "Values are clipped to [min_value, max_value] (sum, mean, variance, ...); both "
             f"within +-{MAX_ABS_BOUND:g}, so that float64 sums stay finite and sensitivities "
             "stay far below what PyDP refuses (~1e306) or hangs on."
         ),
     )
-    max_value: float | None = field(
-        default=None,
-        metadata=_doc(
+    max_value: BoundValue = Field(
+        None,
+        description=(
             f"Upper clipping bound, at least {MIN_BOUND_WIDTH:g} above min_value (the "
             "variance's sensitivity, width^2/8, must stay far above the ~1e-308 on which "
             "PyDP's Gaussian hangs); required for every metric of the value."
         ),
     )
 
-    def __post_init__(self) -> None:
-        for name in ("max_partitions_contributed", "max_contributions_per_partition"):
-            _integer_in(f"bounds.{name}", getattr(self, name), 1, MAX_INT_PARAM)
-        for name in ("min_value", "max_value"):
-            value = getattr(self, name)
-            if value is not None:
-                number = _number(f"bounds.{name}", value)
-                if not math.isfinite(number):
-                    raise SpecError(f"bounds.{name}", f"must be finite, got {excerpt(value)}")
-                if abs(number) > MAX_ABS_BOUND:
-                    raise SpecError(
-                        f"bounds.{name}",
-                        f"must be within +-{MAX_ABS_BOUND:g} (float64 sums and PyDP's "
-                        f"sensitivity limits), got {number:g}",
-                    )
-                object.__setattr__(self, name, number)
-        if (self.min_value is None) != (self.max_value is None):
-            missing = "min_value" if self.min_value is None else "max_value"
-            raise SpecError(f"bounds.{missing}", "min_value and max_value must be set together")
-        if self.min_value is not None and self.max_value is not None:
-            if self.min_value > self.max_value:
-                raise SpecError(
-                    "bounds.min_value",
-                    f"must be <= bounds.max_value ({self.min_value} > {self.max_value})",
-                )
-            if self.min_value == self.max_value:
-                raise SpecError(
-                    "bounds.min_value",
-                    f"must be < bounds.max_value (both {self.min_value}): an empty range "
-                    "carries no information",
-                )
-            if self.max_value - self.min_value < MIN_BOUND_WIDTH:
-                raise SpecError(
-                    "bounds.max_value",
-                    f"must be at least {MIN_BOUND_WIDTH:g} above bounds.min_value (PyDP's "
-                    f"Gaussian noise hangs on tinier sensitivities), got [{self.min_value:g}, "
-                    f"{self.max_value:g}]",
-                )
+    @model_validator(mode="after")
+    def _a_range(self) -> BoundsSpec:
+        low, high = self.min_value, self.max_value
+        if low is None or high is None:
+            if low is not high:
+                missing = "min_value" if low is None else "max_value"
+                raise _broken("min_value and max_value must be set together", at=missing)
+            return self
+        if low > high:
+            raise _broken(f"must be <= bounds.max_value ({low} > {high})", at="min_value")
+        if low == high:
+            raise _broken(
+                f"must be < bounds.max_value (both {low}): an empty range carries no information",
+                at="min_value",
+            )
+        if high - low < MIN_BOUND_WIDTH:
+            raise _broken(
+                f"must be at least {MIN_BOUND_WIDTH:g} above bounds.min_value (PyDP's Gaussian "
+                f"noise hangs on tinier sensitivities), got [{low:g}, {high:g}]",
+                at="max_value",
+            )
+        return self
 
 
-@dataclass(frozen=True)
-class SelectionSpec:
-    """Which partitions are released: a public key list, or private selection from the data."""
-
-    public_partitions: str | dict[str, Any] | None = field(
-        default=None,
-        metadata=_doc(
-            "Public keys: a file (one key per line, or a CSV with the key columns), an "
-            "integer range 'A..B', or per key column a file, range, list or 'input_range' "
-            "(every time bucket of the input days), whose product is the key set. Every "
-            "listed key is released, no other. Unset: private selection."
-        ),
-    )
-    strategy: str = field(
-        default="truncated_geometric",
-        metadata=_doc("Private selection: truncated_geometric, laplace_ or gaussian_thresholding."),
-    )
-    pre_threshold: int | None = field(
-        default=None,
-        metadata=_doc(
-            "Private selection: never release a partition with fewer privacy units; an "
-            f"integer from 1 to {MAX_INT_PARAM:,} (PyDP's C++ int)."
-        ),
-    )
-
-    def __post_init__(self) -> None:
-        if isinstance(self.public_partitions, Mapping):
-            _check_key_sources(self.public_partitions)
-            object.__setattr__(self, "public_partitions", dict(self.public_partitions))
-        else:
-            _path_as_text(self, "public_partitions", "partition_selection.public_partitions")
-            if isinstance(self.public_partitions, str):
-                _check_range("partition_selection.public_partitions", self.public_partitions)
-        _one_of("partition_selection.strategy", self.strategy, SELECTION_STRATEGIES)
-        if self.pre_threshold is not None:
-            _integer_in("partition_selection.pre_threshold", self.pre_threshold, 1, MAX_INT_PARAM)
-
-    @property
-    def is_public(self) -> bool:
-        return self.public_partitions is not None
-
-
-def _check_key_sources(sources: Mapping[str, Any]) -> None:
-    """Per key column: a file path, an integer range 'A..B', 'input_range' or a list."""
-    where = "partition_selection.public_partitions"
-    if not sources:
-        raise SpecError(where, "must name at least one key column")
-    for column, source in sources.items():
-        _column(where, column)
+def _key_sources(value: Any) -> str | dict[str, Any] | None:
+    """A file path, an integer range 'A..B', or per key column a file, range, list or
+    'input_range'."""
+    if not isinstance(value, Mapping):
+        text = _path_text(value)
+        if text is not None:
+            _check_range("", text)
+        return text
+    if not value:
+        raise _broken("must name at least one key column")
+    for column, source in value.items():
+        _column(column)
         if isinstance(source, list | tuple):
             if not source:
-                raise SpecError(f"{where}.{column}", "must list at least one key")
+                raise _broken("must list at least one key", at=column)
             if any(isinstance(v, bool | dict | list) or v is None for v in source):
-                raise SpecError(f"{where}.{column}", f"must list plain keys, got {excerpt(source)}")
+                raise _broken(f"must list plain keys, got {excerpt(source)}", at=column)
         elif not isinstance(source, str | Path) or not str(source):
-            raise SpecError(
-                f"{where}.{column}",
+            raise _broken(
                 f"must be a file, a range 'A..B', {INPUT_RANGE!r} or a list; got {excerpt(source)}",
+                at=column,
             )
         if isinstance(source, str):
-            _check_range(f"{where}.{column}", source)
+            _check_range(column, source)
+    return {str(k): str(v) if isinstance(v, Path) else v for k, v in value.items()}
 
 
-def _check_range(where: str, source: str) -> None:
+def _check_range(at: str, source: str) -> None:
     """An integer range 'A..B' of public keys: int64 bounds, A <= B, at most MAX_RANGE_KEYS
     keys (they are listed one by one)."""
     match = _RANGE.match(source)
     if not match:
         return
     if max(len(match.group(1)), len(match.group(2))) > 20:
-        raise SpecError(where, f"range {excerpt(source)} must have int64 bounds")
+        raise _broken(f"range {excerpt(source)} must have int64 bounds", at=at)
     low, high = int(match.group(1)), int(match.group(2))
     if low > high:
-        raise SpecError(where, f"range {excerpt(source)} is empty (A > B)")
+        raise _broken(f"range {excerpt(source)} is empty (A > B)", at=at)
     if low < -(2**63) or high > 2**63 - 1:
-        raise SpecError(where, f"range {excerpt(source)} must have int64 bounds")
+        raise _broken(f"range {excerpt(source)} must have int64 bounds", at=at)
     if high - low + 1 > MAX_RANGE_KEYS:
-        raise SpecError(
-            where,
+        raise _broken(
             f"range {excerpt(source)} lists more than {MAX_RANGE_KEYS:,} keys; use a key file",
+            at=at,
         )
+
+
+class SelectionSpec(_Section):
+    """Which partitions are released: a public key list, or private selection from the data."""
+
+    public_partitions: Annotated[str | dict[str, Any] | None, BeforeValidator(_key_sources)] = (
+        Field(
+            None,
+            description=(
+                "Public keys: a file (one key per line, or a CSV with the key columns), an "
+                "integer range 'A..B', or per key column a file, range, list or 'input_range' "
+                "(every time bucket of the input days), whose product is the key set. Every "
+                "listed key is released, no other. Unset: private selection."
+            ),
+        )
+    )
+    strategy: Annotated[str, BeforeValidator(_one_of(SELECTION_STRATEGIES))] = Field(
+        "truncated_geometric",
+        description="Private selection: truncated_geometric, laplace_ or gaussian_thresholding.",
+    )
+    pre_threshold: Annotated[int | None, BeforeValidator(_optional(_int_in(1, MAX_INT_PARAM)))] = (
+        Field(
+            None,
+            description=(
+                "Private selection: never release a partition with fewer privacy units; an "
+                f"integer from 1 to {MAX_INT_PARAM:,} (PyDP's C++ int)."
+            ),
+        )
+    )
+
+    @property
+    def is_public(self) -> bool:
+        return self.public_partitions is not None
 
 
 def parse_metric(name: Any, where: str = "metrics") -> str:
@@ -366,123 +545,90 @@ def metric_column(metric: str) -> str:
     return metric if p is None else f"percentile_{p:g}".replace(".", "_")
 
 
-def _metrics_tuple(value: Any, where: str) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = [m.strip() for m in re.split(r",(?![^(]*\))", value) if m.strip()]
-    if not isinstance(value, list | tuple):
-        raise SpecError(where, f"must be a list of metric names, got {excerpt(value)}")
-    metrics = tuple(parse_metric(m, where) for m in value)
-    if not metrics:
-        raise SpecError(where, "must name at least one metric")
-    if len(set(metrics)) != len(metrics):
-        raise SpecError(where, f"lists a metric twice: {excerpt(list(metrics))}")
-    return metrics
-
-
 def _needs_value_bounds(metrics: tuple[str, ...]) -> bool:
     return any(m in ("sum", "mean", "variance") or percentile_of(m) is not None for m in metrics)
 
 
-@dataclass(frozen=True)
-class QuerySpec:
-    """One named query of a multi-query job: its own filter, keys, metrics and bounds."""
+class QuerySpec(_Section):
+    """One named query: its own filter, keys, metrics and bounds, under the job's budget."""
 
-    name: str = field(metadata=_doc("Query name; its dataset's folder in the release."))
-    partition_by: tuple[str, ...] = field(
-        default=("TERMINAL_ID",),
-        metadata=_doc(
+    name: Annotated[str, BeforeValidator(_query_name)] = Field(
+        description="Query name; its dataset's folder in the release."
+    )
+    partition_by: Keys = Field(
+        ("TERMINAL_ID",),
+        description=(
             "Key columns of the output rows: input columns and/or the time buckets day, week, "
             "month (of TX_DATETIME); [] for one global total."
         ),
     )
-    metrics: tuple[str, ...] = field(
-        default=("count", "sum", "mean"),
-        metadata=_doc("count, sum, mean, variance, privacy_id_count, percentile(P)."),
+    metrics: Metrics = Field(
+        ("count", "sum", "mean"),
+        description="count, sum, mean, variance, privacy_id_count, percentile(P).",
     )
-    value: str = field(default="TX_AMOUNT", metadata=_doc("Column aggregated by value metrics."))
-    filter: str | None = field(
-        default=None,
-        metadata=_doc(
+    value: Column = Field("TX_AMOUNT", description="Column aggregated by value metrics.")
+    filter: str | None = Field(
+        None,
+        description=(
             'Rows the query reads, e.g. "TERMINAL_ID in 1..100 and TX_AMOUNT >= 25" '
             "(comparisons, ranges, in, between, and/or/not); at most 100,000 characters, 500 "
             "conditions and 10,000 values per 'in' list."
         ),
     )
-    bounds: BoundsSpec = field(
-        default_factory=BoundsSpec, metadata=_doc("Contribution bounds (job bounds by default).")
+    bounds: BoundsSpec = Field(
+        default_factory=BoundsSpec, description="Contribution bounds (job bounds by default)."
     )
-    partition_selection: SelectionSpec = field(
+    partition_selection: SelectionSpec = Field(
         default_factory=SelectionSpec,
-        metadata=_doc("Public keys or private selection (not inherited from the job)."),
+        description="Public keys or private selection (not inherited from the job).",
     )
-    budget_weight: float = field(
-        default=1.0, metadata=_doc("Share of the job budget relative to the other queries.")
+    budget_weight: PositiveFinite = Field(
+        1.0, description="Share of the job budget relative to the other queries."
     )
 
-    def __post_init__(self) -> None:
-        if not _is_query_name(self.name):
-            raise SpecError(
-                "name",
-                "must start with a letter, then letters, digits, _ (at most "
-                f"{MAX_NAME_CHARS} characters); got {excerpt(self.name)}",
-            )
-        keys = self.partition_by
-        if isinstance(keys, str):
-            keys = (keys,)
-        if not isinstance(keys, list | tuple):
-            raise SpecError("partition_by", f"must be a list of column names, got {excerpt(keys)}")
-        for key in keys:
-            _column("partition_by", key)
-        if len(set(keys)) != len(keys):
-            raise SpecError("partition_by", f"lists a key twice: {excerpt(list(keys))}")
-        object.__setattr__(self, "partition_by", tuple(keys))
-        object.__setattr__(self, "metrics", _metrics_tuple(self.metrics, "metrics"))
-        _column("value", self.value)
-        if self.filter is not None:
-            if not isinstance(self.filter, str) or not self.filter.strip():
-                raise SpecError(
-                    "filter", f"must be a filter expression, got {excerpt(self.filter)}"
-                )
-            from dppipeline.spec.filters import parse_filter  # noqa: PLC0415
-            from dppipeline.spec.schema import transactions_schema  # noqa: PLC0415
+    @field_validator("filter", mode="before")
+    @classmethod
+    def _a_filter(cls, text: Any) -> str | None:
+        if text is None:
+            return None
+        if not isinstance(text, str) or not text.strip():
+            raise _broken(f"must be a filter expression, got {excerpt(text)}")
+        from dppipeline.spec.filters import parse_filter  # noqa: PLC0415 (filters use models)
+        from dppipeline.spec.schema import transactions_schema  # noqa: PLC0415
 
-            parse_filter(self.filter, transactions_schema(), where="filter")
-        weight = _number("budget_weight", self.budget_weight)
-        if not weight > 0 or math.isinf(weight):
-            raise SpecError(
-                "budget_weight", f"must be > 0 and finite, got {excerpt(self.budget_weight)}"
-            )
-        object.__setattr__(self, "budget_weight", weight)
+        try:
+            parse_filter(text, transactions_schema(), where="filter")
+        except SpecError as exc:
+            raise _broken(exc.rule) from None
+        return text
+
+    @model_validator(mode="after")
+    def _consistent(self) -> QuerySpec:
         if self.needs_value_bounds and self.bounds.min_value is None:
-            raise SpecError(
-                "bounds.min_value",
+            raise _broken(
                 "min_value and max_value are required for sum, mean, variance and percentiles",
+                at="bounds.min_value",
             )
         selection = self.partition_selection
-        if not self.partition_by and (
-            selection.public_partitions is not None or selection.pre_threshold is not None
-        ):
-            raise SpecError(
-                "partition_selection",
+        sources = selection.public_partitions
+        if not self.partition_by and (sources is not None or selection.pre_threshold is not None):
+            raise _broken(
                 "a global total (partition_by: []) has one partition: nothing to select",
+                at="partition_selection",
             )
-        if isinstance(selection.public_partitions, dict):
-            listed = set(selection.public_partitions)
-            if listed != set(self.partition_by):
-                raise SpecError(
-                    "partition_selection.public_partitions",
-                    f"must give keys for exactly the partition_by columns "
-                    f"{list(self.partition_by)}, got {excerpt(sorted(listed))}",
-                )
-        elif (
-            isinstance(selection.public_partitions, str)
-            and _RANGE.match(selection.public_partitions)
-            and len(self.partition_by) != 1
-        ):
-            raise SpecError(
-                "partition_selection.public_partitions",
+        where = "partition_selection.public_partitions"
+        if isinstance(sources, dict) and set(sources) != set(self.partition_by):
+            raise _broken(
+                f"must give keys for exactly the partition_by columns {list(self.partition_by)}, "
+                f"got {excerpt(sorted(sources))}",
+                at=where,
+            )
+        if isinstance(sources, str) and _RANGE.match(sources) and len(self.partition_by) != 1:
+            raise _broken(
                 "a range needs one partition_by column; give one source per column instead",
+                at=where,
             )
+        return self
 
     @property
     def needs_value_bounds(self) -> bool:
@@ -494,260 +640,221 @@ class QuerySpec:
         return self.partition_selection.is_public or not self.partition_by
 
 
-@dataclass(frozen=True)
-class JobSpec:
-    """One release: per-partition DP statistics of one value column."""
+# Job fields that are every query's defaults: a query that does not set one takes the job's
+# (bounds field by field; partition_by from partition_key). partition_selection is the
+# shorthand's only: an explicit query selects privately unless it names its keys.
+_INHERITED = ("metrics", "value")
+SHORTHAND_FIELDS = ("partition_key", "metrics", "value", "bounds", "partition_selection")
 
-    name: str = field(
-        default="terminal_stats", metadata=_doc("Job name; the release dataset's folder name.")
+
+class JobSpec(_Section):
+    """One release: per-partition DP statistics of one or more queries under one budget.
+
+    `queries` always holds at least one query. A spec written without `queries` (the
+    shorthand) is one query named after the job, made of the job's partition_key, metrics,
+    value, bounds and partition_selection; with `queries`, those job fields are the queries'
+    defaults. `is_shorthand` remembers which was written: it decides only how names read
+    (error paths, mechanism names) and keeps the spec hash of existing shorthand specs.
+    """
+
+    name: Annotated[str, BeforeValidator(_job_name)] = Field(
+        "terminal_stats", description="Job name; the release dataset's folder name."
     )
-    privacy_unit: str = field(
-        default="CUSTOMER_ID", metadata=_doc("Column of the privacy unit (what is protected).")
+    privacy_unit: Column = Field(
+        "CUSTOMER_ID", description="Column of the privacy unit (what is protected)."
     )
-    partition_key: str = field(
-        default="TERMINAL_ID", metadata=_doc("Column whose values are the output partitions.")
+    partition_key: Column = Field(
+        "TERMINAL_ID", description="Column whose values are the output partitions."
     )
-    value: str = field(
-        default="TX_AMOUNT", metadata=_doc("Column aggregated by sum, mean, variance, ...")
+    value: Column = Field("TX_AMOUNT", description="Column aggregated by sum, mean, variance, ...")
+    metrics: Metrics = Field(
+        ("count", "sum", "mean"),
+        description="Any of count, sum, mean, variance, privacy_id_count, percentile(P).",
     )
-    metrics: tuple[str, ...] = field(
-        default=("count", "sum", "mean"),
-        metadata=_doc("Any of count, sum, mean, variance, privacy_id_count, percentile(P)."),
+    noise: Annotated[str, BeforeValidator(_one_of(NOISE_KINDS))] = Field(
+        "laplace", description="Noise kind: laplace or gaussian."
     )
-    noise: str = field(default="laplace", metadata=_doc("Noise kind: laplace or gaussian."))
-    confidence_intervals: bool = field(
-        default=False,
-        metadata=_doc(
+    confidence_intervals: Flag = Field(
+        False,
+        description=(
             "Release 95% intervals <metric>_ci_low/_ci_high beside count, sum, mean and "
             "privacy_id_count (from the noise distribution: no extra budget)."
         ),
     )
-    budget: BudgetSpec = field(default_factory=BudgetSpec, metadata=_doc("Privacy budget."))
-    bounds: BoundsSpec = field(default_factory=BoundsSpec, metadata=_doc("Contribution bounds."))
-    partition_selection: SelectionSpec = field(
-        default_factory=SelectionSpec, metadata=_doc("Public keys or private selection.")
+    budget: BudgetSpec = Field(default_factory=BudgetSpec, description="Privacy budget.")
+    bounds: BoundsSpec = Field(default_factory=BoundsSpec, description="Contribution bounds.")
+    partition_selection: SelectionSpec = Field(
+        default_factory=SelectionSpec, description="Public keys or private selection."
     )
-    input: InputSpec = field(default_factory=InputSpec, metadata=_doc("Input data."))
-    output: str | None = field(
-        default=None, metadata=_doc("Release folder (required here or as --output).")
-    )
-    queries: tuple[QuerySpec, ...] = field(
-        default=(),
-        metadata=_doc(
+    input: InputSpec = Field(default_factory=InputSpec, description="Input data.")
+    output: PathText = Field(None, description="Release folder (required here or as --output).")
+    queries: tuple[QuerySpec, ...] = Field(
+        (),
+        description=(
             "Several named queries under the job's one budget (see 'Several queries in one "
             "job'); the fields above are their defaults. Unset: one query, named after the job."
         ),
     )
 
-    def __post_init__(self) -> None:
-        _path_as_text(self, "output", "output")
-        if (
-            not isinstance(self.name, str)
-            or not self.name.replace("_", "").isalnum()
-            or len(self.name) > MAX_NAME_CHARS
-        ):
-            raise SpecError(
-                "name",
-                f"must be letters, digits and underscores (at most {MAX_NAME_CHARS} "
-                f"characters), got {excerpt(self.name)}",
-            )
-        for name in ("privacy_unit", "partition_key", "value"):
-            _column(name, getattr(self, name))
+    _shorthand: bool = PrivateAttr(default=False)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _one_shape(cls, raw: Any, handler: Callable[[Any], JobSpec]) -> JobSpec:
+        """Expands the shorthand, or fills each query's unset fields from the job's."""
+        if isinstance(raw, JobSpec):
+            return raw
+        if not isinstance(raw, Mapping):
+            raise _broken("must be a mapping of fields at the top level")
+        data = dict(raw)
+        shorthand = data.get("queries") is None
+        data["queries"] = [_shorthand_query(data)] if shorthand else _queries(data["queries"], data)
+        spec = handler(data)
+        spec._shorthand = shorthand
+        return spec
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
         if self.privacy_unit == self.partition_key:
-            raise SpecError("partition_key", "must differ from privacy_unit")
-        object.__setattr__(self, "metrics", _metrics_tuple(self.metrics, "metrics"))
-        _one_of("noise", self.noise, NOISE_KINDS)
-        if not isinstance(self.confidence_intervals, bool):
-            raise SpecError(
-                "confidence_intervals",
-                f"must be true or false, got {excerpt(self.confidence_intervals)}",
-            )
-        queries = tuple(self.queries)
-        object.__setattr__(self, "queries", queries)
-        if queries:
-            _check_queries(queries)
-        elif self.needs_value_bounds and self.bounds.min_value is None:
-            raise SpecError(
-                "bounds.min_value",
-                "min_value and max_value are required for sum, mean, variance and percentiles",
-            )
+            raise _broken("must differ from privacy_unit", at="partition_key")
+        names = [q.name for q in self.queries]
+        for name in names:
+            if names.count(name) > 1:
+                raise _broken("two queries have this name", at=f"queries.{name}")
         if self.noise == "gaussian" and self.budget.delta == 0:
-            raise SpecError("budget.delta", "must be > 0 for gaussian noise")
+            raise _broken("must be > 0 for gaussian noise", at="budget.delta")
         if self.budget.delta == 0:
-            for query in self.query_specs:
+            for query in self.queries:
                 if not query.is_public:
-                    where = f"queries.{query.name}: " if queries else ""
-                    raise SpecError(
-                        "budget.delta",
-                        f"must be > 0 for private partition selection ({where}or give "
-                        "public_partitions)",
+                    where = self.query_path(query).removesuffix(".")
+                    raise _broken(
+                        f"must be > 0 for private partition selection ("
+                        f"{where + ': ' if where else ''}or give public_partitions)",
+                        at="budget.delta",
                     )
+        return self
 
     @property
-    def needs_value_bounds(self) -> bool:
-        return _needs_value_bounds(self.metrics)
+    def is_shorthand(self) -> bool:
+        """Written as one query at the top level (no `queries`)."""
+        return self._shorthand
 
-    @property
-    def is_multi_query(self) -> bool:
-        return bool(self.queries)
+    def query_path(self, query: QuerySpec) -> str:
+        """The YAML path prefix of a query's fields: '' for the shorthand (they are the
+        job's), else `queries.<name>.`."""
+        return "" if self._shorthand else f"queries.{query.name}."
 
-    @property
-    def query_specs(self) -> tuple[QuerySpec, ...]:
-        """The job's queries; a single-query job is one query named after the job."""
-        if self.queries:
-            return self.queries
-        return (
-            QuerySpec(
-                name=self.name,
-                partition_by=(self.partition_key,),
-                metrics=self.metrics,
-                value=self.value,
-                bounds=self.bounds,
-                partition_selection=self.partition_selection,
-            ),
-        )
+    def query(self, name: str) -> QuerySpec:
+        return next(q for q in self.queries if q.name == name)
 
     def to_dict(self) -> dict[str, Any]:
-        content: dict[str, Any] = _jsonable(dataclasses.asdict(self))
-        return content
+        """The spec as JSON data (as the manifest records it)."""
+        return self.model_dump(mode="json")
 
     def spec_hash(self) -> str:
         """sha256 of the canonical spec: what decides the release's numbers, defaults left
-        out, public key files by content (see `spec_hash.py`); for release keys."""
+        out, public key files by content (see `hashing.py`); for release keys."""
         from dppipeline.spec.hashing import spec_hash  # noqa: PLC0415
 
         return spec_hash(self)
+
+
+def _shorthand_query(job: Mapping[str, Any]) -> dict[str, Any]:
+    """The one query of a spec written without `queries`: the job's own fields."""
+    query: dict[str, Any] = {"name": job.get("name", JobSpec.model_fields["name"].default)}
+    if "partition_key" in job:
+        query["partition_by"] = [job["partition_key"]]
+    for name in ("metrics", "value", "bounds", "partition_selection"):
+        if job.get(name) is not None:
+            query[name] = job[name]
+    return query
+
+
+def _queries(raw_queries: Any, job: Mapping[str, Any]) -> list[Any]:
+    """Queries as written, each with the job's fields as defaults for what it leaves unset."""
+    if not isinstance(raw_queries, list) or not raw_queries:
+        raise _broken("must be a non-empty list of queries", at="queries")
+    queries: list[Any] = []
+    for raw in raw_queries:
+        if not isinstance(raw, Mapping):
+            queries.append(raw)  # its error, with its position, comes from the model
+            continue
+        query = {k: job[k] for k in _INHERITED if k in job and k not in raw}
+        query.update(raw)
+        if "partition_by" not in raw:
+            query["partition_by"] = [job.get("partition_key") or "TERMINAL_ID"]
+        job_bounds, own_bounds = job.get("bounds"), raw.get("bounds")
+        if isinstance(job_bounds, Mapping) and (
+            own_bounds is None or isinstance(own_bounds, Mapping)
+        ):
+            query["bounds"] = {**job_bounds, **(own_bounds or {})}
+        queries.append(query)
+    return queries
 
 
 def _is_query_name(name: Any) -> bool:
     return (
         isinstance(name, str)
         and len(name) <= MAX_NAME_CHARS
-        and re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name) is not None
+        and _QUERY_NAME.fullmatch(name) is not None
     )
 
 
-def _column(field_name: str, value: Any) -> str:
-    """A column name: an identifier of at most MAX_NAME_CHARS characters."""
-    if not isinstance(value, str) or len(value) > MAX_NAME_CHARS or not _COLUMN.fullmatch(value):
-        raise SpecError(
-            field_name,
-            f"must be a column name (letters, digits, _; at most {MAX_NAME_CHARS} characters), "
-            f"got {excerpt(value)}",
-        )
-    return value
+def _spec_error(exc: ValidationError, raw: Mapping[str, Any] | None) -> SpecError:
+    """pydantic's first error as one SpecError: the YAML path of the field and the rule."""
+    error = exc.errors(include_url=False, include_input=False)[0]
+    loc = list(error["loc"])
+    ctx = error.get("ctx") or {}
+    if error["type"] == _RULE:
+        rule = str(ctx["rule"])
+        if ctx.get("at"):
+            loc += str(ctx["at"]).split(".")
+    elif error["type"] == "missing":
+        rule = "is required"
+    else:
+        rule = error["msg"]
+    return SpecError(_yaml_path(loc, raw) or "job spec", rule)
 
 
-def _check_queries(queries: tuple[QuerySpec, ...]) -> None:
-    names = [q.name for q in queries]
-    for name in names:
-        if names.count(name) > 1:
-            raise SpecError(f"queries.{name}", "two queries have this name")
-
-
-_SECTIONS: dict[str, type] = {
-    "budget": BudgetSpec,
-    "bounds": BoundsSpec,
-    "partition_selection": SelectionSpec,
-    "input": InputSpec,
-}
+def _yaml_path(loc: list[Any], raw: Mapping[str, Any] | None) -> str:
+    """pydantic's location as the YAML path a user wrote: a query by its name (or its 1-based
+    position when it has no valid name); the shorthand's one query as the job itself."""
+    parts: list[str] = []
+    written = raw.get("queries") if isinstance(raw, Mapping) else None
+    position = 0
+    while position < len(loc):
+        part = loc[position]
+        if part == "queries" and position + 1 < len(loc) and isinstance(loc[position + 1], int):
+            index = int(loc[position + 1])
+            position += 2
+            if not isinstance(written, list):
+                continue  # the shorthand's query: its fields are the job's
+            name = written[index].get("name") if isinstance(written[index], Mapping) else None
+            parts.append(f"queries.{name}" if _is_query_name(name) else f"queries[{index + 1}]")
+            continue
+        parts.append(str(part))
+        position += 1
+    return ".".join(parts)
 
 
 def spec_from_dict(raw: Mapping[str, Any], source: str = "job spec") -> JobSpec:
     """Builds a JobSpec from plain data (parsed YAML); unknown keys are errors, not ignored."""
     if not isinstance(raw, Mapping):
         raise SpecError(source, "must be a mapping of fields at the top level")
-    _refuse_unknown("", raw, JobSpec)
-    kwargs: dict[str, Any] = {}
-    for key, value in raw.items():
-        section = _SECTIONS.get(key)
-        if section is not None:
-            kwargs[key] = _section_from_dict(key, section, value)
-        elif key == "metrics" and isinstance(value, list):
-            kwargs[key] = tuple(value)
-        elif key != "queries":
-            kwargs[key] = value
-    if raw.get("queries") is not None:
-        kwargs["queries"] = _queries_from_dict(raw["queries"], raw)
     try:
-        return JobSpec(**kwargs)
-    except TypeError as exc:  # a wrong type that the dataclass itself rejected
-        raise SpecError(source, str(exc)) from None
-
-
-# Job fields a query inherits when it does not set them (bounds: field by field).
-_INHERITED = ("metrics", "value")
-
-
-def _queries_from_dict(raw_queries: Any, job: Mapping[str, Any]) -> tuple[QuerySpec, ...]:
-    """Queries from YAML (a list of mappings, each with a name), job fields as defaults."""
-    if not isinstance(raw_queries, list) or not raw_queries:
-        raise SpecError("queries", "must be a non-empty list of queries")
-    queries = []
-    for position, raw in enumerate(raw_queries, start=1):
-        if not isinstance(raw, Mapping):
-            raise SpecError(f"queries[{position}]", "must be a mapping with a name")
-        name = raw.get("name")
-        where = f"queries.{name}" if _is_query_name(name) else f"queries[{position}]"
-        _refuse_unknown(f"{where}.", raw, QuerySpec)
-        kwargs: dict[str, Any] = {k: job[k] for k in _INHERITED if k in job and k not in raw}
-        kwargs.update({k: v for k, v in raw.items() if k not in ("bounds", "partition_selection")})
-        if "partition_by" not in raw:
-            kwargs["partition_by"] = (job.get("partition_key") or "TERMINAL_ID",)
-        try:
-            job_bounds = job.get("bounds") or {}
-            bounds = {**(job_bounds if isinstance(job_bounds, Mapping) else {})}
-            bounds.update(_mapping(raw.get("bounds"), "bounds"))
-            kwargs["bounds"] = _section_from_dict("bounds", BoundsSpec, bounds)
-            kwargs["partition_selection"] = _section_from_dict(
-                "partition_selection", SelectionSpec, raw.get("partition_selection")
-            )
-            query = QuerySpec(**kwargs)
-        except SpecError as exc:
-            raise SpecError(f"{where}.{exc.field}", exc.rule) from None
-        except TypeError as exc:
-            raise SpecError(where, str(exc)) from None
-        queries.append(query)
-    return tuple(queries)
-
-
-def _mapping(value: Any, name: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise SpecError(name, "must be a mapping")
-    return dict(value)
-
-
-def _section_from_dict(name: str, cls: type, value: Any) -> Any:
-    if value is None:
-        return cls()
-    if not isinstance(value, Mapping):
-        raise SpecError(name, "must be a mapping")
-    _refuse_unknown(f"{name}.", value, cls)
-    return cls(**value)
-
-
-def _refuse_unknown(prefix: str, raw: Mapping[Any, Any], cls: type) -> None:
-    """SpecError naming the first key of `raw` that is not a field of `cls`."""
-    known = {f.name for f in fields(cls)}
-    unknown = sorted((k for k in raw if k not in known), key=str)
-    if unknown:
-        key = unknown[0]
-        named = key if isinstance(key, str) and _COLUMN.fullmatch(key) and len(key) <= 40 else None
-        raise SpecError(
-            f"{prefix}{named or excerpt(key)}",
-            f"unknown field (known: {', '.join(sorted(known))})",
-        )
+        return JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise _spec_error(exc, raw) from None
 
 
 def budget_from_dict(raw: Any, source: str) -> BudgetSpec:
     """Just the budget section of a spec (for `dppipeline budget`), validated."""
     try:
-        budget: BudgetSpec = _section_from_dict("budget", BudgetSpec, raw)
-    except SpecError as exc:
-        raise SpecError(f"{source}: {exc.field}", exc.rule) from None
-    return budget
+        return BudgetSpec.model_validate({} if raw is None else raw)
+    except ValidationError as exc:
+        error = _spec_error(exc, None)
+        field = "budget" if error.field == "job spec" else f"budget.{error.field}"
+        raise SpecError(f"{source}: {field}", error.rule) from None
 
 
 MAX_SPEC_BYTES = 1 << 20  # 1 MiB: a job spec is a few kB; key lists belong in key files
@@ -986,70 +1093,6 @@ def load_spec(path: str | Path) -> JobSpec:
     return build_spec(load_raw(path), source=str(path))
 
 
-def _path_as_text(obj: object, attr: str, field_name: str) -> None:
-    """Paths are kept as text (a spec must serialise to JSON); an empty one means unset."""
-    value = getattr(obj, attr)
-    if isinstance(value, Path):
-        object.__setattr__(obj, attr, str(value))
-    elif value == "":
-        object.__setattr__(obj, attr, None)
-    elif value is not None and not isinstance(value, str):
-        raise SpecError(field_name, f"must be a path, got {excerpt(value)}")
-
-
-def _parse_date(field_name: str, value: Any) -> dt.date:
-    if isinstance(value, dt.datetime):
-        return value.date()
-    if isinstance(value, str):
-        try:
-            return dt.date.fromisoformat(value)
-        except ValueError:
-            pass
-    raise SpecError(field_name, f"must be a date YYYY-MM-DD, got {excerpt(value)}")
-
-
-def _number(field_name: str, value: Any) -> float:
-    if isinstance(value, bool):
-        raise SpecError(field_name, f"must be a number, got {excerpt(value)}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise SpecError(field_name, f"must be a number, got {excerpt(value)}") from None
-    if math.isnan(number):
-        raise SpecError(field_name, "must be a number, got NaN")
-    return number
-
-
-def _number_in(field_name: str, value: Any, low: float, high: float) -> float:
-    number = _number(field_name, value)
-    if not low <= number <= high:
-        raise SpecError(field_name, f"must be in [{low}, {high}], got {excerpt(value)}")
-    return number
-
-
-def _integer_in(field_name: str, value: Any, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise SpecError(
-            field_name, f"must be an integer from {low:,} to {high:,}, got {excerpt(value)}"
-        )
-    return value
-
-
-def _one_of(field_name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise SpecError(field_name, f"must be one of {', '.join(allowed)}; got {excerpt(value)}")
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dt.date):
-        return value.isoformat()
-    return value
-
-
 # How a query's unset fields are filled, for the field table.
 _QUERY_DEFAULTS = {
     "name": "required",
@@ -1064,23 +1107,17 @@ _QUERY_DEFAULTS = {
 def describe_fields() -> list[tuple[str, str, str]]:
     """(yaml path, default, doc) for every field, for the README and `dppipeline spec-doc`."""
     rows: list[tuple[str, str, str]] = []
-    for f in fields(JobSpec):
-        section = _SECTIONS.get(f.name)
-        if f.name == "queries":
-            rows.append((f.name, "[]", f.metadata.get("doc", "")))
-            for sub in fields(QuerySpec):
-                rows.append(
-                    (
-                        f"queries[].{sub.name}",
-                        _QUERY_DEFAULTS.get(sub.name, repr(sub.default)),
-                        sub.metadata.get("doc", ""),
-                    )
-                )
-        elif section is not None:
-            for sub in fields(section):
-                default = sub.default if sub.default is not dataclasses.MISSING else ""
-                rows.append((f"{f.name}.{sub.name}", repr(default), sub.metadata.get("doc", "")))
+    for name, info in JobSpec.model_fields.items():
+        doc = info.description or ""
+        section = info.annotation
+        if name == "queries":
+            rows.append((name, "[]", doc))
+            for sub, sub_info in QuerySpec.model_fields.items():
+                default = _QUERY_DEFAULTS.get(sub, repr(sub_info.default))
+                rows.append((f"queries[].{sub}", default, sub_info.description or ""))
+        elif isinstance(section, type) and issubclass(section, _Section):
+            for sub, sub_info in section.model_fields.items():
+                rows.append((f"{name}.{sub}", repr(sub_info.default), sub_info.description or ""))
         else:
-            default = f.default if f.default is not dataclasses.MISSING else ""
-            rows.append((f.name, repr(default), f.metadata.get("doc", "")))
+            rows.append((name, repr(info.default), doc))
     return rows
