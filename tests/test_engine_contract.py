@@ -397,8 +397,8 @@ def run(inputs: Inputs, engine, output: Path) -> Outcome:
             rejected["_source_file"], rejected["_row"], rejected["_reason"], strict=True
         )
     }
-    released = {q: pd.read_parquet(output / q) for q in result.manifest["queries"]}
-    return Outcome(said, rejects, released, result.manifest)
+    released = {q: pd.read_parquet(output / q) for q in result.manifest.queries}
+    return Outcome(said, rejects, released, result.manifest.model_dump(mode="json"))
 
 
 def truth(inputs: Inputs) -> dict[str, pd.DataFrame]:
@@ -760,13 +760,13 @@ def test_non_finite_values_are_rejected_in_every_column_aggregated_or_filtered(
     rows = rows[np.isfinite(rows["TX_AMOUNT"])]
     amounts = pd.read_parquet(tmp_path / "out" / "amounts").set_index("TERMINAL_ID")["sum"]
     exact = rows.groupby("TERMINAL_ID")["TX_AMOUNT"].sum().reindex(range(50), fill_value=0)
-    std = result.manifest["queries"]["amounts"]["metrics"]["sum"]["noise_stddev"]
+    std = result.manifest.queries["amounts"].metrics["sum"].noise_stddev
     assert np.abs(amounts.sort_index().to_numpy() - exact.to_numpy()).max() <= 20 * std
     small = pd.read_parquet(tmp_path / "out" / "small_ones").set_index("TERMINAL_ID")["count"]
     exact = (
         rows[rows["TX_AMOUNT"] < 50].groupby("TERMINAL_ID").size().reindex(range(50), fill_value=0)
     )
-    std = result.manifest["queries"]["small_ones"]["metrics"]["count"]["noise_stddev"]
+    std = result.manifest.queries["small_ones"].metrics["count"].noise_stddev
     assert np.abs(small.sort_index().to_numpy() - exact.to_numpy()).max() <= 20 * std
 
 

@@ -152,8 +152,8 @@ def test_plan_manifest_and_report_state_the_bound():
     )
     for metric, bound in BOUNDS.items():
         assert f"{_num(bound(plan, 1000))} at n=1,000" in text
-        entry = manifest["queries"][spec.name]["metrics"][metric]
-        bound_entry = entry["noise_stddev_bound"]
+        entry = manifest.queries[spec.name].metrics[metric]
+        bound_entry = entry.noise_stddev_bound or {}
         stated = dict(zip(bound_entry["n"], bound_entry["stddev"], strict=True))
         assert stated[1000] == bound(plan, 1000)
         assert "at n=1,000" in _bound_text(entry)

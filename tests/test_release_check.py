@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+import json
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dppipeline.commands.cli import main
+from dppipeline.core.manifest import MANIFEST_NAME, read_manifest
 
 
 def run(small_inputs, out, ledger, *extra):
@@ -49,3 +53,34 @@ def test_check_release_accepts_a_release_and_names_what_is_wrong(small_inputs, t
     assert "count has type float" in capsys.readouterr().err
     assert main(["check-release", str(tmp_path), "--no-ledger"]) == 1
     assert "no manifest.json" in capsys.readouterr().err
+
+
+def test_the_manifest_is_typed_and_a_broken_one_is_named(small_inputs, tmp_path, capsys):
+    """report, check-release and the runner read the manifest through one model: what is
+    written is what the model holds, a later version's extra field is kept, and a manifest
+    that breaks the model is refused naming the file and the field."""
+    ledger = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    assert run(small_inputs, tmp_path / "rel", ledger) == 0
+    capsys.readouterr()
+    path = tmp_path / "rel" / MANIFEST_NAME
+    written = json.loads(path.read_text())
+    manifest = read_manifest(tmp_path / "rel")
+    assert manifest.model_dump(mode="json", exclude_unset=True) == written
+    (query,) = manifest.queries.values()
+    assert query.released_partitions == written["queries"][query.dataset]["released_partitions"]
+
+    later = {**written, "audit": {"signed_by": "x"}}  # a field a later version adds
+    path.write_text(json.dumps(later))
+    assert json.loads(read_manifest(tmp_path / "rel").to_json())["audit"] == {"signed_by": "x"}
+
+    broken = copy.deepcopy(written)
+    broken["queries"][query.dataset]["released_partitions"] = "many"
+    path.write_text(json.dumps(broken))
+    assert main(["check-release", str(tmp_path / "rel"), "--no-ledger"]) == 1
+    err = capsys.readouterr().err
+    assert f"queries.{query.dataset}.released_partitions" in err and str(path) in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+    path.write_text(json.dumps({**written, "manifest_version": 3}))
+    assert main(["report", str(tmp_path / "rel"), "--no-ledger"]) == 1
+    assert "manifest_version 3" in capsys.readouterr().err

@@ -123,7 +123,7 @@ def test_queries_matching_no_row_release_what_the_spec_says(tiny_input, tmp_path
         name = query["name"]
         released = pd.read_parquet(result.output / name)
         assert len(released) == EXPECTED_ROWS[name], name
-        assert result.manifest["queries"][name]["released_partitions"] == EXPECTED_ROWS[name]
+        assert result.manifest.queries[name].released_partitions == EXPECTED_ROWS[name]
         schema = pq.read_schema(next((result.output / name).glob("*.parquet")))
         expected_names = [f.name for f in _release_schema(spec, plan, name)]
         assert schema.names == expected_names, name

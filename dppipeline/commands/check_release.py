@@ -8,12 +8,11 @@ and the ledger records its run as committed (the budget was charged for exactly 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pyarrow.dataset as pads
 
-from dppipeline.core.manifest import MANIFEST_NAME, MANIFEST_VERSION
+from dppipeline.core.manifest import QueryEntry, read_manifest
 from dppipeline.core.release import release_arrow_schema
 from dppipeline.core.tasks import KeyColumn
 from dppipeline.errors import InputError
@@ -24,19 +23,11 @@ from dppipeline.spec.model import TIME_BUCKETS
 def check_release(release: str | Path, ledger: str | None) -> str:
     """One line describing the valid release; raises InputError naming what is wrong."""
     release = Path(release)
-    manifest_path = release / MANIFEST_NAME
-    if not manifest_path.is_file():
-        raise InputError(f"{release}: no {MANIFEST_NAME}: not a published release")
-    manifest = json.loads(manifest_path.read_text())
-    if manifest.get("manifest_version") != MANIFEST_VERSION:
-        raise InputError(
-            f"{manifest_path}: manifest_version {manifest.get('manifest_version')}, this "
-            f"dppipeline checks version {MANIFEST_VERSION}"
-        )
+    manifest = read_manifest(release)
     rows = 0
-    for name, query in manifest["queries"].items():
+    for name, query in manifest.queries.items():
         rows += _check_dataset(release, name, query)
-    run_id = manifest["run_id"]
+    run_id = manifest.run_id
     if ledger is not None:
         book = Ledger(ledger)
         try:
@@ -50,20 +41,20 @@ def check_release(release: str | Path, ledger: str | None) -> str:
             )
     ledger_state = ", ledger committed" if ledger is not None else ""
     return (
-        f"{release}: valid release of run {run_id}, {len(manifest['queries'])} "
+        f"{release}: valid release of run {run_id}, {len(manifest.queries)} "
         f"dataset(s), {rows:,} partitions{ledger_state}"
     )
 
 
-def _check_dataset(release: Path, name: str, query: dict) -> int:
+def _check_dataset(release: Path, name: str, query: QueryEntry) -> int:
     """One query's dataset: present, the schema its keys and metrics imply, row count."""
-    dataset = release / query["dataset"]
+    dataset = release / query.dataset
     if not dataset.is_dir():
-        raise InputError(f"{release}: dataset folder {query['dataset']} of query {name} is missing")
-    keys = [KeyColumn(k, k if k in TIME_BUCKETS else None) for k in query["partition_by"]]
-    intervals = any("confidence_interval" in m for m in query["metrics"].values())
+        raise InputError(f"{release}: dataset folder {query.dataset} of query {name} is missing")
+    keys = [KeyColumn(k, k if k in TIME_BUCKETS else None) for k in query.partition_by]
+    intervals = any(m.confidence_interval is not None for m in query.metrics.values())
     expected = release_arrow_schema(
-        [(k.name, k.arrow_type) for k in keys], list(query["metrics"]), intervals
+        [(k.name, k.arrow_type) for k in keys], list(query.metrics), intervals
     )
     found = pads.dataset(dataset, format="parquet").schema
     for column in expected:
@@ -77,8 +68,6 @@ def _check_dataset(release: Path, name: str, query: dict) -> int:
     if found.names != expected.names:
         raise InputError(f"{dataset}: columns {found.names}, expected {expected.names}")
     rows = pads.dataset(dataset, format="parquet").count_rows()
-    if rows != query["released_partitions"]:
-        raise InputError(
-            f"{dataset}: {rows} rows, the manifest says {query['released_partitions']}"
-        )
+    if rows != query.released_partitions:
+        raise InputError(f"{dataset}: {rows} rows, the manifest says {query.released_partitions}")
     return rows

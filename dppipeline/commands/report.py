@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +18,8 @@ import pandas as pd
 
 from dppipeline.commands.budget import cumulative
 from dppipeline.commands.charts import day_axis, pyplot
-from dppipeline.core.manifest import MANIFEST_NAME
-from dppipeline.errors import InputError, UsageError
+from dppipeline.core.manifest import Manifest, MetricEntry, QueryEntry, read_manifest
+from dppipeline.errors import UsageError
 from dppipeline.ledger import Ledger, LedgerRow
 
 PREVIEW_ROWS = 10  # released rows shown per dataset
@@ -40,17 +39,11 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
-def load_release(release: Path) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+def load_release(release: Path) -> tuple[Manifest, dict[str, pd.DataFrame]]:
     """The manifest and every query's released rows."""
-    path = release / MANIFEST_NAME
-    if not path.is_file():
-        raise InputError(f"{release}: no {MANIFEST_NAME}: not a published release")
-    manifest = json.loads(path.read_text())
-    if manifest.get("manifest_version") != 2:
-        raise InputError(f"{path}: manifest_version {manifest.get('manifest_version')} is not 2")
+    manifest = read_manifest(release)
     datasets = {
-        name: pd.read_parquet(release / query["dataset"])
-        for name, query in manifest["queries"].items()
+        name: pd.read_parquet(release / query.dataset) for name, query in manifest.queries.items()
     }
     return manifest, datasets
 
@@ -73,21 +66,19 @@ def ledger_rows(url: str | None, run_id: str) -> tuple[str | None, list[LedgerRo
 # Charts
 
 
-def histogram_chart(
-    name: str, rows: pd.DataFrame, query: dict[str, Any], output: Path
-) -> Path | None:
+def histogram_chart(name: str, rows: pd.DataFrame, query: QueryEntry, output: Path) -> Path | None:
     """One panel per released metric: the histogram of released values, with the typical
     95% interval width drawn as a bar, so a reader sees noise against spread."""
-    metrics = [m["column"] for m in query["metrics"].values() if m["column"] in rows]
+    metrics = [m.column for m in query.metrics.values() if m.column in rows]
     if len(rows) < 2 or not metrics:
         return None
     plt = pyplot("report")
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), dpi=100)
     axes = [axes] if len(metrics) == 1 else list(axes)
-    for ax, (metric, entry) in zip(axes, query["metrics"].items(), strict=False):
-        column = entry["column"]
+    for ax, (metric, entry) in zip(axes, query.metrics.items(), strict=False):
+        column = entry.column
         ax.hist(rows[column], bins=40, color="#4477aa", alpha=0.85)
-        width = entry.get("ci95_half_width")
+        width = entry.ci95_half_width
         if width:  # the interval of one value, drawn at the middle of the released values
             top = ax.get_ylim()[1] * 1.18
             ax.set_ylim(top=top)
@@ -109,20 +100,20 @@ def histogram_chart(
     return output
 
 
-def budget_chart(manifest: dict[str, Any], output: Path) -> Path:
+def budget_chart(manifest: Manifest, output: Path) -> Path:
     """Epsilon per query (its own mechanisms) and per shared selection."""
     plt = pyplot("report")
     labels, values = [], []
-    for name, query in manifest["queries"].items():
+    for name, query in manifest.queries.items():
         labels.append(name)
-        values.append(query["epsilon"])
-    for name, selection in manifest["selections"].items():
+        values.append(query.epsilon)
+    for name, selection in manifest.selections.items():
         labels.append(f"selection {name}")
-        values.append(selection["epsilon"])
+        values.append(selection.epsilon)
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(labels) + 1.2), dpi=100)
     ax.barh(labels[::-1], values[::-1], color="#228833")
     ax.set_xlabel("epsilon")
-    ax.set_title(f"Budget split (total epsilon {fmt(manifest['epsilon'])})")
+    ax.set_title(f"Budget split (total epsilon {fmt(manifest.epsilon)})")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(output)
@@ -173,30 +164,30 @@ def _image(path: Path | None) -> str:
     return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
 
 
-def _query_section(name: str, query: dict[str, Any], rows: pd.DataFrame, chart: Path | None):
-    selection = query["partition_selection"]
-    bounds = query["bounds"]
+def _query_section(name: str, query: QueryEntry, rows: pd.DataFrame, chart: Path | None) -> str:
+    selection = query.partition_selection
+    bounds = query.bounds
     params = [
-        ["partition_by", ", ".join(query["partition_by"]) or "(global total)"],
-        ["filter", query["filter"] or "(all rows)"],
-        ["value", query["value"]],
-        ["max_partitions_contributed (L0)", bounds["max_partitions_contributed"]],
-        ["max_contributions_per_partition (Linf)", bounds["max_contributions_per_partition"]],
-        ["min_value", bounds["min_value"]],
-        ["max_value", bounds["max_value"]],
-        ["partition selection", selection["type"]],
-        ["epsilon (this query)", query["epsilon"]],
-        ["delta (this query)", query["delta"]],
-        ["released partitions", query["released_partitions"]],
+        ["partition_by", ", ".join(query.partition_by) or "(global total)"],
+        ["filter", query.filter or "(all rows)"],
+        ["value", query.value],
+        ["max_partitions_contributed (L0)", bounds.max_partitions_contributed],
+        ["max_contributions_per_partition (Linf)", bounds.max_contributions_per_partition],
+        ["min_value", bounds.min_value],
+        ["max_value", bounds.max_value],
+        ["partition selection", selection.type],
+        ["epsilon (this query)", query.epsilon],
+        ["delta (this query)", query.delta],
+        ["released partitions", query.released_partitions],
     ]
     metrics = [
         [
             metric,
-            entry["noise_stddev"] if "noise_stddev_bound" not in entry else _bound_text(entry),
-            entry["ci95_half_width"],
-            " / ".join(entry.get("confidence_interval", {}).get("columns", [])) or "-",
+            entry.noise_stddev if entry.noise_stddev_bound is None else _bound_text(entry),
+            entry.ci95_half_width,
+            " / ".join((entry.confidence_interval or {}).get("columns", [])) or "-",
         ]
-        for metric, entry in query["metrics"].items()
+        for metric, entry in query.metrics.items()
     ]
     preview = rows.head(PREVIEW_ROWS)
     preview_rows = [[_cell(v) for v in record] for record in preview.itertuples(index=False)]
@@ -211,9 +202,9 @@ def _query_section(name: str, query: dict[str, Any], rows: pd.DataFrame, chart: 
     )
 
 
-def _bound_text(entry: dict[str, Any]) -> str:
+def _bound_text(entry: MetricEntry) -> str:
     """Mean and variance: the manifest's bound on their noise std, for partitions of n rows."""
-    bound = entry["noise_stddev_bound"]
+    bound = entry.noise_stddev_bound or {}
     at = "; ".join(
         f"{fmt(std)} at n={fmt(n)}" for n, std in zip(bound["n"], bound["stddev"], strict=True)
     )
@@ -242,24 +233,24 @@ def build_report(release: str | Path, ledger: str | None, output: str | Path | N
     if target.resolve() == release.resolve() or release.resolve() in target.resolve().parents:
         raise UsageError(f"--output: {target} is inside the release; write the report beside it")
     target.mkdir(parents=True, exist_ok=True)
-    scope, rows = ledger_rows(ledger, manifest["run_id"])
+    scope, rows = ledger_rows(ledger, manifest.run_id)
     budget_png = budget_chart(manifest, target / "budget_split.png")
-    spend_png = spend_chart(scope, rows, manifest["run_id"], target / "ledger_spend.png")
+    spend_png = spend_chart(scope, rows, manifest.run_id, target / "ledger_spend.png")
     sections = []
-    for name, query in manifest["queries"].items():
+    for name, query in manifest.queries.items():
         chart = histogram_chart(name, datasets[name], query, target / f"{name}.png")
         sections.append(_query_section(name, query, datasets[name], chart))
     job = [
-        ["job", manifest["job"]],
-        ["run_id", manifest["run_id"]],
-        ["created_at", manifest["created_at"]],
-        ["engine", manifest["engine"]],
-        ["privacy unit", manifest["privacy_unit"]],
-        ["epsilon (job)", manifest["epsilon"]],
-        ["delta (job)", manifest["delta"]],
-        ["noise", manifest["noise"]],
-        ["data days", f"{manifest['input']['start_date']} to {manifest['input']['end_date']}"],
-        ["released partitions (all queries)", manifest["released_partitions"]],
+        ["job", manifest.job],
+        ["run_id", manifest.run_id],
+        ["created_at", manifest.created_at],
+        ["engine", manifest.engine],
+        ["privacy unit", manifest.privacy_unit],
+        ["epsilon (job)", manifest.epsilon],
+        ["delta (job)", manifest.delta],
+        ["noise", manifest.noise],
+        ["data days", f"{manifest.input.start_date} to {manifest.input.end_date}"],
+        ["released partitions (all queries)", manifest.released_partitions],
     ]
     ledger_part = (
         f"<h2>Ledger: scope {html.escape(scope)}</h2>"
@@ -276,9 +267,9 @@ def build_report(release: str | Path, ledger: str | None, output: str | Path | N
     )
     page = (
         "<!doctype html><html><head><meta charset='utf-8'>"
-        f"<title>DP release {html.escape(manifest['job'])}</title><style>{_STYLE}</style>"
+        f"<title>DP release {html.escape(manifest.job)}</title><style>{_STYLE}</style>"
         "</head><body>"
-        f"<h1>DP release: {html.escape(manifest['job'])}</h1>"
+        f"<h1>DP release: {html.escape(manifest.job)}</h1>"
         '<p class="note">Built from the release and the ledger only: every value here is '
         "released already or a public parameter. Intervals cover the value after "
         "contribution bounding and clipping.</p>"

@@ -3,6 +3,11 @@
 Everything here is either part of the job spec or derived from public parameters (noise scales
 depend only on epsilon, delta and the bounds), so publishing it costs no privacy. Row counts of
 the input, rejected rows and true values stay out: they go to the operator's console only.
+
+The manifest is a typed model (`Manifest`): the runner builds and writes it, `report`,
+`check-release` and the runner read it back with `read_manifest`, by attribute, never by
+string key. Sections whose content is descriptive (the spec, the budget split, noise bounds)
+stay JSON mappings; a field a later version adds is kept when an older one reads it.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ import json
 import platform
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from dppipeline import __version__
 from dppipeline.core.budget import BudgetPlan, JobPlan, privacy_units_needed
@@ -25,11 +32,134 @@ from dppipeline.core.intervals import (
     ratio_stddev_bound,
     ratio_stddev_times_rows,
 )
+from dppipeline.errors import InputError
 from dppipeline.spec.hashing import key_sources_by_content
 from dppipeline.spec.model import JobSpec, QuerySpec, metric_column, percentile_of
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 2
+
+
+class _Entry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+
+class BoundsEntry(_Entry):
+    max_partitions_contributed: int
+    max_contributions_per_partition: int
+    min_value: float | None
+    max_value: float | None
+
+
+class SelectionEntry(_Entry):
+    """How a query's keys were chosen: `global` (one total), `public` keys, or `private`
+    selection (then the group it shares, its strategy and budget)."""
+
+    type: Literal["global", "public", "private"]
+    empty_partitions_released: bool | None = None
+    public_partitions: Any = None
+    public_partitions_count: int | None = None
+    selection: str | None = None
+    shared_with: list[str] | None = None
+    strategy: str | None = None
+    pre_threshold: int | None = None
+    epsilon: float | None = None
+    delta: float | None = None
+    privacy_units_needed_p50: int | None = None
+    privacy_units_needed_p95: int | None = None
+
+
+class MetricEntry(_Entry):
+    column: str
+    noise_stddev: float | None
+    ci95_half_width: float | None
+    mechanisms: list[str]
+    noise_stddev_bound: dict[str, Any] | None = None
+    confidence_interval: dict[str, Any] | None = None
+
+
+class QueryEntry(_Entry):
+    dataset: str
+    partition_by: list[str]
+    filter: str | None
+    value: str
+    bounds: BoundsEntry
+    partition_selection: SelectionEntry
+    metrics: dict[str, MetricEntry]
+    budget_weight: float
+    epsilon: float
+    delta: float
+    budget_split: dict[str, dict[str, Any]]
+    released_partitions: int
+
+
+class SharedSelectionEntry(_Entry):
+    """One private selection and the queries that use its keys (the mechanism's fields)."""
+
+    epsilon: float
+    delta: float
+    queries: list[str]
+
+
+class InputEntry(_Entry):
+    format: str
+    start_date: str
+    end_date: str
+    files: int
+
+
+class Manifest(_Entry):
+    """A release's description of itself (`manifest.json`)."""
+
+    manifest_version: Literal[2]
+    job: str
+    run_id: str
+    created_at: str
+    engine: str
+    privacy_unit: str
+    epsilon: float
+    delta: float
+    noise: str
+    accountant: str
+    queries: dict[str, QueryEntry]
+    selections: dict[str, SharedSelectionEntry]
+    post_processing: list[str]
+    input: InputEntry
+    released_partitions: int
+    spec_hash: str
+    ledger: str | None
+    spec: dict[str, Any]
+    versions: dict[str, str | None]
+
+    def to_json(self) -> str:
+        """As written next to the release: the fields it was built with, nothing added."""
+        return self.model_dump_json(indent=2, exclude_unset=True) + "\n"
+
+
+def read_manifest(release: Path) -> Manifest:
+    """The manifest of a release folder; InputError naming the file and the first field that
+    breaks the model (a missing file, a version this code does not read, a wrong type)."""
+    path = release / MANIFEST_NAME
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputError(f"{release}: no {MANIFEST_NAME}: not a published release") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        version = json.loads(text).get("manifest_version")
+    except (ValueError, AttributeError):  # AttributeError: not a JSON object
+        raise InputError(f"{path}: not a JSON object") from None
+    if version != MANIFEST_VERSION:
+        raise InputError(
+            f"{path}: manifest_version {version!r}, this dppipeline reads {MANIFEST_VERSION}"
+        )
+    try:
+        return Manifest.model_validate_json(text)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(part) for part in error["loc"])
+        raise InputError(f"{path}: {where}: {error['msg']}") from None
 
 
 def published_run_id(release: Path) -> str | None:
@@ -61,7 +191,7 @@ def build_manifest(
     created_at: dt.datetime | None = None,
     spec_hash: str | None = None,
     ledger: str | None = None,
-) -> dict[str, Any]:
+) -> Manifest:
     """The release's own description: the job, then per query its dataset, keys, filter,
     bounds, selection, metrics with their noise, and its share of the budget. `spec_hash`:
     the one its ledger key used (default: computed now); `ledger`: where its spend is
@@ -73,7 +203,7 @@ def build_manifest(
         )
         for query in spec.queries
     }
-    return {
+    return Manifest.model_validate({
         "manifest_version": MANIFEST_VERSION,
         "job": spec.name,
         "run_id": run_id,
@@ -118,7 +248,7 @@ def build_manifest(
             "python-dp": _version("python-dp"),
             "python": platform.python_version(),
         },
-    }
+    })  # fmt: skip
 
 
 def _query_entry(

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime as dt
 import errno
-import json
 import logging
 import shutil
 import uuid
@@ -31,7 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dppipeline.core.budget import AggregationParams, JobPlan, plan_job
-from dppipeline.core.manifest import MANIFEST_NAME, build_manifest, published_run_id
+from dppipeline.core.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    build_manifest,
+    published_run_id,
+    read_manifest,
+)
 from dppipeline.core.tasks import check_query_columns, plan_tasks
 from dppipeline.engines.base import Engine, ReleaseJob
 from dppipeline.errors import DPPipelineError, InputError, OutputError, UsageError
@@ -69,7 +74,7 @@ class RunResult:
     output: Path
     run_id: str
     released_partitions: int
-    manifest: dict
+    manifest: Manifest
 
 
 def make_plan(spec: JobSpec) -> JobPlan:
@@ -291,10 +296,10 @@ def run_job(
     # Progress lines only: the release is committed and published.
     if book is not None:
         say(ledger_line(book, f"committed run {run_id}"))
-    for name, query in manifest["queries"].items():
-        say(f"[{engine_impl.name}] {name}: released {query['released_partitions']:,} partitions")
+    for name, query in manifest.queries.items():
+        say(f"[{engine_impl.name}] {name}: released {query.released_partitions:,} partitions")
     say(f"[{engine_impl.name}] release written to {output}")
-    return RunResult(output, run_id, manifest["released_partitions"], manifest)
+    return RunResult(output, run_id, manifest.released_partitions, manifest)
 
 
 class _Unrecorded:
@@ -325,7 +330,7 @@ def _release(
     guard: dict,
     spec_hash: str,
     say: Callable[[str], None],
-) -> dict:
+) -> Manifest:
     """Steps 2 to 6 of the run sequence; returns the published manifest."""
     spec = job.spec
     eps_total, delta_total = job.plan.total_spent()
@@ -392,7 +397,7 @@ def _stage(
     spec_hash: str,
     book: Ledger | None,
     say: Callable[[str], None],
-) -> dict:
+) -> Manifest:
     """The engine's run + the manifest (written last), all on disk in `staging`."""
     spec, days = job.spec, job.days
     say(
@@ -422,7 +427,7 @@ def _stage(
         spec_hash=spec_hash,
         ledger=str(book.location) if book is not None else None,
     )
-    (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    (staging / MANIFEST_NAME).write_text(manifest.to_json())
     fsync_tree(staging)
     return manifest
 
@@ -486,7 +491,7 @@ def _existing_release(
             except BaseException:
                 remove_release(staging)
                 raise
-    manifest = json.loads((output / MANIFEST_NAME).read_text())
+    manifest = read_manifest(output)
     say(
         ledger_line(
             book,
@@ -494,7 +499,7 @@ def _existing_release(
             "no new noise drawn, nothing spent (--new-release to draw again)",
         )
     )
-    return RunResult(output, row.run_id, manifest["released_partitions"], manifest)
+    return RunResult(output, row.run_id, manifest.released_partitions, manifest)
 
 
 def _to_stderr(line: str) -> None:
