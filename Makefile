@@ -52,12 +52,14 @@ demo: setup  ## generate sample data and run the default job on the local engine
 test: setup airflow-setup  ## lint, then the whole test suite (then the Airflow DAG tests)
 	$(VENV)/bin/ruff check dppipeline tests bench jobs airflow_dags tests_airflow scripts
 	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -n 2 -q
 	$(MAKE) --no-print-directory airflow-test
 
-lint: setup  ## ruff and the layer contracts (import-linter, pyproject.toml)
+lint: setup  ## ruff, the layer contracts (import-linter) and mypy --strict on spec and core
 	$(VENV)/bin/ruff check dppipeline tests bench jobs airflow_dags tests_airflow scripts
 	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/mypy
 	$(VENV)/bin/ruff format --check dppipeline tests bench jobs airflow_dags tests_airflow scripts
 
 bench: setup  ## benchmarks against PipelineDP and a non-private baseline
