@@ -36,6 +36,13 @@ from dppipeline.spec.schema import Schema
 # the row breaks a rule.
 DAY = "_day"
 BAD = "_bad"
+
+
+def parsed_name(column: str) -> str:
+    """The working column that holds `column`'s parsed value while rules are checked."""
+    return f"_parsed_{column}"
+
+
 BLANKS = " \t"
 INT_TEXT = r"\A[ \t]*[+-]?[0-9]+[ \t]*\z"
 FLOAT_TEXT = r"\A[ \t]*[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?[ \t]*\z"

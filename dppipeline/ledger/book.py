@@ -40,7 +40,7 @@ from dppipeline.ledger.caps import (
     window_spend,
 )
 from dppipeline.ledger.keys import ReleaseKey
-from dppipeline.ledger.lease import host_id, lease_seconds
+from dppipeline.ledger.lease import host_id, lease_seconds, seconds_setting
 from dppipeline.ledger.location import LedgerLocation, parse_ledger_url
 from dppipeline.ledger.schema import (
     SCHEMA_VERSION,
@@ -68,16 +68,7 @@ class ReservationLostError(LedgerError):
 
 def ledger_timeout() -> float:
     """$DPPIPELINE_LEDGER_TIMEOUT: seconds to wait for a lock or a connection (default 10)."""
-    text = os.environ.get("DPPIPELINE_LEDGER_TIMEOUT")
-    if not text:
-        return DEFAULT_TIMEOUT_SECONDS
-    try:
-        value = float(text)
-    except ValueError:
-        raise UsageError(f"DPPIPELINE_LEDGER_TIMEOUT: must be seconds, got {text!r}") from None
-    if not value > 0:
-        raise UsageError(f"DPPIPELINE_LEDGER_TIMEOUT: must be > 0, got {text!r}")
-    return value
+    return seconds_setting("DPPIPELINE_LEDGER_TIMEOUT", DEFAULT_TIMEOUT_SECONDS)
 
 
 @dataclass(frozen=True)

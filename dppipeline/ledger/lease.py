@@ -29,7 +29,8 @@ DEFAULT_LEASE_SECONDS = 120.0
 _PROCESS_TOKEN = uuid.uuid4().hex[:12]
 
 
-def _seconds(name: str, default: float) -> float:
+def seconds_setting(name: str, default: float) -> float:
+    """A positive number of seconds from the environment variable `name` (unset: default)."""
     text = os.environ.get(name)
     if not text:
         return default
@@ -43,12 +44,12 @@ def _seconds(name: str, default: float) -> float:
 
 
 def lease_seconds() -> float:
-    return _seconds("DPPIPELINE_LEASE_SECONDS", DEFAULT_LEASE_SECONDS)
+    return seconds_setting("DPPIPELINE_LEASE_SECONDS", DEFAULT_LEASE_SECONDS)
 
 
 def renew_seconds() -> float:
     lease = lease_seconds()
-    renew = _seconds("DPPIPELINE_LEASE_RENEW_SECONDS", lease / 6)
+    renew = seconds_setting("DPPIPELINE_LEASE_RENEW_SECONDS", lease / 6)
     if renew >= lease:
         raise UsageError(
             f"DPPIPELINE_LEASE_RENEW_SECONDS ({renew:g}) must be shorter than the lease "

@@ -23,6 +23,7 @@ from dppipeline.inputs.contract import (
     Check,
     Rule,
     Source,
+    parsed_name,
 )
 from dppipeline.inputs.csv_records import FIELDS, HEADER_FIELDS
 from dppipeline.spec.schema import Field, Schema
@@ -31,10 +32,6 @@ from dppipeline.spec.schema import Field, Schema
 def polars_type(field: Field) -> pl.DataType:
     """A schema field's Polars type, derived from its Arrow type."""
     return pl.from_arrow(pa.array([], type=field.arrow_type)).dtype
-
-
-def parsed_name(column: str) -> str:
-    return f"_parsed_{column}"
 
 
 def _text(column: str) -> pl.Expr:

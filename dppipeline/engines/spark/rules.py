@@ -28,15 +28,12 @@ from dppipeline.inputs.contract import (
     Check,
     Rule,
     Source,
+    parsed_name,
 )
 from dppipeline.inputs.csv_records import FIELDS, HEADER_FIELDS
 from dppipeline.spec.schema import Field, Schema
 
 _EPOCH = "1970-01-01 00:00:00"
-
-
-def parsed_name(column: str) -> str:
-    return f"_parsed_{column}"
 
 
 def _text(column: str) -> Column:
