@@ -88,7 +88,7 @@ def bound_local(rows: pd.DataFrame, task) -> pd.DataFrame:
 
 
 def bound_spark(rows: pd.DataFrame, task, spark) -> pd.DataFrame:
-    from dppipeline.engines.spark.engine import bound_and_aggregate, to_aggregates_frame
+    from dppipeline.engines.spark.aggregate import bound_and_aggregate, to_aggregates_frame
 
     frame = spark.createDataFrame(rows).repartition(3)
     exact = bound_and_aggregate(frame, task, "CUSTOMER_ID", SALT).toPandas()

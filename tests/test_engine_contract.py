@@ -773,7 +773,7 @@ def test_non_finite_values_are_rejected_in_every_column_aggregated_or_filtered(
 def test_spark_public_text_keys_are_values_never_sql(spark):
     """Issue 15 item 9: text keys go through the semi-join, which passes values: `${...}` is
     kept as it is (Spark substitutes variables in SQL text), quotes and backslashes too."""
-    from dppipeline.engines.spark.engine import keep_public
+    from dppipeline.engines.spark.bound import keep_public
 
     keys = pd.DataFrame({"k": ["${spark.app.name}", "a'b", "c\\d", "${x}"]})
     candidates = [*keys["k"], "dppipeline-tests", "other"]

@@ -19,7 +19,8 @@ from scipy.stats import norm
 from dppipeline.core.tasks import task_for
 from dppipeline.engines.shared.polars_tasks import aggregate_task
 from dppipeline.engines.shared.sampling import SamplingKeys, new_salt
-from dppipeline.engines.spark.engine import bound_and_aggregate, bounded_pairs
+from dppipeline.engines.spark.aggregate import bound_and_aggregate
+from dppipeline.engines.spark.bound import bounded_pairs
 from dppipeline.errors import InputError
 from dppipeline.spec.model import build_spec
 
@@ -184,7 +185,7 @@ def test_priorities_are_sparks_own_xxhash64(spark):
     """Spark computes the Linf priority in the JVM (xxhash64); the numpy implementation the
     local and Beam engines use gives the same longs."""
     from dppipeline.engines.shared.sampling import row_priorities
-    from dppipeline.engines.spark.engine import LINF_SECRET, sampling_secrets, with_secret
+    from dppipeline.engines.spark.bound import LINF_SECRET, sampling_secrets, with_secret
 
     rows = skewed_rows().head(500)
     salt = new_salt()

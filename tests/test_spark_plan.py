@@ -15,8 +15,9 @@ from pyspark.sql import functions as F
 
 from dppipeline.core.tasks import task_for
 from dppipeline.engines.shared.sampling import new_salt
-from dppipeline.engines.spark import engine as spark_engine
-from dppipeline.engines.spark.engine import bound_and_aggregate, keep_public, sql_literal
+from dppipeline.engines.spark import bound as spark_bound
+from dppipeline.engines.spark.aggregate import bound_and_aggregate
+from dppipeline.engines.spark.bound import keep_public, sql_literal
 from dppipeline.engines.spark.read import footer_ddl
 from dppipeline.spec.model import build_spec
 
@@ -93,7 +94,7 @@ def test_public_filter_as_sql_text_equals_the_semi_join(spark, monkeypatch, keys
     )
     by_text = keep_public(rows, ["k"], keys)
     assert re.search(r"\bIN\b", by_text._jdf.queryExecution().analyzed().toString())
-    monkeypatch.setattr(spark_engine, "INSET_MAX_KEYS", 0)  # the semi-join path
+    monkeypatch.setattr(spark_bound, "INSET_MAX_KEYS", 0)  # the semi-join path
     by_join = keep_public(rows, ["k"], keys)
     assert "LeftSemi" in by_join._jdf.queryExecution().analyzed().toString()
     kept_text = sorted(r["n"] for r in by_text.collect())

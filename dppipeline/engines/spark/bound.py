@@ -1,0 +1,176 @@
+"""Contribution bounding on Spark: rows -> each privacy unit's bounded (unit, partition) pairs.
+
+No Python runs per row. Each row gets its Linf sampling priority in the JVM, xxhash64 of a
+per-run secret, its file and its row number (`engines.shared.sampling`; the secrets reach Spark
+as a one-row broadcast table, never as a literal a plan or the UI would show). The (privacy
+unit, keys, clipped value, priority) rows are shuffled once, by privacy unit; each task then
+holds whole units, so both bounding steps run without another exchange. Linf: Spark's bottom-k
+aggregate (`min_by` with k) keeps each (privacy unit, partition) pair's Linf values of lowest
+(priority, value); L0: `row_number()` over each unit's pairs ordered by xxhash64(secret, key,
+unit). Both are deterministic given the salt, so a retried task or a recomputed stage keeps the
+same rows. (Before the salted priorities, a random permutation of collected lists and `rand()`
+took 22 s at 20M rows on 2 cores, against 18 s for a non-private groupBy of the same rows.)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from dppipeline.core.release import (
+    SUM_SQUARES,
+)
+from dppipeline.core.tasks import (
+    GLOBAL_KEY,
+    AggregationTask,
+    KeyColumn,
+)
+from dppipeline.engines.shared.sampling import SamplingKeys
+from dppipeline.engines.spark import read as spark_read
+from dppipeline.engines.spark.filter import to_spark
+
+VALUE = "_value"
+PRIORITY = "_priority"
+LINF_SECRET, L0_SECRET = "_linf_secret", "_l0_secret"
+MIN_BY_MAX_K = 100_000  # the largest k Spark's min_by takes
+INSET_MAX_KEYS = 10_000
+
+
+def key_column(key: KeyColumn) -> Column:
+    """A partition key as a Spark column (time buckets from TX_DATETIME; weeks start Monday).
+    TX_DATETIME is `timestamp_ntz` in UTC, and every bucket is computed from its date alone
+    (`date_trunc` and `date_format` would go through the session time zone)."""
+    if key.bucket is None:
+        return F.col(key.name)
+    day = F.to_date(F.col(key.source))
+    if key.bucket == "day":
+        return day.alias(key.name)
+    if key.bucket == "week":
+        return F.date_sub(day, F.weekday(day)).alias(key.name)
+    return F.format_string("%04d-%02d", F.year(day), F.month(day)).alias(key.name)
+
+
+def group_keys(task: AggregationTask) -> list[str]:
+    """Columns to group by: the task's keys, or one constant key for a global total."""
+    return task.key_names or [GLOBAL_KEY]
+
+
+def task_rows(rows: DataFrame, task: AggregationTask, unit: str) -> DataFrame:
+    """(unit, keys..., clipped value, row identity) of the rows the task's filter keeps."""
+    if task.filter is not None:
+        rows = rows.where(to_spark(task.filter))
+    keys = [key_column(k) for k in task.keys] or [F.lit(0).alias(GLOBAL_KEY)]
+    if task.clip is None:
+        value = F.lit(0.0)
+    else:
+        low, high = task.clip
+        value = F.least(F.greatest(F.col(task.value).cast("double"), F.lit(low)), F.lit(high))
+    return rows.select(unit, *keys, value.alias(VALUE), spark_read.SOURCE, spark_read.ROW)
+
+
+def sql_literal(value: object) -> str | None:
+    """A key as Spark SQL literal text (int or date), or None for any other type. Text keys
+    are never written as SQL: Spark would substitute `${...}` in them and its unescaping
+    depends on session settings; they take the semi-join, which passes values."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | np.integer):
+        return str(int(value))
+    if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+        return f"DATE'{value.isoformat()}'"
+    return None
+
+
+def keep_public(rows: DataFrame, keys: list[str], public_keys: pd.DataFrame) -> DataFrame:
+    """Rows whose key is listed: for one int or date key column with up to INSET_MAX_KEYS
+    keys an IN-set filter written as SQL text (one call to the JVM, where `isin` makes one per
+    key: 0.1 s against 0.5 s for 1,000 keys, 0.5 s against 4.5 s for 10,000), else a
+    broadcast semi-join."""
+    if len(keys) == 1 and len(public_keys) <= INSET_MAX_KEYS:
+        literals = [sql_literal(v) for v in public_keys[keys[0]].tolist()]
+        if literals and None not in literals:
+            quoted = keys[0].replace("`", "``")
+            return rows.where(F.expr(f"`{quoted}` IN ({', '.join(literals)})"))
+    listed = rows.sparkSession.createDataFrame(public_keys[keys])
+    return rows.join(F.broadcast(listed), on=keys, how="left_semi")
+
+
+def sampling_secrets(spark: SparkSession, salt: bytes) -> DataFrame:
+    """The run's two sampling secrets (`engines.sampling`) as a one-row DataFrame: data, not
+    literals, which every Spark plan, `explain` and the SQL tab of the UI would print."""
+    keys = SamplingKeys.from_salt(salt)
+    # From pandas: a LocalRelation in the JVM (a list of tuples would be a Python RDD, which
+    # starts Python workers to produce one row).
+    secrets = pd.DataFrame({LINF_SECRET: [keys.linf], L0_SECRET: [keys.l0]}, dtype="int64")
+    return spark.createDataFrame(secrets)
+
+
+def with_secret(frame: DataFrame, secrets: DataFrame, name: str) -> DataFrame:
+    """`frame` with one secret as a column (a broadcast cross join with the one-row table)."""
+    return frame.crossJoin(F.broadcast(secrets.select(name)))
+
+
+def bounded_pairs(rows: DataFrame, task: AggregationTask, unit: str, salt: bytes) -> DataFrame:
+    """Typed input rows -> one row per kept (privacy unit, partition) pair with its count,
+    sum, ...: at most Linf rows per pair and L0 pairs per unit, those of lowest priority."""
+    keys = group_keys(task)
+    rows = task_rows(rows, task, unit)
+    if task.public_keys is not None:
+        # Before L0 bounding, so no privacy unit spends its L0 on partitions never released;
+        # before the shuffle, so rows of unlisted partitions never travel.
+        rows = keep_public(rows, keys, task.public_keys)
+    secrets = sampling_secrets(rows.sparkSession, salt)
+    # Each row's Linf priority, one long computed before the shuffle (file names never
+    # travel): xxhash64(secret, file, row).
+    rows = with_secret(rows, secrets, LINF_SECRET).select(
+        unit,
+        *keys,
+        VALUE,
+        F.xxhash64(LINF_SECRET, spark_read.SOURCE, spark_read.ROW).alias(PRIORITY),
+    )
+    # One shuffle of the rows by privacy unit serves both bounding steps: every pair and every
+    # unit is then whole in one task, so Spark samples each pair's rows and ranks a unit's
+    # pairs without another exchange.
+    rows = rows.repartition(unit)
+    # Linf: per pair, Spark's bottom-k aggregate (`min_by` with k) keeps the values of the Linf
+    # lowest (priority, value) entries, in that order: the same values and the same
+    # floating-point sums whatever order the rows arrive in.
+    linf = task.max_contributions_per_partition
+    order = F.struct(PRIORITY, VALUE)
+    if linf <= MIN_BY_MAX_K:
+        kept = F.min_by(VALUE, order, linf)
+    else:  # beyond min_by's limit: every entry collected, sorted, cut
+        kept = F.transform(
+            F.slice(F.array_sort(F.collect_list(order)), 1, linf), lambda e: e[VALUE]
+        )
+    values = F.col("_values")
+    pair_aggregates = [
+        F.size(values).alias("count"),
+        F.aggregate(values, F.lit(0.0), lambda total, x: total + x).alias("sum"),
+    ]
+    if task.sum_squares:
+        pair_aggregates.append(
+            F.aggregate(values, F.lit(0.0), lambda total, x: total + x * x).alias(SUM_SQUARES)
+        )
+    if task.values:
+        pair_aggregates.append(values)
+    # (privacy unit, key) -> count, sum, ...
+    pairs = (
+        rows.groupBy(unit, *keys).agg(kept.alias("_values")).select(unit, *keys, *pair_aggregates)
+    )
+    # L0: per privacy unit, the pairs of lowest xxhash64(secret, key..., unit) (a global total
+    # has one pair per unit: nothing to rank).
+    if not task.keys:
+        return pairs
+    rank = F.xxhash64(L0_SECRET, *task.key_names, unit)
+    per_unit = Window.partitionBy(unit).orderBy(rank, *task.key_names)
+    return (
+        with_secret(pairs, secrets, L0_SECRET)
+        .withColumn("_rank", F.row_number().over(per_unit))
+        .where(F.col("_rank") <= task.max_partitions_contributed)
+        .drop("_rank", L0_SECRET)
+    )
