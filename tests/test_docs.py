@@ -27,6 +27,18 @@ def test_every_package_and_module_the_architecture_names_exists():
     assert not missing, missing
 
 
+def test_every_doc_the_readme_links_exists_and_names_existing_code():
+    """Design notes live in docs/; the README links them, and they name real files."""
+    readme = (ROOT / "README.md").read_text()
+    linked = set(re.findall(r"\]\((docs/[\w.]+\.md)\)", readme))
+    assert {"docs/engines.md", "docs/operations.md", "docs/benchmarks.md"} <= linked
+    for doc in linked:
+        assert (ROOT / doc).is_file(), doc
+        prose = re.sub(r"```text\n.*?```", "", (ROOT / doc).read_text(), flags=re.S)  # logs
+        missing = [p for p in named_paths(prose) if not exists(p)]
+        assert not missing, (doc, missing)
+
+
 def test_the_readme_layout_names_what_exists():
     readme = (ROOT / "README.md").read_text()
     layout = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
