@@ -8,8 +8,7 @@ holds whole units, so both bounding steps run without another exchange. Linf: Sp
 aggregate (`min_by` with k) keeps each (privacy unit, partition) pair's Linf values of lowest
 (priority, value); L0: `row_number()` over each unit's pairs ordered by xxhash64(secret, key,
 unit). Both are deterministic given the salt, so a retried task or a recomputed stage keeps the
-same rows. (Before the salted priorities, a random permutation of collected lists and `rand()`
-took 22 s at 20M rows on 2 cores, against 18 s for a non-private groupBy of the same rows.)
+same rows (measurements: docs/engines.md).
 """
 
 from __future__ import annotations
@@ -88,8 +87,7 @@ def sql_literal(value: object) -> str | None:
 def keep_public(rows: DataFrame, keys: list[str], public_keys: pd.DataFrame) -> DataFrame:
     """Rows whose key is listed: for one int or date key column with up to INSET_MAX_KEYS
     keys an IN-set filter written as SQL text (one call to the JVM, where `isin` makes one per
-    key: 0.1 s against 0.5 s for 1,000 keys, 0.5 s against 4.5 s for 10,000), else a
-    broadcast semi-join."""
+    key: several times slower, docs/engines.md), else a broadcast semi-join."""
     if len(keys) == 1 and len(public_keys) <= INSET_MAX_KEYS:
         literals = [sql_literal(v) for v in public_keys[keys[0]].tolist()]
         if literals and None not in literals:

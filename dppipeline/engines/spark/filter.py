@@ -2,7 +2,7 @@
 
 A filter is written as one Spark SQL expression and handed to the JVM in one call (`F.expr`):
 building it from Column objects costs a Py4J round trip per column, literal, cast and
-operator, 8 s for a filter of 500 ranges. The text is built by the engine-neutral
+operator (seconds for a long filter, docs/engines.md). The text is built by the engine-neutral
 `compile_filter` (set membership for equality chains, balanced `and`/`or`), so its nesting
 grows with the log of its length; Spark's optimiser turns an `IN` list of more than 10 values
 into an `InSet` hash lookup.

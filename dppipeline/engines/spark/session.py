@@ -21,8 +21,7 @@ SQL_DEFAULTS: dict[str, str] = {
     "spark.sql.adaptive.enabled": "true",  # AQE: coalesces shuffle partitions, handles skew
     "spark.sql.adaptive.coalescePartitions.enabled": "true",
     # Bounding shuffles every row: 16 MB reduce tasks (Spark's default is 64 MB) spread them
-    # evenly over the cores and keep each task's collected values small (20M rows on 2 cores:
-    # 22 s instead of 23 s).
+    # evenly over the cores and keep each task's collected values small (docs/engines.md).
     "spark.sql.adaptive.advisoryPartitionSizeInBytes": "16m",
     "spark.sql.adaptive.skewJoin.enabled": "true",
     "spark.sql.execution.arrow.pyspark.enabled": "true",  # fast toPandas / mapInPandas
@@ -35,8 +34,8 @@ SQL_DEFAULTS: dict[str, str] = {
 }
 LOG4J_CONF = Path(__file__).resolve().parent / "log4j2.properties"
 # JVM options of a session started here (local mode: the driver JVM runs the tasks). The
-# throughput collector: bounding boxes every value it collects, and under G1 (Java's default)
-# the same job took 17-19 s instead of 16-17 s at 5M rows and 30 s instead of 28 s at 20M.
+# throughput collector: bounding boxes every value it collects, and G1 (Java's default) was
+# slower (docs/engines.md).
 LOCAL_JAVA_OPTIONS = "-XX:+UseParallelGC"
 
 
