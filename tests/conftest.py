@@ -84,9 +84,8 @@ def release_small(
     base.update(overrides)
     result = run_job(build_spec({}, base), engine, echo=lambda _: None, ledger=ledger)
     released = pd.read_parquet(result.output / "terminal_stats")
-    return released.sort_values("TERMINAL_ID", ignore_index=True), result.manifest.model_dump(
-        mode="json"
-    )
+    manifest = result.manifest.model_dump(mode="json", exclude_unset=True)  # as written
+    return released.sort_values("TERMINAL_ID", ignore_index=True), manifest
 
 
 def terminal_truth(rows, min_value: float, max_value: float) -> pd.DataFrame:

@@ -398,7 +398,9 @@ def run(inputs: Inputs, engine, output: Path) -> Outcome:
         )
     }
     released = {q: pd.read_parquet(output / q) for q in result.manifest.queries}
-    return Outcome(said, rejects, released, result.manifest.model_dump(mode="json"))
+    return Outcome(
+        said, rejects, released, result.manifest.model_dump(mode="json", exclude_unset=True)
+    )
 
 
 def truth(inputs: Inputs) -> dict[str, pd.DataFrame]:

@@ -75,9 +75,8 @@ def our_release(root, fmt, out, l0, linf, epsilon, delta, public_file, engine="l
     }
     result = run_job(build_spec({}, overrides), engine, echo=lambda _: None)
     released = pd.read_parquet(result.output / "terminal_stats")
-    return released.sort_values("TERMINAL_ID", ignore_index=True), result.manifest.model_dump(
-        mode="json"
-    )
+    manifest = result.manifest.model_dump(mode="json", exclude_unset=True)  # as written
+    return released.sort_values("TERMINAL_ID", ignore_index=True), manifest
 
 
 def tolerances(manifest, n_values: int, failure_rate: float = 1e-6) -> dict[str, float]:
