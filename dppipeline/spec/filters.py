@@ -1,32 +1,32 @@
-"""Row filters for job-spec queries: a small expression language, parsed here and nowhere else.
+"""Row filters for job-spec queries: SQL `WHERE` conditions, parsed here and nowhere else.
 
-`TERMINAL_ID in 1..100 and TX_AMOUNT >= 25` is tokenized and parsed by hand (no `eval`, no
-Python parser), so a spec can only ever express comparisons of schema columns with literals.
-Columns and literal types are checked against the schema while parsing: an error names the
-1-based character position and the rule, and a parsed filter is known to be valid. The result is
-an immutable, engine-neutral AST; `engines/polars_filter.py` and `engines/spark_filter.py`
-compile it, and `evaluate_row` is the plain-Python reference the compilers are tested against.
+`TERMINAL_ID in 1..100 and TX_AMOUNT >= 25` is tokenized and parsed by sqlglot (a well-kept SQL
+parser; no `eval`, no Python parser), then walked against an allow-list: only comparisons of
+a schema column with a literal, `in` lists, `between`, `and`/`or`/`not` and parentheses become
+a filter; functions, arithmetic, casts, subqueries, `is`, parameters, several statements and
+comments are refused with the rule and a 1-based position. Columns and literal types are
+checked against the schema during the walk, so a parsed filter is known to be valid. The result
+is an immutable, engine-neutral AST; `engines/shared/polars_filter.py` and
+`engines/spark/filter.py` compile it, and `evaluate_row` is the plain-Python reference the
+compilers are tested against.
 
-Size is bounded where the text is parsed (MAX_FILTER_CHARS, MAX_FILTER_TERMS, MAX_IN_VALUES),
-and compiling never builds a chain whose depth grows with the filter: `membership_form` merges
+Size is bounded before sqlglot runs (MAX_FILTER_CHARS, nesting MAX_DEPTH: its parser recurses
+about 20 frames per parenthesis) and during the walk (MAX_FILTER_TERMS, MAX_IN_VALUES).
+Compiling never builds a chain whose depth grows with the filter: `membership_form` merges
 `or`s of equalities on one column (and `and`s of `!=`) into one set membership, which Polars
-runs as `is_in` and Spark as one `IN` (an `InSet`, a hash lookup, once optimised); what `and`
-and `or` remain are compiled as balanced trees (depth log2 of their length). A chain of 500
-`or`s overflowed Spark's stack; 2,000 took Polars 12 s and 1.3 GB (now 0.02 s).
+runs as `is_in` and Spark as one `IN`, and what `and` and `or` remain are compiled as balanced
+trees (docs/engines.md has the measurements).
 
-Grammar (keywords are case-insensitive, column names are not):
+Accepted (keywords case-insensitive, column names case-sensitive):
 
-    filter    = or_expr END
-    or_expr   = and_expr { "or" and_expr }
-    and_expr  = not_expr { "and" not_expr }
-    not_expr  = "not" not_expr | "(" or_expr ")" | predicate
-    predicate = COLUMN ( cmp_op value
-                       | [ "not" ] "in" ( "(" values ")" | "[" values "]" | INT ".." INT )
-                       | [ "not" ] "between" value "and" value )
-    cmp_op    = "=" | "==" | "!=" | "<>" | "<" | "<=" | ">" | ">="
-    values    = value { "," value }
-    value     = NUMBER | STRING        (NUMBER: -?digits[.digits]; STRING: '...' or "...",
-                                        a quote doubled inside stands for itself)
+    condition = condition ("and" | "or") condition | "not" condition | "(" condition ")"
+              | COLUMN ("=" | "==" | "!=" | "<>" | "<" | "<=" | ">" | ">=") value
+              | COLUMN ["not"] "in" ("(" values ")" | "[" values "]" | INT ".." INT)
+              | COLUMN ["not"] "between" value "and" value
+    value     = NUMBER (optionally signed, with an exponent) | '...' | "..."
+                (a doubled quote inside a string stands for itself; a backslash is itself)
+
+`in A..B` is sugar for `between A and B` on an int64 column, rewritten token by token.
 """
 
 from __future__ import annotations
@@ -37,8 +37,13 @@ import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
-from typing import Any, Protocol, TypeVar
+from decimal import Decimal, InvalidOperation
+from typing import Any, ClassVar, Protocol, TypeVar, cast
+
+from sqlglot import expressions as exp
+from sqlglot.dialects.mysql import MySQL
+from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokenizer_core import Token, TokenType
 
 from dppipeline.errors import SpecError, excerpt
 from dppipeline.spec.schema import Field, Schema
@@ -127,88 +132,42 @@ def _flatten(kind: type, items: Sequence[FilterExpr]) -> tuple[FilterExpr, ...]:
     """`(a and b) and c` is `a and b and c`: one canonical shape for equal filters."""
     flat: list[FilterExpr] = []
     for item in items:
-        flat.extend(item.items if isinstance(item, kind) else (item,))
+        flat.extend(
+            item.items if isinstance(item, And | Or) and isinstance(item, kind) else (item,)
+        )
     if len(flat) < 2:
         raise ValueError(f"{kind.__name__} needs at least two items, got {len(flat)}")
     return tuple(flat)
 
 
-# --- tokens --------------------------------------------------------------------------------
+# --- parsing: sqlglot's tokenizer and parser, then an allow-list walk ----------------------
 
 
-@dataclass(frozen=True)
-class _Token:
-    kind: str  # "name", "number", "string", "op", "punct", "end"
-    text: str  # the source text (for strings: the decoded value)
-    pos: int  # 1-based position of the first character
+class _FilterSQL(MySQL):
+    """The SQL dialect of filters: MySQL's, where '...' and "..." are both strings and [...] is
+    a list as in the filters users already write, with a doubled quote standing for itself and
+    a backslash for a backslash (no C escapes)."""
 
-    def describe(self) -> str:
-        """The token as an error message shows it: short, escaped, on one line."""
-        if self.kind == "end":
-            return "end of filter"
-        if self.kind == "string":
-            return f"string {excerpt(self.text)}"
-        if self.kind == "number":
-            return f"number {self.text if len(self.text) <= 40 else excerpt(self.text)}"
-        return excerpt(self.text)
-
-    def is_keyword(self, word: str) -> bool:
-        return self.kind == "name" and self.text.lower() == word
+    class Tokenizer(MySQL.Tokenizer):
+        STRING_ESCAPES: ClassVar[list[str]] = ["'", '"']
 
 
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_OPERATORS = ("==", "!=", "<>", "<=", ">=", "..", "=", "<", ">")
-_PUNCT = "()[],"
-
-
-def _tokenize(text: str, where: str) -> list[_Token]:
-    tokens: list[_Token] = []
-    i = 0
-    while i < len(text):
-        char = text[i]
-        if char.isspace():
-            i += 1
-        elif char in "'\"":
-            value, end = _read_string(text, i, where)
-            tokens.append(_Token("string", value, i + 1))
-            i = end
-        elif match := _NUMBER.match(text, i):
-            tokens.append(_Token("number", match.group(), i + 1))
-            i = match.end()
-        elif match := _NAME.match(text, i):
-            tokens.append(_Token("name", match.group(), i + 1))
-            i = match.end()
-        elif op := next((o for o in _OPERATORS if text.startswith(o, i)), None):
-            tokens.append(_Token("op" if op != ".." else "punct", op, i + 1))
-            i += len(op)
-        elif char in _PUNCT:
-            tokens.append(_Token("punct", char, i + 1))
-            i += 1
-        else:
-            raise SpecError(where, f"unexpected character {char!r} at position {i + 1}")
-    tokens.append(_Token("end", "", len(text) + 1))
-    return tokens
-
-
-def _read_string(text: str, start: int, where: str) -> tuple[str, int]:
-    """The value of the literal opening at `start` (0-based) and the index after it."""
-    quote, i, parts = text[start], start + 1, []
-    while True:
-        end = text.find(quote, i)
-        if end < 0:
-            raise SpecError(
-                where, f"unterminated string starting at position {start + 1}: missing {quote}"
-            )
-        parts.append(text[i:end])
-        if text.startswith(quote * 2, end):
-            parts.append(quote)
-            i = end + 2
-        else:
-            return "".join(parts), end + 1
-
-
-# --- the parser ----------------------------------------------------------------------------
+_DIALECT = _FilterSQL()
+_BINARY: dict[type[exp.Expr], str] = {
+    exp.EQ: "=",
+    exp.NEQ: "!=",
+    exp.LT: "<",
+    exp.LTE: "<=",
+    exp.GT: ">",
+    exp.GTE: ">=",
+}
+_ALLOWED = (
+    "comparisons of a column with a value (=, !=, <>, <, <=, >, >=), in (...), in low..high, "
+    "between, and, or, not, parentheses"
+)
+_SQLGLOT_CLASS = re.compile(r"<class 'sqlglot\.expressions\.[\w.]*?(\w+)'>")
+_AFTER = {"EQ": "'='", "NEQ": "'!='", "LT": "'<'", "LTE": "'<='", "GT": "'>'", "GTE": "'>='"}
+_AFTER |= {"And": "'and'", "Or": "'or'", "Not": "'not'", "In": "'in'"}
 
 
 def parse_filter(text: str, schema: Schema, where: str = "filter") -> FilterExpr:
@@ -220,274 +179,422 @@ def parse_filter(text: str, schema: Schema, where: str = "filter") -> FilterExpr
             f"(at position {MAX_FILTER_CHARS + 1:,}); long key lists belong in a key file "
             "(partition_selection.public_partitions)",
         )
-    return _Parser(_tokenize(text, where), schema, where).parse()
+    tokens = _tokens(text, where)
+    if not tokens:
+        raise SpecError(where, f"empty filter: expected a condition at position {len(text) + 1}")
+    _check_nesting(tokens, where)
+    tokens, ranges = _range_sugar(tokens, text, where)
+    try:
+        trees = _DIALECT.parser().parse(tokens, text)
+    except ParseError as exc:
+        raise SpecError(where, _syntax_error(exc, text)) from None
+    except RecursionError:  # bounded by _check_nesting; kept as a clear error all the same
+        raise SpecError(
+            where, f"filter nested too deeply (at position 1, max {MAX_DEPTH})"
+        ) from None
+    if len(trees) != 1 or trees[0] is None:
+        at = next((t.start + 1 for t in tokens if t.token_type == TokenType.SEMICOLON), 1)
+        raise SpecError(where, f"a filter is one condition: ';' at position {at} ends it")
+    return _Walk(schema, where, text, ranges).condition(trees[0])
 
 
-class _Parser:
-    """Recursive descent over the token list, one method per grammar rule."""
+def _tokens(text: str, where: str) -> list[Token]:
+    """sqlglot's tokens of the filter; an unterminated string or a comment is an error."""
+    try:
+        tokens: list[Token] = _DIALECT.tokenize(text)
+    except TokenError:
+        raise SpecError(where, _tokenizing_error(text)) from None
+    for token in tokens:
+        if token.token_type in (TokenType.DPIPE, TokenType.DAMP):
+            raise SpecError(
+                where,
+                f"unexpected {excerpt(token.text)} at position {token.start + 1}: write 'or' "
+                "or 'and'",
+            )
+    if any(token.comments for token in tokens):
+        strings = [(t.start, t.end) for t in tokens if t.token_type == TokenType.STRING]
+        at = min(
+            m.start()
+            for m in re.finditer(r"--|/\*|#", text)
+            if not any(a <= m.start() <= b for a, b in strings)
+        )
+        raise SpecError(
+            where,
+            f"a comment at position {at + 1}: filters hold no comments (what a reviewer "
+            "reads must be all that is applied)",
+        )
+    return tokens
 
-    def __init__(self, tokens: list[_Token], schema: Schema, where: str):
-        self.tokens, self.schema, self.where = tokens, schema, where
-        self.index = 0
-        self.depth = 0
-        self.terms = 0  # conditions parsed so far
 
-    # helpers
+def _tokenizing_error(text: str) -> str:
+    """Where sqlglot's tokenizer stopped: the one case it meets in a filter is a string that
+    never closes (a doubled quote inside a string stands for itself)."""
+    i = 0
+    while i < len(text):
+        if text[i] in "'\"":
+            quote, start = text[i], i
+            i += 1
+            while True:
+                end = text.find(quote, i)
+                if end < 0:
+                    return f"unterminated string starting at position {start + 1}: missing {quote}"
+                if text.startswith(quote * 2, end):
+                    i = end + 2
+                    continue
+                i = end + 1
+                break
+        else:
+            i += 1
+    return f"unexpected character at position {len(text)} (cannot split it into SQL tokens)"
 
-    def peek(self) -> _Token:
-        return self.tokens[self.index]
 
-    def advance(self) -> _Token:
-        token = self.tokens[self.index]
-        self.index = min(self.index + 1, len(self.tokens) - 1)
-        return token
+def _check_nesting(tokens: list[Token], where: str) -> None:
+    """Parentheses and prefix `not`s nested at most MAX_DEPTH deep: sqlglot's parser recurses
+    about 20 frames per level, so this bounds its stack before it runs."""
+    open_levels: list[int] = []  # prefix `not`s open at each parenthesis level
+    nots = 0
+    previous: TokenType | None = None
+    for token in tokens:
+        kind = token.token_type
+        if kind in (TokenType.L_PAREN, TokenType.L_BRACKET):
+            open_levels.append(nots)
+            nots = 0
+        elif kind in (TokenType.R_PAREN, TokenType.R_BRACKET):
+            nots = open_levels.pop() if open_levels else 0
+        elif kind == TokenType.NOT and previous in (
+            None, TokenType.AND, TokenType.OR, TokenType.NOT, TokenType.L_PAREN,
+        ):  # fmt: skip
+            nots += 1
+        elif kind in (TokenType.AND, TokenType.OR):
+            nots = 0
+        if len(open_levels) + nots + sum(open_levels) > MAX_DEPTH:
+            raise SpecError(
+                where, f"filter nested deeper than {MAX_DEPTH} levels at position {token.start + 1}"
+            )
+        previous = kind
+
+
+def _range_sugar(tokens: list[Token], text: str, where: str) -> tuple[list[Token], set[int]]:
+    """`COL in A..B` as `COL between A and B` (A, B integers), token by token so positions
+    stay those of the text; returns the 1-based positions of the rewritten low bounds."""
+    out: list[Token] = []
+    ranges: set[int] = set()
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+        if token.token_type != TokenType.IN or nxt is None or nxt.token_type not in (
+            TokenType.NUMBER, TokenType.DASH,
+        ):  # fmt: skip
+            out.append(token)
+            i += 1
+            continue
+        match = _RANGE.match(text, nxt.start)
+        if match is None:
+            number = re.match(r"-?\s*[\d.]*", text[nxt.start :])
+            seen = number.group().rstrip(".") if number else ""
+            raise SpecError(
+                where,
+                f"expected '..' after {excerpt(seen)} at position {nxt.start + len(seen) + 1}",
+            )
+        for bound in ("low", "high"):
+            if "." in match.group(bound):
+                raise SpecError(
+                    where,
+                    f"expected an integer range bound at position {match.start(bound) + 1}, "
+                    f"found number {excerpt(match.group(bound))}",
+                )
+        out.append(
+            Token(TokenType.BETWEEN, "between", token.line, token.col, token.start, token.end)
+        )
+        out += _number_tokens(match, "low", token)
+        dots = match.end("low")
+        out.append(Token(TokenType.AND, "and", token.line, token.col, dots, dots + 1))
+        out += _number_tokens(match, "high", token)
+        ranges.add(match.start("low") + 1)
+        while i < len(tokens) and tokens[i].start < match.end():
+            i += 1
+    return out, ranges
+
+
+# `A..B` after `in`: each bound a number (integers are checked after the match)
+_RANGE = re.compile(r"(?P<low>-?\s*\d+(?:\.\d+)?)\s*\.\.\s*(?P<high>-?\s*\d+(?:\.\d+)?)")
+
+
+def _number_tokens(match: re.Match[str], bound: str, like: Token) -> list[Token]:
+    """The tokens of one range bound, at its place in the text."""
+    text, start = match.group(bound), match.start(bound)
+    tokens = []
+    if text.startswith("-"):
+        tokens.append(Token(TokenType.DASH, "-", like.line, like.col, start, start))
+        digits = text[1:].lstrip()
+        start += len(text) - len(digits)
+        text = digits
+    tokens.append(Token(TokenType.NUMBER, text, like.line, like.col, start, start + len(text) - 1))
+    return tokens
+
+
+def _syntax_error(exc: ParseError, text: str) -> str:
+    """sqlglot's first parse error in the product's words, at its position in the text."""
+    error = exc.errors[0] if exc.errors else {}
+    highlight = str(error.get("highlight") or "")
+    line, col = int(error.get("line") or 1), int(error.get("col") or 1)
+    line_start = sum(len(part) + 1 for part in text.split("\n")[: line - 1])
+    position = max(1, line_start + col - len(highlight) + 1)
+    at_end = position - 1 + len(highlight) >= len(text.rstrip())
+    description = str(error.get("description") or exc)
+    found = f", found {excerpt(highlight)}" if highlight else ""
+    end = f"at position {len(text) + 1}, found end of filter"
+    if required := re.match(r"Required keyword: '(\w+)' missing for (.*)", description):
+        node = _SQLGLOT_CLASS.sub(r"\1", required.group(2))
+        if required.group(1) == "this" and node in _AFTER:
+            return f"expected a column name before {_AFTER[node]} at position {position}{found}"
+        if node == "Between":
+            where = end if at_end else f"at position {position}{found}"
+            return f"expected 'and' after the low bound of 'between' {where}"
+        wanted = "a condition" if node in ("And", "Or", "Not") else "a value"
+        where = end if at_end else f"at position {position}"
+        return f"expected {wanted} after {_AFTER.get(node, excerpt(node))} {where}"
+    if description.startswith("Expecting )"):
+        where = end if at_end else f"at position {position}{found}"
+        return f"unbalanced parenthesis: expected ')' {where}"
+    if description.startswith("Expecting ]"):
+        return f"expected ',' or ']' at position {position} to continue the list{found}"
+    if highlight == ")":
+        return f"unbalanced parenthesis: ')' at position {position} closes nothing"
+    return f"unexpected {excerpt(highlight) if highlight else 'text'} at position {position}"
+
+
+class _Walk:
+    """sqlglot's tree to the filter AST, accepting only the node types of the grammar and
+    checking columns and literal types against the schema."""
+
+    def __init__(self, schema: Schema, where: str, text: str, ranges: set[int]):
+        self.schema, self.where, self.text, self.ranges = schema, where, text, ranges
+        self.terms = 0  # conditions so far
 
     def error(self, rule: str) -> SpecError:
         return SpecError(self.where, rule)
 
-    def expected(self, what: str, token: _Token | None = None) -> SpecError:
-        token = token or self.peek()
-        return self.error(f"expected {what} at position {token.pos}, found {token.describe()}")
+    def condition(self, node: exp.Expr) -> FilterExpr:
+        if isinstance(node, exp.Paren):
+            return self.condition(node.this)
+        if isinstance(node, exp.And | exp.Or):
+            kind = And if isinstance(node, exp.And) else Or
+            items = [self.condition(n) for n in node.flatten()]
+            return kind(tuple(items))
+        if isinstance(node, exp.Not):
+            inner = node.this
+            if isinstance(inner, exp.In | exp.Between):  # `col not in`, `col not between`
+                return self.predicate(inner, negated=True)
+            return Not(self.condition(inner))
+        return self.predicate(node, negated=False)
 
-    def accept_keyword(self, word: str) -> bool:
-        if self.peek().is_keyword(word):
-            self.advance()
-            return True
-        return False
-
-    def accept_punct(self, text: str) -> bool:
-        if self.peek().kind == "punct" and self.peek().text == text:
-            self.advance()
-            return True
-        return False
-
-    # grammar rules
-
-    def parse(self) -> FilterExpr:
-        if self.peek().kind == "end":
-            raise self.error(
-                f"empty filter: expected a condition at position {self.peek().pos}, "
-                "found end of filter"
-            )
-        expr = self.or_expr()
-        token = self.peek()
-        if token.kind == "punct" and token.text == ")":
-            raise self.error(f"unbalanced parenthesis: ')' at position {token.pos} closes nothing")
-        if token.kind != "end":
-            raise self.expected("'and', 'or' or the end of the filter")
-        return expr
-
-    def or_expr(self) -> FilterExpr:
-        items = [self.and_expr()]
-        while self.accept_keyword("or"):
-            items.append(self.and_expr())
-        return items[0] if len(items) == 1 else Or(tuple(items))
-
-    def and_expr(self) -> FilterExpr:
-        items = [self.not_expr()]
-        while self.accept_keyword("and"):
-            items.append(self.not_expr())
-        return items[0] if len(items) == 1 else And(tuple(items))
-
-    def not_expr(self) -> FilterExpr:
-        token = self.peek()
-        if self.depth >= MAX_DEPTH:
-            raise self.error(
-                f"filter nested deeper than {MAX_DEPTH} levels at position {token.pos}"
-            )
-        self.depth += 1
-        try:
-            if self.accept_keyword("not"):
-                return Not(self.not_expr())
-            if self.accept_punct("("):
-                expr = self.or_expr()
-                if not self.accept_punct(")"):
-                    closing = self.peek()
-                    raise self.error(
-                        f"unbalanced parenthesis: expected ')' at position {closing.pos} to close "
-                        f"the '(' at position {token.pos}, found {closing.describe()}"
-                    )
-                return expr
-            return self.predicate()
-        finally:
-            self.depth -= 1
-
-    def predicate(self) -> FilterExpr:
-        token = self.advance()
-        if token.kind != "name" or token.text.lower() in KEYWORDS:
-            raise self.expected("a column name", token)
+    def predicate(self, node: exp.Expr, negated: bool) -> FilterExpr:
+        op = _BINARY.get(type(node))
+        if op is None and not isinstance(node, exp.In | exp.Between):
+            raise self.not_allowed(node)
+        column = node.this
         self.terms += 1
         if self.terms > MAX_FILTER_TERMS:
             raise self.error(
-                f"more than {MAX_FILTER_TERMS:,} conditions (at position {token.pos:,}); "
+                f"more than {MAX_FILTER_TERMS:,} conditions (at position {self.position(node):,}); "
                 "list values with 'in (...)' or use a key file"
             )
-        field = self.column(token)
-        negated = self.accept_keyword("not")
-        if self.accept_keyword("in"):
-            return self.in_list_or_range(field, negated)
-        if self.accept_keyword("between"):
-            return self.between(field, negated)
-        if negated:
-            raise self.expected("'in' or 'between' after 'not'")
-        if self.peek().kind == "op":
-            return self.compare(field)
-        raise self.expected(
-            f"an operator (=, !=, <, <=, >, >=, in, not in, between) after column {token.text!r}"
+        field = self.column(column)
+        if isinstance(node, exp.In):
+            return self.in_list(node, field, negated)
+        if isinstance(node, exp.Between):
+            return self.between(node, field, negated)
+        assert op is not None
+        return self.compare(op, field, node.expression)
+
+    def not_allowed(self, node: exp.Expr) -> SpecError:
+        """A node outside the grammar: named by its kind, never by the user's text."""
+        if isinstance(node, exp.Column | exp.Literal):
+            return self.error(
+                f"expected a condition at position {self.position(node)}, found "
+                f"{excerpt(node.sql())} (allowed: {_ALLOWED})"
+            )
+        kind = node.key.upper()
+        if isinstance(node, exp.Func):
+            kind = f"function {kind}()"
+        elif isinstance(node, exp.Binary):
+            kind = f"operator {kind}"
+        return self.error(
+            f"{kind} in the condition at position {self.position(node)} is not allowed in a "
+            f"filter (allowed: {_ALLOWED})"
         )
 
-    def column(self, token: _Token) -> Field:
+    def position(self, node: exp.Expr | None) -> int:
+        """1-based position of the first token of `node` sqlglot kept."""
+        starts = [
+            n.meta["start"] for n in (node.walk() if node is not None else ()) if "start" in n.meta
+        ]
+        return min(starts) + 1 if starts else 1
+
+    def column(self, node: exp.Expr) -> Field:
+        if isinstance(node, exp.Func | exp.Binary | exp.Cast | exp.Subquery):
+            raise self.not_allowed(node)  # functions, arithmetic, casts, subqueries
+        if not isinstance(node, exp.Column) or node.table or node.this.quoted:
+            raise self.error(
+                f"expected a column name at position {self.position(node)}, found "
+                f"{excerpt(node.sql()) if node is not None else 'nothing'}"
+            )
+        name = node.name
         try:
-            field = self.schema.field(token.text)
+            field = self.schema.field(name)
         except KeyError:
             known = ", ".join(self.schema.names)
-            same = [n for n in self.schema.names if n.lower() == token.text.lower()]
+            same = [n for n in self.schema.names if n.lower() == name.lower()]
             hint = f", did you mean {same[0]!r}? (names are case-sensitive)" if same else ""
             raise self.error(
-                f"unknown column {excerpt(token.text)} at position {token.pos}{hint} "
+                f"unknown column {excerpt(name)} at position {self.position(node)}{hint} "
                 f"(known: {known})"
             ) from None
         if field.type not in _LITERALS:
             raise self.error(
-                f"column {field.name!r} at position {token.pos} has type {field.type}, "
-                f"which filters do not support"
+                f"column {field.name!r} at position {self.position(node)} has type {field.type}, "
+                "which filters do not support"
             )
         return field
 
-    def compare(self, field: Field) -> Compare:
-        op_token = self.advance()
-        op = _OP_ALIASES.get(op_token.text, op_token.text)  # the tokenizer knows no others
-        token = self.value_token(f"after '{op_token.text}'")
+    def compare(self, op: str, field: Field, node: exp.Expr) -> Compare:
+        context = {"=": "=", "!=": "!="}.get(op, op)
         if field.type == "int64" and op in ("<", "<=", ">", ">="):
-            op, value = _int_bound(op, self.number(field, token))
-            return Compare(field.name, op, self.int64(value, token))
-        return Compare(field.name, op, self.literal(field, token, op_token.text))
+            op, bound = _int_bound(op, self.number(field, node))
+            return Compare(field.name, op, self.int64(bound, node))
+        return Compare(field.name, op, self.literal(field, node, context))
 
-    def in_list_or_range(self, field: Field, negated: bool) -> InSet | InRange:
-        token = self.peek()
-        if token.kind == "number":
-            return self.int_range(field, negated)
-        closing = {"(": ")", "[": "]"}.get(token.text) if token.kind == "punct" else None
-        if closing is None:
-            raise self.expected("'(', '[' or an integer range low..high after 'in'")
-        self.advance()
-        values = [self.literal(field, self.value_token(f"after '{token.text}'"), "in")]
-        while not self.accept_punct(closing):
-            if not self.accept_punct(","):
-                found = self.peek()
-                raise self.error(
-                    f"expected ',' or '{closing}' at position {found.pos} to continue the list "
-                    f"opened at position {token.pos}, found {found.describe()}"
-                )
-            value_token = self.value_token("after ','")
-            if len(values) == MAX_IN_VALUES:
-                raise self.error(
-                    f"an 'in' list of more than {MAX_IN_VALUES:,} values (at position "
-                    f"{value_token.pos:,}); use a key file (partition_selection.public_partitions)"
-                )
-            values.append(self.literal(field, value_token, "in"))
-        return InSet(field.name, tuple(values), negated)
+    def in_list(self, node: exp.In, field: Field, negated: bool) -> InSet:
+        if node.args.get("query") or node.args.get("unnest") or node.args.get("field"):
+            raise self.error(
+                f"expected '(', '[' or an integer range low..high after 'in' at position "
+                f"{self.position(node.args.get('field') or node.args.get('query') or node)}"
+            )
+        values = node.expressions
+        if not values:
+            raise self.error(
+                f"an 'in' list needs at least one value (the condition at position "
+                f"{self.position(node)})"
+            )
+        if len(values) > MAX_IN_VALUES:
+            raise self.error(
+                f"an 'in' list of more than {MAX_IN_VALUES:,} values (at position "
+                f"{self.position(values[MAX_IN_VALUES]):,}); use a key file "
+                "(partition_selection.public_partitions)"
+            )
+        return InSet(field.name, tuple(self.literal(field, v, "in") for v in values), negated)
 
-    def int_range(self, field: Field, negated: bool) -> InRange:
-        low_token = self.advance()
-        if field.type != "int64":
+    def between(self, node: exp.Between, field: Field, negated: bool) -> InRange:
+        low_node, high_node = node.args["low"], node.args["high"]
+        sugar = self.position(low_node) in self.ranges
+        if sugar and field.type != "int64":
             raise self.error(
                 f"'in low..high' needs an int64 column, {field.name} is {field.type} "
-                f"(use 'between') at position {low_token.pos}"
+                f"(use 'between') at position {self.position(low_node)}"
             )
-        if not (self.peek().kind == "punct" and self.peek().text == ".."):
-            raise self.expected(f"'..' after {low_token.text}")
-        self.advance()
-        high_token = self.value_token("after '..'")
-        low, high = (self.range_bound(field, t) for t in (low_token, high_token))
-        return self.checked_range(field, low, high, negated, low_token)
-
-    def range_bound(self, field: Field, token: _Token) -> int:
-        if token.kind != "number" or "." in token.text:
-            raise self.expected("an integer range bound", token)
-        return self.int64(int(token.text), token)
-
-    def between(self, field: Field, negated: bool) -> InRange:
-        low_token = self.value_token("after 'between'")
-        low = self.literal(field, low_token, "between")
-        if not self.accept_keyword("and"):
-            raise self.expected("'and' after the low bound of 'between'")
-        high = self.literal(field, self.value_token("after 'and'"), "between")
-        return self.checked_range(field, low, high, negated, low_token)
-
-    def checked_range(
-        self, field: Field, low: Value, high: Value, negated: bool, token: _Token
-    ) -> InRange:
-        if low > high:  # same column, so same type
+        low = self.literal(field, low_node, "between")
+        high = self.literal(field, high_node, "between")
+        if low > high:  # type: ignore[operator]  # same column, so same type
             raise self.error(
-                f"empty range at position {token.pos}: low {_value_text(low)} is greater "
-                f"than high {_value_text(high)}"
+                f"empty range at position {self.position(low_node)}: low {_value_text(low)} "
+                f"is greater than high {_value_text(high)}"
             )
         return InRange(field.name, low, high, negated)
 
     # literals
 
-    def value_token(self, context: str) -> _Token:
-        token = self.advance()
-        if token.kind not in ("number", "string"):
-            raise self.expected(f"a value {context}", token)
-        return token
+    def literal(self, field: Field, node: exp.Expr, context: str) -> Value:
+        """The node as a value of the column's type (for `=`, `in`, `between`)."""
+        return _LITERALS[field.type](self, field, node, context)
 
-    def literal(self, field: Field, token: _Token, context: str) -> Value:
-        """The token as a value of the column's type (for `=`, `in`, `between`)."""
-        return _LITERALS[field.type](self, field, token, context)
+    def token_text(self, node: exp.Expr) -> tuple[str, str]:
+        """(kind, text) of a literal node: ('number', '-2.5'), ('string', 'abc') or
+        ('other', its SQL) for anything the grammar has no value for."""
+        if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal):
+            kind, text = self.token_text(node.this)
+            return (kind, f"-{text}") if kind == "number" else ("other", node.sql())
+        if isinstance(node, exp.Literal):
+            return ("string", node.this) if node.is_string else ("number", node.this)
+        return "other", node.sql() if node is not None else ""
 
-    def number(self, field: Field, token: _Token) -> Decimal:
-        if token.kind != "number":
-            raise self.type_error(field, token, "a number")
-        return Decimal(token.text)
+    def describe(self, node: exp.Expr) -> str:
+        kind, text = self.token_text(node)
+        if kind == "string":
+            return f"string {excerpt(text)}"
+        if kind == "number":
+            return f"number {text if len(text) <= 40 else excerpt(text)}"
+        return excerpt(text)
 
-    def int64(self, value: int, token: _Token) -> int:
+    def value(self, node: exp.Expr) -> tuple[str, str]:
+        kind, text = self.token_text(node)
+        if kind == "other":
+            if isinstance(node, exp.Column):
+                raise self.error(
+                    f"expected a value at position {self.position(node)}, found column "
+                    f"{excerpt(node.name)} (filters compare a column with a value)"
+                )
+            raise self.not_allowed(node)
+        return kind, text
+
+    def number(self, field: Field, node: exp.Expr) -> Decimal:
+        kind, text = self.value(node)
+        if kind != "number":
+            raise self.type_error(field, node, "a number")
+        try:
+            return Decimal(text)
+        except InvalidOperation:
+            raise self.type_error(field, node, "a number") from None
+
+    def int64(self, value: int, node: exp.Expr) -> int:
         if not INT64_MIN <= value <= INT64_MAX:
             raise self.error(
-                f"{token.describe()} at position {token.pos} is out of the int64 range"
+                f"{self.describe(node)} at position {self.position(node)} is out of the int64 range"
             )
         return value
 
-    def int_literal(self, field: Field, token: _Token, context: str) -> int:
-        value = self.number(field, token)
-        if value != value.to_integral_value():
+    def int_literal(self, field: Field, node: exp.Expr, context: str) -> int:
+        value = self.number(field, node)
+        if not value.is_finite() or value != value.to_integral_value():
             raise self.error(
-                f"{field.name} is int64: '{context}' needs an integer at position {token.pos}, "
-                f"found {token.describe()}"
+                f"{field.name} is int64: '{context}' needs an integer at position "
+                f"{self.position(node)}, found {self.describe(node)}"
             )
-        return self.int64(int(value), token)
+        return self.int64(int(value), node)
 
-    def float_literal(self, field: Field, token: _Token, context: str) -> float:
+    def float_literal(self, field: Field, node: exp.Expr, context: str) -> float:
         del context
-        value = float(self.number(field, token))
+        value = float(self.number(field, node))
         if not math.isfinite(value):
-            raise self.error(f"number at position {token.pos} is too large for float64")
+            raise self.error(f"number at position {self.position(node)} is too large for float64")
         return value
 
-    def string_literal(self, field: Field, token: _Token, context: str) -> str:
+    def string_literal(self, field: Field, node: exp.Expr, context: str) -> str:
         del context
-        if token.kind != "string":
-            raise self.type_error(field, token, "a quoted string")
-        return token.text
+        kind, text = self.value(node)
+        if kind != "string":
+            raise self.type_error(field, node, "a quoted string")
+        return text
 
-    def datetime_literal(self, field: Field, token: _Token, context: str) -> dt.datetime:
+    def datetime_literal(self, field: Field, node: exp.Expr, context: str) -> dt.datetime:
         del context
         wanted = "a quoted date 'YYYY-MM-DD' or 'YYYY-MM-DD HH:MM:SS'"
-        if token.kind != "string":
-            raise self.type_error(field, token, wanted)
+        kind, text = self.value(node)
+        if kind != "string":
+            raise self.type_error(field, node, wanted)
         for pattern, fmt in _DATETIME_FORMATS.items():
-            if pattern.fullmatch(token.text):
+            if pattern.fullmatch(text):
                 try:
-                    return dt.datetime.strptime(token.text, fmt)
+                    return dt.datetime.strptime(text, fmt)
                 except ValueError:
                     break
-        raise self.type_error(field, token, wanted)
+        raise self.type_error(field, node, wanted)
 
-    def type_error(self, field: Field, token: _Token, wanted: str) -> SpecError:
+    def type_error(self, field: Field, node: exp.Expr, wanted: str) -> SpecError:
         return self.error(
-            f"{field.name} is {field.type}: expected {wanted} at position {token.pos}, "
-            f"found {token.describe()}"
+            f"{field.name} is {field.type}: expected {wanted} at position "
+            f"{self.position(node)}, found {self.describe(node)}"
         )
 
 
@@ -501,11 +608,11 @@ def _int_bound(op: str, bound: Decimal) -> tuple[str, int]:
     return ">=", math.ceil(bound)
 
 
-_LITERALS: dict[str, Callable[[_Parser, Field, _Token, str], Value]] = {
-    "int64": _Parser.int_literal,
-    "float64": _Parser.float_literal,
-    "string": _Parser.string_literal,
-    "timestamp[us]": _Parser.datetime_literal,
+_LITERALS: dict[str, Callable[[_Walk, Field, exp.Expr, str], Value]] = {
+    "int64": _Walk.int_literal,
+    "float64": _Walk.float_literal,
+    "string": _Walk.string_literal,
+    "timestamp[us]": _Walk.datetime_literal,
 }
 
 
@@ -567,7 +674,7 @@ def any_of(filters: Sequence[FilterExpr | None]) -> FilterExpr | None:
         raise ValueError("any_of needs at least one filter")
     if any(f is None for f in filters):
         return None
-    unique = list(dict.fromkeys(filters))
+    unique = [f for f in dict.fromkeys(filters) if f is not None]
     return unique[0] if len(unique) == 1 else Or(tuple(unique))
 
 
@@ -605,6 +712,11 @@ def compile_filter(expr: FilterExpr, builder: ExpressionBuilder[E]) -> E:
 
 
 def _compile(expr: FilterExpr, builder: ExpressionBuilder[E]) -> E:
+    return cast(E, _compile_any(expr, builder))
+
+
+def _compile_any(expr: FilterExpr, builder: ExpressionBuilder[Any]) -> Any:
+    """`_compile` on the engine's expressions as they are: their operators are the engine's."""
     match expr:
         case Compare(column, op, value):
             return COMPARE[op](builder.column(column), builder.literal(value))
@@ -615,11 +727,11 @@ def _compile(expr: FilterExpr, builder: ExpressionBuilder[E]) -> E:
             test = builder.between(builder.column(column), low, high)
             return ~test if negated else test
         case And(items):
-            return _balanced(operator.and_, [_compile(i, builder) for i in items])
+            return _balanced(operator.and_, [_compile_any(i, builder) for i in items])
         case Or(items):
-            return _balanced(operator.or_, [_compile(i, builder) for i in items])
+            return _balanced(operator.or_, [_compile_any(i, builder) for i in items])
         case Not(item):
-            return ~_compile(item, builder)
+            return ~_compile_any(item, builder)
     raise TypeError(f"not a filter expression: {expr!r}")
 
 
@@ -653,7 +765,7 @@ def membership_form(expr: FilterExpr) -> FilterExpr:
 
 def _merge_sets(kind: type[And] | type[Or], items: list[FilterExpr], negated: bool) -> FilterExpr:
     equal = "!=" if negated else "="
-    sets: dict[str, list[FilterExpr]] = {}
+    sets: dict[str, list[Compare | InSet]] = {}
     rest: list[FilterExpr] = []
     for item in items:
         match item:
@@ -688,7 +800,7 @@ def evaluate_row(expr: FilterExpr, row: Mapping[str, object]) -> bool:
     return _evaluate(expr, row) is True
 
 
-def _evaluate(expr: FilterExpr, row: Mapping[str, object]) -> bool | None:
+def _evaluate(expr: FilterExpr, row: Mapping[str, Any]) -> bool | None:
     match expr:
         case Compare(column, op, value):
             cell = row[column]
