@@ -16,7 +16,7 @@ Beam's DirectRunner:
 
 Each program is its own process, timed from start to exit (what a user waits for: imports,
 pipeline construction, read, work, write), with the peak resident memory of its whole process
-tree (the sum of RSS, sampled every 0.1 s from /proc; with multi_processing, the SDK workers
+tree (the sum of RSS, sampled every 0.1 s with psutil; with multi_processing, the SDK workers
 too). The measuring machinery (disturbance detection, retries, memory sampling, phases) is
 `bench.spark_engine`'s, the report's `bench._report`'s. Run with `make bench` or
 `python -m bench.beam_engine [--sizes 1M,5M] [--repeat N] [--repeat-pipelinedp N]

@@ -42,6 +42,7 @@ from typing import Any
 
 import duckdb
 import pandas as pd
+import psutil
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
@@ -413,11 +414,7 @@ def machine_facts() -> dict[str, Any]:
             if line.startswith("model name"):
                 facts["cpu"] = line.split(":", 1)[1].strip()
                 break
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                facts["memory_gib"] = round(int(line.split()[1]) / 2**20, 1)
-                break
+    facts["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
     facts.update(package_versions(PACKAGES))
     return facts
 

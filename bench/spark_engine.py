@@ -13,7 +13,7 @@ one run, on the local benchmark's generated Parquet files (plus a 20M-row set), 
 
 Each program is its own process, timed from start to exit (what a user waits for: JVM start,
 imports, read, work, write), with the peak resident memory of its whole process tree (Python
-driver, JVM, Python workers; the sum of RSS, sampled every 0.1 s from /proc). Run with
+driver, JVM, Python workers; the sum of RSS, sampled every 0.1 s with psutil). Run with
 `make bench` or `python -m bench.spark_engine [--sizes 1M,5M,20M] [--skip-pipelinedp]
 [--repeat N]`. Results go to stdout and to `bench/results/spark_engine.{md,json}`; progress to
 stderr; each program's output, with arrival times, to `bench/data/spark_logs/`.
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import psutil
 
 from bench._report import (
     ProcessReport,
@@ -234,68 +235,46 @@ def shown(argv: Sequence[str], env: dict[str, str]) -> str:
 # Measuring one process
 
 
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
 def _busy_cpu_seconds() -> float:
     """CPU seconds the whole machine has spent busy (not idle, not waiting for I/O) since boot."""
-    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / _TICK
-
-
-def _processes() -> dict[int, tuple[int, int, str, float]]:
-    """pid -> (parent pid, resident bytes, name, CPU seconds) of every process, from
-    /proc/<pid>/stat."""
-    table: dict[int, tuple[int, int, str, float]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            text = Path("/proc", entry, "stat").read_text()
-        except OSError:  # gone meanwhile
-            continue
-        name = text[text.find("(") + 1 : text.rfind(")")]
-        fields = text[text.rfind(")") + 2 :].split()
-        # fields[0] is field 3 of proc(5) (state): ppid is field 4, utime and stime (ticks)
-        # fields 14 and 15, rss (pages) field 24.
-        cpu = (int(fields[11]) + int(fields[12])) / _TICK
-        table[int(entry)] = (int(fields[1]), int(fields[21]) * _PAGE, name, cpu)
-    return table
+    times = psutil.cpu_times()
+    return float(times.user + times.nice + times.system + times.irq + times.softirq + times.steal)
 
 
 class TreeSampler(threading.Thread):
-    """Samples the summed RSS of a process and all its descendants until stopped.
+    """Samples (psutil) the summed RSS of a process and all its descendants until stopped.
 
     The sum counts pages shared between processes (forked Python workers) once per process: an
     upper bound of the tree's footprint, as `ps` would add it up."""
 
     def __init__(self, root: int):
         super().__init__(daemon=True)
-        self.root = root
+        self.root = psutil.Process(root)
         self.peak_bytes = 0
         self.largest: tuple[int, str] = (0, "")  # most RSS of any one process, and its name
-        self.seen: set[int] = set()
+        self.seen: dict[int, psutil.Process] = {}
         self.cpu: dict[int, float] = {}  # pid -> CPU seconds at its last sample
         self._stop_event = threading.Event()
 
     def sample(self) -> None:
-        table = _processes()
-        children: dict[int, list[int]] = {}
-        for pid, (ppid, *_) in table.items():
-            children.setdefault(ppid, []).append(pid)
-        tree, todo = [], [self.root]
-        while todo:
-            pid = todo.pop()
-            if pid in table:
-                tree.append(pid)
-                todo.extend(children.get(pid, ()))
-        self.seen.update(tree)
-        self.peak_bytes = max(self.peak_bytes, sum(table[p][1] for p in tree))
-        for pid in tree:
-            self.cpu[pid] = table[pid][3]
-            if table[pid][1] > self.largest[0]:
-                self.largest = (table[pid][1], table[pid][2])
+        try:
+            tree = [self.root, *self.root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        total = 0
+        for process in tree:
+            try:
+                with process.oneshot():
+                    rss, cpu = process.memory_info().rss, process.cpu_times()
+                    name = process.name()
+            except psutil.NoSuchProcess:  # gone meanwhile
+                continue
+            self.seen.setdefault(process.pid, process)
+            self.cpu[process.pid] = cpu.user + cpu.system
+            total += rss
+            if rss > self.largest[0]:
+                self.largest = (rss, name)
+        self.peak_bytes = max(self.peak_bytes, total)
 
     def run(self) -> None:
         while not self._stop_event.is_set():
@@ -310,10 +289,7 @@ class TreeSampler(threading.Thread):
         """Seconds until every process of the tree has ended (the JVM outlives the Python driver
         by its shutdown), so that the next program starts on an idle machine."""
         start = time.perf_counter()
-        while time.perf_counter() - start < timeout:
-            if not any(Path("/proc", str(pid)).exists() for pid in self.seen):
-                break
-            time.sleep(0.05)
+        psutil.wait_procs(list(self.seen.values()), timeout=timeout)
         return time.perf_counter() - start
 
 
@@ -469,6 +445,7 @@ def bounded_reference(data: Dataset, keys: Path) -> tuple[float | None, float | 
     aggregation of the same data, and the standard error noise alone gives a released mean."""
     try:
         from dppipeline.core.tasks import plan_tasks
+        from dppipeline.engines.base import ReleaseJob
         from dppipeline.engines.local.engine import compute_aggregates
         from dppipeline.inputs.files import discover_partitions
         from dppipeline.orchestration.runner import make_plan
@@ -484,6 +461,7 @@ def bounded_reference(data: Dataset, keys: Path) -> tuple[float | None, float | 
             unit=spec.privacy_unit,
             max_rejected_fraction=spec.input.max_rejected_fraction,
             quarantine=DATA_DIR / "spark_quarantine",
+            salt=ReleaseJob.sampling_salt(),
         )
         aggregates = result.aggregates[spec.name]  # the job's one query
         return float(aggregates["count"].sum()) / N_TERMINALS, count_noise_se(spec)
