@@ -62,10 +62,11 @@ lint: setup  ## ruff, the layer contracts (import-linter) and mypy --strict on s
 	$(VENV)/bin/mypy
 	$(VENV)/bin/ruff format --check dppipeline tests bench jobs airflow_dags tests_airflow scripts
 
-bench: setup  ## benchmarks against PipelineDP and a non-private baseline
+bench: setup  ## benchmarks against PipelineDP and a non-private baseline; noise per accounting
 	$(PY) -m bench.local_engine
 	$(PY) -m bench.spark_engine
 	$(PY) -m bench.beam_engine
+	$(PY) -m bench.accounting
 
 clean:  ## remove generated data and caches (keeps .venv)
 	rm -rf $(DEMO) .pytest_cache .ruff_cache bench/data

@@ -693,7 +693,7 @@ sys.modules["apache_beam"] = None  # as `cli.main` does for plan: no warning fro
 import dppipeline.commands.plan
 from dppipeline.commands import cli
 
-def render_plan(spec, plan):  # a bug whose message quotes a data value
+def render_plan(spec, plan, basic=None):  # a bug whose message quotes a data value
     raise KeyError("TX_AMOUNT=4242.42 of customer 1234567")
 
 dppipeline.commands.plan.render_plan = render_plan

@@ -15,7 +15,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from dppipeline import logs
 from dppipeline.errors import (
@@ -27,6 +27,9 @@ from dppipeline.errors import (
     one_line,
 )
 from dppipeline.orchestration.signals import Terminated, handle_sigterm
+
+if TYPE_CHECKING:
+    from dppipeline.spec.model import JobSpec
 
 # CLI flag -> job spec field (dotted YAML path). Flags override the YAML.
 FLAG_FIELDS: dict[str, str] = {
@@ -43,6 +46,7 @@ FLAG_FIELDS: dict[str, str] = {
     "epsilon": "budget.epsilon",
     "delta": "budget.delta",
     "noise": "noise",
+    "accounting": "accounting",
     "confidence_intervals": "confidence_intervals",
     "max_partitions_contributed": "bounds.max_partitions_contributed",
     "max_contributions_per_partition": "bounds.max_contributions_per_partition",
@@ -107,6 +111,11 @@ def _add_privacy_flags(parser: argparse.ArgumentParser) -> None:
     add("--epsilon", type=float, help="total epsilon of the run (metrics + selection)")
     add("--delta", type=float, help="total delta of the run")
     add("--noise", choices=("laplace", "gaussian"), help="noise distribution")
+    add(
+        "--accounting",
+        choices=("basic", "pld", "zcdp"),
+        help="how the mechanisms compose: basic (default), pld or zcdp (dp_accounting)",
+    )
     add(
         "--confidence-intervals",
         action="store_true",
@@ -408,6 +417,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path  # noqa: PLC0415
 
     spec = _spec_from_args(args)
+    _skip_pld_unless_used(args, spec)
     if args.engine == "spark" and not args.check_budget:
         # The JVM takes longer to start than everything up to the first read: start it first.
         from dppipeline.engines.spark.session import start_spark_early  # noqa: PLC0415
@@ -473,7 +483,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from dppipeline.orchestration.runner import make_plan  # noqa: PLC0415
 
     spec = _spec_from_args(args)
-    _print(render_plan(spec, make_plan(spec)))
+    _skip_pld_unless_used(args, spec)
+    basic = spec.model_copy(update={"accounting": "basic"})
+    comparison = make_plan(basic) if spec.accounting != "basic" else None
+    _print(render_plan(spec, make_plan(spec), comparison))
     return 0
 
 
@@ -573,15 +586,18 @@ def _skip_unused_pipeline_dp_imports(args: argparse.Namespace) -> None:
     """pipeline-dp imports apache_beam and dp_accounting's PLD code (scipy) whenever they are
     installed, about 1.3 s per process, though only its Beam backend and PLD accountant use
     them. A CLI process marks absent what it does not use (apache_beam stays for the Beam
-    engine); pipeline-dp guards both imports. Only for a process of its own (`argv` from the
-    command line): a caller's process may need them for its next call."""
-    if args.command not in ("run", "plan"):
-        return
-    unused = ["dp_accounting.pld"]
-    if getattr(args, "engine", "local") != "beam":
-        unused.append("apache_beam")
-    for name in unused:
-        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
+    engine; dp_accounting for a job with tight accounting, see `_skip_pld_unless_used`);
+    pipeline-dp guards both imports. Only for a process of its own (`argv` from the command
+    line): a caller's process may need them for its next call."""
+    if args.command in ("run", "plan") and getattr(args, "engine", "local") != "beam":
+        sys.modules.setdefault("apache_beam", None)  # type: ignore[arg-type]
+    args.skip_pld = args.command in ("run", "plan")
+
+
+def _skip_pld_unless_used(args: argparse.Namespace, spec: JobSpec) -> None:
+    """After the spec is read, before pipeline-dp is imported: basic accounting needs no PLD."""
+    if getattr(args, "skip_pld", False) and spec.accounting == "basic":
+        sys.modules.setdefault("dp_accounting.pld", None)  # type: ignore[arg-type]
 
 
 def _dashed_flags(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:

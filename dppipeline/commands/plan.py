@@ -25,17 +25,19 @@ def _num(value: float | None) -> str:
     return f"{value:,.4g}"
 
 
-def render_plan(spec: JobSpec, plan: JobPlan) -> str:
-    """The whole job: budget, then per query its mechanisms, noise and selection."""
+def render_plan(spec: JobSpec, plan: JobPlan, basic: JobPlan | None = None) -> str:
+    """The whole job: budget, then per query its mechanisms, noise and selection; with
+    `basic` (the same job under basic composition), each noise std beside what basic
+    composition would have given."""
     eps_total, delta_total = plan.total_spent()
     lines = [
         f"job {spec.name}: {len(plan.queries)} quer{'y' if len(plan.queries) == 1 else 'ies'}, "
         f"privacy unit {spec.privacy_unit}",
         f"budget: epsilon={_num(plan.epsilon)} delta={_num(plan.delta)}, {spec.noise} noise, "
-        "split by pipeline-dp NaiveBudgetAccountant (basic composition)",
+        + _accounting_text(plan),
     ]
     for query in spec.queries:
-        lines += ["", *_render_query(spec, query, plan)]
+        lines += ["", *_render_query(spec, query, plan, basic)]
     if plan.selections and not spec.is_shorthand:
         lines += ["", "partition selections (each shared by the queries listed):"]
         for group in plan.selections:
@@ -52,7 +54,20 @@ def render_plan(spec: JobSpec, plan: JobPlan) -> str:
     return "\n".join(lines)
 
 
-def _render_query(spec: JobSpec, query: QuerySpec, job_plan: JobPlan) -> list[str]:
+def _accounting_text(plan: JobPlan) -> str:
+    if plan.accounting == "basic":
+        return "split by pipeline-dp NaiveBudgetAccountant (basic composition)"
+    return (
+        f"{plan.accounting} accounting (dp_accounting): the noise mechanisms composed tightly, "
+        f"base noise multiplier {_num(plan.noise_multiplier)}; selections and percentiles keep "
+        "basic shares (their epsilon/delta below); a noise mechanism's epsilon/delta is its "
+        "share of the pool, not its own guarantee"
+    )
+
+
+def _render_query(
+    spec: JobSpec, query: QuerySpec, job_plan: JobPlan, basic: JobPlan | None = None
+) -> list[str]:
     query_plan = job_plan.query(query.name)
     plan = query_plan.plan
     params = plan.params
@@ -71,12 +86,15 @@ def _render_query(spec: JobSpec, query: QuerySpec, job_plan: JobPlan) -> list[st
             if params.min_value is not None
             else ""
         ),
-        f"  {'mechanism':24} {'kind':22} {'epsilon':>10} {'delta':>10} {'noise std':>12}",
+        f"  {'mechanism':24} {'kind':22} {'epsilon':>10} {'delta':>10} {'noise std':>12}"
+        + (f" {'basic: std':>12}" if basic is not None else ""),
     ]
+    before = basic.query(query.name).plan if basic is not None else None
     for m in plan.mechanisms:
+        was = before.mechanism(m.name).noise_stddev if before is not None else None
         lines.append(
             f"  {m.name:24} {m.kind:22} {_num(m.epsilon):>10} {_num(m.delta):>10} "
-            f"{_num(m.noise_stddev):>12}"
+            f"{_num(m.noise_stddev):>12}" + (f" {_num(was):>12}" if before is not None else "")
         )
     lines.append("  released metrics (noise on each released value):")
     for metric in params.metrics:

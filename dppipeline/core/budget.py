@@ -38,6 +38,7 @@ from pydp.algorithms.partition_selection import PartitionSelectionStrategy
 from pydp.algorithms.quantile_tree import QuantileTree
 from scipy.special import log_ndtr
 
+from dppipeline.core.accounting import smallest_multiplier
 from dppipeline.errors import SpecError, UsageError
 from dppipeline.spec.model import MIN_EPSILON, QuerySpec, percentile_of
 
@@ -125,6 +126,18 @@ class MechanismBudget:
     l0_sensitivity: int
     linf_sensitivity: float
     noise_stddev: float | None  # None for partition selection
+    # Tight accounting (`core.accounting`): the noise std over the sensitivity (L2 for Gaussian,
+    # L1 for Laplace) the composition chose; then epsilon and delta are the mechanism's
+    # attributed share of the pool, not its own guarantee. None under basic composition.
+    noise_multiplier: float | None = None
+
+    @property
+    def l1_sensitivity(self) -> float:
+        return self.l0_sensitivity * self.linf_sensitivity
+
+    @property
+    def l2_sensitivity(self) -> float:
+        return math.sqrt(self.l0_sensitivity) * self.linf_sensitivity
 
     def build_spec(self) -> budget_accounting.MechanismSpec:
         """pipeline-dp's description of this noise mechanism, its budget set."""
@@ -134,6 +147,14 @@ class MechanismBudget:
 
     def build_additive(self) -> dp_computations.AdditiveMechanism:
         """The secure PyDP mechanism (Laplace or Gaussian) this budget describes."""
+        if self.noise_multiplier is not None:
+            if self.kind == "gaussian":
+                return dp_computations.GaussianMechanism.create_from_std_deviation(
+                    self.noise_multiplier, self.l2_sensitivity
+                )
+            return dp_computations.LaplaceMechanism.create_from_std_deviation(
+                math.sqrt(2) * self.noise_multiplier, self.l1_sensitivity
+            )
         spec = self.build_spec()
         sensitivities = dp_computations.Sensitivities(
             l0=self.l0_sensitivity, linf=self.linf_sensitivity
@@ -151,6 +172,7 @@ class MechanismBudget:
         )
 
     def to_dict(self) -> dict[str, object]:
+        tight = {} if self.noise_multiplier is None else {"noise_multiplier": self.noise_multiplier}
         return {
             "mechanism": self.kind,
             "epsilon": self.epsilon,
@@ -158,6 +180,7 @@ class MechanismBudget:
             "l0_sensitivity": self.l0_sensitivity,
             "linf_sensitivity": self.linf_sensitivity,
             "noise_stddev": self.noise_stddev,
+            **tight,
         }
 
 
@@ -265,6 +288,12 @@ class JobPlan:
     delta: float
     queries: tuple[QueryPlan, ...]
     selections: tuple[SelectionGroup, ...]
+    accounting: str = "basic"  # basic | pld | zcdp (`core.accounting`)
+    noise_multiplier: float | None = None  # tight accounting: the pool's base multiplier m
+
+    def additive_mechanisms(self) -> list[MechanismBudget]:
+        """Every noise mechanism of every query (the pool tight accounting composes)."""
+        return [m for q in self.queries for m in q.own_mechanisms() if m.name not in NOT_ADDITIVE]
 
     def query(self, name: str) -> QueryPlan:
         for q in self.queries:
@@ -306,6 +335,7 @@ def plan_job(
     delta: float,
     *,
     prefix_names: bool = True,
+    accounting: str = "basic",
 ) -> JobPlan:
     """Splits (epsilon, delta) across all queries' mechanisms and selections with one
     pipeline-dp NaiveBudgetAccountant. A query's metric mechanisms share its `budget_weight`
@@ -315,7 +345,12 @@ def plan_job(
 
     `queries`: (name, params, weight). With `prefix_names`, mechanisms are named
     `<query>.<mechanism>` for the accountant (a single-query job keeps the plain names).
+
+    Under `pld` or `zcdp` accounting the additive mechanisms' shares (each requested as a
+    Gaussian, so that the pool gets its share of delta whatever the noise) become one pool
+    composed tightly (`core.accounting`); the rest keep their basic shares.
     """
+    tight = accounting != "basic"
     accountant = pipeline_dp.NaiveBudgetAccountant(total_epsilon=epsilon, total_delta=delta)
     by_name = {name: (params, weight) for name, params, weight in queries}
 
@@ -333,7 +368,9 @@ def plan_job(
                 params.noise,
                 linf,
                 accountant.request_budget(
-                    _NOISE_TYPES[params.noise],
+                    _NOISE_TYPES[
+                        "gaussian" if tight and mechanism not in NOT_ADDITIVE else params.noise
+                    ],
                     weight=unit_weight[name],
                     name=label(name, mechanism),
                 ),
@@ -355,6 +392,7 @@ def plan_job(
         )
         group_specs[group_name] = (keys, strategy, pre_threshold, members, spec)
     accountant.compute_budgets()
+    multiplier = _pool_multiplier(accounting, requested, unit_weight) if tight else None
 
     selections = []
     selection_of: dict[str, tuple[str, MechanismBudget]] = {}
@@ -378,9 +416,13 @@ def plan_job(
     for name, params, weight in queries:
         where = _Where(name if prefix_names else None)
         budgets = [
-            _metric_budget(params, mechanism, kind, linf, spec, where=where)
+            _metric_budget(
+                params, mechanism, kind, linf, spec, where=where,
+                multiplier=None if multiplier is None or mechanism in NOT_ADDITIVE
+                else multiplier / unit_weight[name],
+            )
             for mechanism, kind, linf, spec in requested[name]
-        ]
+        ]  # fmt: skip
         group = selection_of.get(name)
         if group is not None:
             budgets.append(group[1])
@@ -389,7 +431,32 @@ def plan_job(
         plan = BudgetPlan(epsilon=eps, delta=dlt, params=params, mechanisms=tuple(budgets))
         _check_selection_is_sound(plan, where)
         plans.append(QueryPlan(name, weight, plan, None if group is None else group[0]))
-    return JobPlan(epsilon, delta, tuple(plans), tuple(selections))
+    return JobPlan(epsilon, delta, tuple(plans), tuple(selections), accounting, multiplier)
+
+
+def _pool_multiplier(
+    accounting: str,
+    requested: dict[str, list[tuple[str, str, float, budget_accounting.MechanismSpec]]],
+    unit_weight: dict[str, float],
+) -> float:
+    """The base noise multiplier m of the additive pool: its mechanisms, with multipliers
+    m / weight, compose to at most the sum of their basic shares."""
+    pool = [
+        (kind, unit_weight[name], spec)
+        for name, mechanisms in requested.items()
+        for mechanism, kind, _, spec in mechanisms
+        if mechanism not in NOT_ADDITIVE
+    ]
+    epsilon = math.fsum(spec.eps for _, _, spec in pool)
+    delta = math.fsum(spec.delta or 0.0 for _, _, spec in pool)
+    try:
+        return smallest_multiplier(accounting, [(k, w) for k, w, _ in pool], epsilon, delta)
+    except ValueError:
+        raise SpecError(
+            "budget.epsilon",
+            f"no noise meets epsilon {epsilon:.3g}, delta {delta:.3g} for the job's "
+            f"{len(pool)} noise mechanisms under {accounting} accounting",
+        ) from None
 
 
 def _metric_budget(
@@ -400,6 +467,7 @@ def _metric_budget(
     spec: budget_accounting.MechanismSpec,
     *,
     where: _Where,
+    multiplier: float | None = None,
 ) -> MechanismBudget:
     budget = MechanismBudget(
         name=name,
@@ -409,7 +477,10 @@ def _metric_budget(
         l0_sensitivity=params.max_partitions_contributed,
         linf_sensitivity=linf,
         noise_stddev=None,
+        noise_multiplier=multiplier,
     )
+    if multiplier is not None:
+        return MechanismBudget(**{**budget.__dict__, "noise_stddev": _tight_std(budget, where)})
     _check_epsilon_share(budget, where)
     if name == "percentile":
         _check_percentile(params, budget, where)
@@ -500,6 +571,28 @@ def _checked_std(budget: MechanismBudget, where: _Where) -> float:
     return std
 
 
+def _tight_std(budget: MechanismBudget, where: _Where) -> float:
+    """The std of the mechanism PyDP builds from the composition's multiplier; refused unless
+    it is the planned one (PyDP's Gaussian from a std, and Laplace from a scale, are exact)."""
+    assert budget.noise_multiplier is not None
+    sensitivity = budget.l2_sensitivity if budget.kind == "gaussian" else budget.l1_sensitivity
+    planned = (
+        budget.noise_multiplier * sensitivity * (1 if budget.kind == "gaussian" else math.sqrt(2))
+    )
+    try:
+        std = float(budget.build_additive().std)
+    except (RuntimeError, TypeError, ValueError, OverflowError):
+        std = math.nan
+    if not (math.isfinite(std) and std > 0 and math.isclose(std, planned, rel_tol=1e-9)):
+        raise SpecError(
+            where.field("bounds"),
+            f"PyDP cannot add the noise planned for {where.mechanism(budget)} (std "
+            f"{planned:.3g}, L0 {budget.l0_sensitivity}, Linf sensitivity "
+            f"{budget.linf_sensitivity:g}); narrow the bounds or lower L0 or Linf",
+        )
+    return std
+
+
 def gaussian_delta(sigma: float, epsilon: float, l2_sensitivity: float) -> float:
     """The exact delta of the Gaussian mechanism at (sigma, epsilon): Balle and Wang (2018),
     Theorem 8, in log space so that neither term overflows."""
@@ -543,9 +636,14 @@ def _check_percentile(params: AggregationParams, budget: MechanismBudget, where:
         )
 
 
-def plan_budget(params: AggregationParams, epsilon: float, delta: float) -> BudgetPlan:
-    """Splits (epsilon, delta) across one query's mechanisms with pipeline-dp's accountant."""
-    return plan_job([("query", params, 1.0)], epsilon, delta, prefix_names=False).queries[0].plan
+def plan_budget(
+    params: AggregationParams, epsilon: float, delta: float, accounting: str = "basic"
+) -> BudgetPlan:
+    """Splits (epsilon, delta) across one query's mechanisms (see `plan_job`)."""
+    job = plan_job(
+        [("query", params, 1.0)], epsilon, delta, prefix_names=False, accounting=accounting
+    )
+    return job.queries[0].plan
 
 
 def _check_selection_is_sound(plan: BudgetPlan, where: _Where) -> None:

@@ -121,6 +121,7 @@ class Manifest(_Entry):
     delta: float
     noise: str
     accountant: str
+    noise_multiplier: float | None = None  # tight accounting: the pool's base multiplier
     queries: dict[str, QueryEntry]
     selections: dict[str, SharedSelectionEntry]
     post_processing: list[str]
@@ -213,8 +214,8 @@ def build_manifest(
         "epsilon": plan.epsilon,
         "delta": plan.delta,
         "noise": spec.noise,
-        "accountant": "pipeline_dp.NaiveBudgetAccountant (basic composition): every query's "
-        "mechanisms and every partition selection share the job's budget",
+        "accountant": _accountant_text(plan),
+        **({} if plan.noise_multiplier is None else {"noise_multiplier": plan.noise_multiplier}),
         "queries": queries,
         "selections": {
             group.name: {**group.mechanism.to_dict(), "queries": list(group.queries)}
@@ -249,6 +250,21 @@ def build_manifest(
             "python": platform.python_version(),
         },
     })  # fmt: skip
+
+
+def _accountant_text(plan: JobPlan) -> str:
+    if plan.accounting == "basic":
+        return (
+            "pipeline_dp.NaiveBudgetAccountant (basic composition): every query's mechanisms "
+            "and every partition selection share the job's budget"
+        )
+    tool = "privacy loss distributions" if plan.accounting == "pld" else "Renyi DP (zCDP)"
+    return (
+        f"{plan.accounting}: the noise mechanisms of every query composed tightly by "
+        f"dp_accounting ({tool}), each with noise multiplier noise_multiplier / its weight; "
+        "partition selections and percentiles keep their basic (epsilon, delta) shares and add "
+        "to the pool by basic composition (conservative)"
+    )
 
 
 def _query_entry(

@@ -89,7 +89,11 @@ def make_plan(spec: JobSpec) -> JobPlan:
         for q in spec.queries
     ]
     return plan_job(
-        queries, spec.budget.epsilon, spec.budget.delta, prefix_names=not spec.is_shorthand
+        queries,
+        spec.budget.epsilon,
+        spec.budget.delta,
+        prefix_names=not spec.is_shorthand,
+        accounting=spec.accounting,
     )
 
 

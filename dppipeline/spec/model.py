@@ -40,6 +40,7 @@ TIME_BUCKETS = ("day", "week", "month")  # derived partition keys, from TX_DATET
 _RANGE = re.compile(r"^\s*(-?\d+)\s*\.\.\s*(-?\d+)\s*$")
 INPUT_RANGE = "input_range"  # public keys of a time bucket: every bucket of the input's days
 NOISE_KINDS = ("laplace", "gaussian")
+ACCOUNTINGS = ("basic", "pld", "zcdp")  # how a job's mechanisms compose (core/accounting.py)
 SELECTION_STRATEGIES = ("truncated_geometric", "laplace_thresholding", "gaussian_thresholding")
 INPUT_FORMATS = ("parquet", "csv")
 
@@ -674,6 +675,14 @@ class JobSpec(_Section):
     noise: Annotated[str, BeforeValidator(_one_of(NOISE_KINDS))] = Field(
         "laplace", description="Noise kind: laplace or gaussian."
     )
+    accounting: Annotated[str, BeforeValidator(_one_of(ACCOUNTINGS))] = Field(
+        "basic",
+        description=(
+            "How the job's mechanisms compose: basic (shares add up), pld (privacy loss "
+            "distributions) or zcdp (Rényi/zCDP), both by dp_accounting: less noise for the "
+            "same (epsilon, delta), most with gaussian noise; needs budget.delta > 0."
+        ),
+    )
     confidence_intervals: Flag = Field(
         False,
         description=(
@@ -723,6 +732,8 @@ class JobSpec(_Section):
                 raise _broken("two queries have this name", at=f"queries.{name}")
         if self.noise == "gaussian" and self.budget.delta == 0:
             raise _broken("must be > 0 for gaussian noise", at="budget.delta")
+        if self.accounting != "basic" and self.budget.delta == 0:
+            raise _broken(f"must be > 0 for {self.accounting} accounting", at="budget.delta")
         if self.budget.delta == 0:
             for query in self.queries:
                 if not query.is_public:
