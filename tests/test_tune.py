@@ -14,7 +14,7 @@ import pytest
 from scipy import stats
 
 from dppipeline.commands.cli import main
-from dppipeline.commands.tune import BIN_EDGES, contribution_histograms, noisy, tune
+from dppipeline.commands.tune import BIN_EDGES, bin_index, contribution_histograms, noisy, tune
 from dppipeline.core.budget import MechanismBudget
 from dppipeline.ledger import Ledger
 from dppipeline.spec.model import build_spec
@@ -169,3 +169,58 @@ def test_a_stored_cap_holds_tune_too(known, tmp_path, capsys):
     assert "budget set-cap" in capsys.readouterr().err
     assert not (tmp_path / "t.json").exists()
     assert Ledger(ledger).rows() == []
+
+
+def test_histograms_count_only_the_rows_the_run_bounds(known, tmp_path):
+    """Public keys 0..9 (no filter): the run drops the other terminals before bounding, so
+    tune's partitions-per-unit histogram counts each customer's listed terminals only. At a
+    huge tune epsilon it equals that exact histogram (it used to count all 100 terminals)."""
+    root, _ = known
+    listed = tmp_path / "keys10.csv"
+    listed.write_text("TERMINAL_ID\n" + "\n".join(map(str, range(10))) + "\n")
+    result, _ = tune(
+        job(root, listed), query_name=None, epsilon=1e6, partitions=None, ledger=None,
+        output=tmp_path / "t.json", progress=lambda _: None,
+    )  # fmt: skip
+    rows = pq.read_table(root).to_pandas()
+    rows = rows[rows["TERMINAL_ID"] < 10]
+    per_customer = rows.groupby("CUSTOMER_ID")["TERMINAL_ID"].nunique().to_numpy()
+    exact = np.bincount(bin_index(per_customer), minlength=len(BIN_EDGES))
+    assert exact.sum() < CUSTOMERS  # some customers have no listed terminal
+    assert np.allclose(result.partitions_per_unit, exact, atol=0.01)
+
+
+def test_noise_that_hides_the_data_gives_no_recommendation(known, tmp_path, capsys):
+    """A filter keeping 3 of 100 terminals at a small tune epsilon: the histograms are mostly
+    noise. tune says so with the epsilon it would need, exits 1, writes no recommendation,
+    and the spend (the data was read) stays charged in the ledger."""
+    root, keys = known
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    config = tmp_path / "jobs" / "small.yaml"
+    config.parent.mkdir()
+    config.write_text(
+        'metrics: [count]\nqueries: [{name: few, filter: "TERMINAL_ID < 3", '
+        f"partition_selection: {{public_partitions: {keys}}}}}]\n"
+    )
+    argv = ["tune", "--config", str(config), "--input", str(root),
+            "--tune-epsilon", "0.003", "--ledger", ledger]  # fmt: skip
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]
+    assert "the noise hides query few's data at epsilon 0.003" in line
+    needed = float(line.split("--tune-epsilon ")[1].split()[0])
+    assert needed > 0.003
+    assert not list(config.parent.glob("*.json")) and not list(tmp_path.glob("*.json"))
+    assert [(r.state, r.epsilon) for r in Ledger(ledger).rows()] == [("failed", 0.003)]
+    # Following the epsilon it names (from a hidden signal it can only say "at least"), a few
+    # reruns recommend, and the result lands beside the job spec.
+    for _ in range(4):
+        argv[argv.index("--tune-epsilon") + 1] = f"{needed:g}"
+        if main(argv) == 0:
+            break
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        previous, needed = needed, float(last.split("--tune-epsilon ")[1].split()[0])
+        assert needed > previous
+    else:
+        pytest.fail("no recommendation at the epsilons tune named")
+    assert len(list(config.parent.glob("tune-*.json"))) == 1

@@ -303,7 +303,11 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument(
         "--partitions", type=int, help="number of partitions (required under private selection)"
     )
-    tune.add_argument("--tune-output", help="JSON file for the DP statistics and recommendation")
+    tune.add_argument(
+        "--tune-output",
+        help="JSON file for the DP statistics and recommendation (default: a new file beside "
+        "the --config job spec, else in the working folder)",
+    )
     _add_ledger_flags(tune)
     tune.add_argument("--no-ledger", action="store_true", help="do not record the spend (!)")
 
@@ -513,6 +517,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         ledger=None if args.no_ledger else (args.ledger or default_ledger()),
         output=Path(args.tune_output) if args.tune_output else None,
         progress=logs.log.info,
+        output_dir=Path(args.config).resolve().parent if args.config else None,
     )
     _print(render(result))
     print(f"\nDP statistics and recommendation: {path}")

@@ -45,7 +45,7 @@ from dppipeline.core.budget import MechanismBudget
 from dppipeline.core.tasks import input_schema, plan_tasks
 from dppipeline.engines.shared.polars_read import read_validated
 from dppipeline.engines.shared.polars_tasks import task_rows
-from dppipeline.errors import UsageError
+from dppipeline.errors import InputError, UsageError
 from dppipeline.ledger import Reservation
 from dppipeline.orchestration.runner import (
     budget_policy,
@@ -216,9 +216,11 @@ def tune(
     ledger: str | None,
     output: Path | None,
     progress: Callable[[str], None] = print,
+    output_dir: Path | None = None,
 ) -> tuple[Tuning, Path]:
     """Spends `epsilon` (default: a tenth of the job's) on the DP statistics above, records it
-    in the ledger, writes them with the recommendation to a JSON file; returns both."""
+    in the ledger, writes them with the recommendation to a JSON file (`output`, else a new
+    file in `output_dir`, beside the job spec); returns both."""
     if spec.input.path is None:
         raise UsageError("--input: required (or input.path in the job spec)")
     queries = {q.name: q for q in spec.queries}
@@ -240,7 +242,7 @@ def tune(
             )
         partitions = len(task.public_keys)
     run_id = "tune-" + dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + uuid.uuid4().hex[:6]
-    target = output or Path(f"{run_id}.json")
+    target = output or (output_dir or Path()) / f"{run_id}.json"
     refuse_to_replace(target)  # before anything is reserved or read
     book = open_ledger(ledger) if ledger else None
     spend: Reservation | contextlib.nullcontext = contextlib.nullcontext()
@@ -276,6 +278,39 @@ def tune(
     return result, target
 
 
+# A recommendation needs the privacy units the histograms count to stand out of their noise:
+# SIGNAL_TO_NOISE times the std of the noise on that count.
+SIGNAL_TO_NOISE = 10.0
+
+
+def _require_signal(
+    query: str,
+    *,
+    eps: float,
+    eps_units: float,
+    h1: Sequence[float],
+    h2: Sequence[float],
+    values: Sequence[float] | None,
+) -> None:
+    """Refuses to recommend from histograms the noise hides (all bins zeroed, fewer privacy
+    units than SIGNAL_TO_NOISE noise stds, or, when the query needs clipping bounds, a value
+    histogram whose tails cut more than half of its mass), naming the epsilon that would do.
+    Post-processing of the noisy histograms only."""
+    units = float(sum(h1))
+    noise = math.sqrt(2 * len(h1)) / eps_units  # std of the noise on sum(h1): Laplace b = 1/eps
+    enough_values = values is None or float(sum(values)) >= 0.5 * units
+    if min(units, float(sum(h2))) > 0 and units >= SIGNAL_TO_NOISE * noise and enough_values:
+        return
+    # noise scales as 1/epsilon; 1.5x: the units counted are themselves noisy
+    needed = 1.5 * eps * SIGNAL_TO_NOISE * noise / max(units, noise)
+    raise InputError(
+        f"tune: the noise hides query {query}'s data at epsilon {eps:g}: its histograms count "
+        f"about {max(units, 0.0):,.0f} privacy units against a noise of {noise:,.0f}, too few "
+        f"to recommend bounds; rerun with --tune-epsilon {needed:.2g} or more (this spend "
+        "is recorded in the ledger)"
+    )
+
+
 def refuse_to_replace(target: Path) -> None:
     """--tune-output may name a new file or an earlier tune result, nothing else: the
     result replaces the file, and another file there (the ledger itself) would be lost."""
@@ -300,8 +335,9 @@ TUNE_RESULT_FIELDS = frozenset({"query", "epsilon", "bin_edges", "recommendation
 def _measure(spec, query, task, days, *, eps, partitions, progress) -> Tuning:
     progress(f"[tune] reading {len(days)} days for query {query.name}")
     unit = spec.privacy_unit
-    # The raw value (no clipping: the quantiles choose the clipping bounds); every key.
-    raw = replace(task, clip=(-math.inf, math.inf), public_keys=None)
+    # The raw value (no clipping: the quantiles choose the clipping bounds); the rows the run
+    # bounds: filter applied, unlisted public keys dropped.
+    raw = replace(task, clip=(-math.inf, math.inf))
     schema = input_schema(unit, [raw])
     rows = read_validated(days, spec.input.format, schema).rows
     frame = task_rows(rows, raw, unit)
@@ -319,6 +355,10 @@ def _measure(spec, query, task, days, *, eps, partitions, progress) -> Tuning:
     noisy_h2 = noisy(_mechanism("rows_per_pair", specs[1]), h2, tails=True)
     values = noisy(_mechanism("values", specs[2]), value_histogram(frame, unit), tails=True)
     progress("[tune] DP histograms computed; scoring candidates")
+    _require_signal(
+        query.name, eps=eps, eps_units=specs[0].eps, h1=noisy_h1, h2=noisy_h2,
+        values=values if query.needs_value_bounds else None,
+    )  # fmt: skip
     total = total_rows(noisy_h1, noisy_h2)
     candidates = []
     for l0 in CANDIDATES if task.key_names else (1,):
