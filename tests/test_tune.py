@@ -224,3 +224,19 @@ def test_noise_that_hides_the_data_gives_no_recommendation(known, tmp_path, caps
     else:
         pytest.fail("no recommendation at the epsilons tune named")
     assert len(list(config.parent.glob("tune-*.json"))) == 1
+
+
+def test_tune_scores_candidates_under_the_jobs_tight_accounting(known, tmp_path):
+    """A pld job: each candidate's count noise comes from a tight plan (RDP for speed), less
+    than basic composition gives for the same bounds."""
+    root, keys = known
+    tight = job(root, keys, accounting="pld", noise="gaussian")
+    basic = job(root, keys, noise="gaussian")
+    results = [
+        tune(spec, query_name=None, epsilon=1.0, partitions=None, ledger=None,
+             output=tmp_path / f"{i}.json", progress=lambda _: None)[0]
+        for i, spec in enumerate((tight, basic))
+    ]  # fmt: skip
+    noise = [{(c.l0, c.linf): c.noise_std for c in r.candidates} for r in results]
+    assert noise[0].keys() == noise[1].keys()
+    assert all(noise[0][k] < noise[1][k] for k in noise[0])
