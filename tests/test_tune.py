@@ -207,7 +207,7 @@ def test_noise_that_hides_the_data_gives_no_recommendation(known, tmp_path, caps
     assert main(argv) == 1
     err = capsys.readouterr().err
     line = err.strip().splitlines()[-1]
-    assert "the noise hides query few's data at epsilon 0.003" in line
+    assert "the noise hides query few's data at epsilon 0.003 (about" in line
     needed = float(line.split("--tune-epsilon ")[1].split()[0])
     assert needed > 0.003
     assert not list(config.parent.glob("*.json")) and not list(tmp_path.glob("*.json"))
@@ -240,3 +240,19 @@ def test_tune_scores_candidates_under_the_jobs_tight_accounting(known, tmp_path)
     noise = [{(c.l0, c.linf): c.noise_std for c in r.candidates} for r in results]
     assert noise[0].keys() == noise[1].keys()
     assert all(noise[0][k] < noise[1][k] for k in noise[0])
+
+
+def test_a_zeroed_pair_histogram_is_no_signal():
+    """Enough units, but every pair-size bin below its noise level (their mass spread thin):
+    the rows-kept estimate would read 100%; tune refuses and names more epsilon, never less."""
+    from dppipeline.commands.tune import _require_signal
+    from dppipeline.errors import InputError
+
+    bins = len(BIN_EDGES)
+    h1 = [0.0] * bins
+    h1[2] = 5000.0
+    with pytest.raises(InputError, match=r"every bin of rows per \(unit, partition\) pair") as e:
+        _require_signal("q", eps=1.0, eps_units=1 / 3, h1=h1, h2=[0.0] * bins, values=None)
+    needed = float(str(e.value).split("--tune-epsilon ")[1].split()[0])
+    assert needed >= 2.0
+    _require_signal("q", eps=1.0, eps_units=1 / 3, h1=h1, h2=h1, values=None)  # signal: passes

@@ -298,16 +298,28 @@ def _require_signal(
     Post-processing of the noisy histograms only."""
     units = float(sum(h1))
     noise = math.sqrt(2 * len(h1)) / eps_units  # std of the noise on sum(h1): Laplace b = 1/eps
-    enough_values = values is None or float(sum(values)) >= 0.5 * units
-    if min(units, float(sum(h2))) > 0 and units >= SIGNAL_TO_NOISE * noise and enough_values:
+    hidden = []
+    if not units >= SIGNAL_TO_NOISE * noise:
+        hidden.append(f"about {max(units, 0.0):,.0f} privacy units against a noise of {noise:,.0f}")
+    if not float(sum(h2)) > 0:
+        hidden.append("every bin of rows per (unit, partition) pair below its noise level")
+    if values is not None and not float(sum(values)) >= 0.5 * units:
+        hidden.append("most of the value histogram below its noise level")
+    if not hidden:
         return
-    # noise scales as 1/epsilon; 1.5x: the units counted are themselves noisy
-    needed = 1.5 * eps * SIGNAL_TO_NOISE * noise / max(units, noise)
+    # Noise scales as 1/epsilon: the units' signal-to-noise says how much more is needed (1.5x:
+    # the units counted are noisy too); a histogram zeroed by its noise level needs at least its
+    # mass spread over its bins to clear that level. Never less than twice the epsilon spent.
+    level = math.log(len(h2) / (2 * EMPTY_BIN_RISK)) / eps_units
+    needed = max(
+        2.0 * eps,
+        1.5 * eps * SIGNAL_TO_NOISE * noise / max(units, noise),
+        eps * level * len(h2) / max(units, 1.0) if float(sum(h2)) <= 0 else 0.0,
+    )
     raise InputError(
-        f"tune: the noise hides query {query}'s data at epsilon {eps:g}: its histograms count "
-        f"about {max(units, 0.0):,.0f} privacy units against a noise of {noise:,.0f}, too few "
-        f"to recommend bounds; rerun with --tune-epsilon {needed:.2g} or more (this spend "
-        "is recorded in the ledger)"
+        f"tune: the noise hides query {query}'s data at epsilon {eps:g} ({'; '.join(hidden)}): "
+        f"no bounds recommended; rerun with --tune-epsilon {needed:.2g} or more (this spend is "
+        "recorded in the ledger)"
     )
 
 
