@@ -176,8 +176,8 @@ def _query_section(name: str, query: QueryEntry, rows: pd.DataFrame, chart: Path
         ["min_value", bounds.min_value],
         ["max_value", bounds.max_value],
         ["partition selection", selection.type],
-        ["epsilon (this query)", query.epsilon],
-        ["delta (this query)", query.delta],
+        ["epsilon (this query's share)", query.epsilon],
+        ["delta (this query's share)", query.delta],
         ["released partitions", query.released_partitions],
     ]
     metrics = [

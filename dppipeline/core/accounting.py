@@ -4,9 +4,10 @@ them with Google's dp_accounting (privacy loss distributions, or Rényi DP for z
 Under basic composition every mechanism gets its share of (epsilon, delta) and the shares add
 up. Under `pld` and `zcdp` the additive mechanisms (count, sums, privacy_id_count: the
 Laplace or Gaussian noise) form one pool whose budget is the sum of their basic shares; mechanism
-i gets noise multiplier m / w_i (its noise std over its sensitivity: L2 for Gaussian, L1 for
-Laplace), w_i its budget weight, and m is the smallest multiplier, binary-searched, for which
-the composition of all of them meets the pool's (epsilon, delta). Composing k Gaussians costs
+i gets noise multiplier m / w_i (dp_accounting's convention: std / L2 sensitivity for
+Gaussian, scale b / L1 sensitivity for Laplace, b = std / sqrt(2)), w_i its budget weight,
+and m is the smallest multiplier, binary-searched, for which the composition of all of them
+meets the pool's (epsilon, delta). Composing k Gaussians costs
 about sqrt(k) of one where basic composition costs k, which is where the accuracy is.
 
 Mechanisms without a tight analysis here, partition selection (PyDP's strategies are
@@ -28,10 +29,13 @@ if TYPE_CHECKING:  # imported when a job uses tight accounting (the CLI skips it
     from dp_accounting import dp_event
 
 ACCOUNTINGS = ("basic", "pld", "zcdp")
-# PLD's value discretization, times max(1, epsilon): the estimate is pessimistic whatever the
-# interval, and its cost grows with epsilon / interval (at epsilon 1e4 and 1e-3 one search
-# took minutes); 1e-3 of epsilon changes the noise by about as much.
+# PLD's value discretization, times epsilon: the estimate is pessimistic whatever the interval,
+# its cost grows with epsilon / interval (at epsilon 1e4 and 1e-3 one search took minutes), and
+# a grid coarser than the target loses the accuracy PLD is for (at epsilon 1e-3, 3x).
 PLD_DISCRETIZATION = 1e-3
+# Rényi orders: dp_accounting's defaults (up to 1024) floor epsilon at about 0.006 for delta
+# 1e-6; larger orders let RDP certify small budgets without astronomic noise.
+RDP_ORDERS = ("default", *(2.0**k for k in range(11, 21)))
 _RELATIVE_PRECISION = 1e-4  # the binary search stops when hi / lo < 1 + this
 
 
@@ -40,10 +44,12 @@ def accountant(accounting: str, epsilon: float = 1.0) -> dp_accounting.PrivacyAc
     from dp_accounting import pld, rdp  # noqa: PLC0415 (see the imports above)
 
     if accounting == "pld":
-        interval = PLD_DISCRETIZATION * max(1.0, epsilon)
-        return pld.PLDAccountant(value_discretization_interval=interval)
+        return pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION * epsilon)
     if accounting == "zcdp":
-        return rdp.RdpAccountant()
+        from dp_accounting.rdp import rdp_privacy_accountant  # noqa: PLC0415
+
+        orders = [*rdp_privacy_accountant.DEFAULT_RDP_ORDERS, *RDP_ORDERS[1:]]
+        return rdp.RdpAccountant(orders=orders)
     raise ValueError(f"no tight accountant for {accounting!r}")
 
 
@@ -77,17 +83,31 @@ def smallest_multiplier(
 ) -> float:
     """The smallest m such that mechanisms ((kind, weight)) with noise multipliers m / weight
     compose to at most (epsilon, delta); returned from the safe side of the search."""
+    return certified_multiplier(accounting, mechanisms, epsilon, delta)[0]
+
+
+def certified_multiplier(
+    accounting: str, mechanisms: Sequence[tuple[str, float]], epsilon: float, delta: float
+) -> tuple[float, str]:
+    """(m, the accountant that proved it): PLD's search starts from RDP's multiplier, which
+    fits under RDP; where PLD cannot show any multiplier fits (a delta below its tail mass,
+    an overflow at astronomic epsilon), RDP's stands, certified by RDP."""
 
     def fits(m: float) -> bool:
         chosen = [(kind, m / weight) for kind, weight in mechanisms]
         return composed_epsilon(accounting, chosen, delta, epsilon) <= epsilon
 
-    if accounting == "pld":  # PLD is the tighter: RDP's multiplier bounds it from above
+    if accounting == "pld":
         high = smallest_multiplier("zcdp", mechanisms, epsilon, delta)
         try:
-            return _search(fits, high / 2, high)
+            if not fits(high):
+                return high, "zcdp"
+            low = high / 2
+            while fits(low):
+                high, low = low, low / 2
+            return _search(fits, low, high), "pld"
         except (OverflowError, FloatingPointError):  # PLD's grid at astronomic epsilon
-            return high
+            return high, "zcdp"
     high = 1.0
     while not fits(high):
         high *= 2
@@ -97,8 +117,8 @@ def smallest_multiplier(
     while fits(low):
         high, low = low, low / 2
         if low < 1e-12:
-            return high
-    return _search(fits, low, high)
+            return high, accounting
+    return _search(fits, low, high), accounting
 
 
 def _search(fits: Callable[[float], bool], low: float, high: float) -> float:

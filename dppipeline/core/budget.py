@@ -38,7 +38,7 @@ from pydp.algorithms.partition_selection import PartitionSelectionStrategy
 from pydp.algorithms.quantile_tree import QuantileTree
 from scipy.special import log_ndtr
 
-from dppipeline.core.accounting import smallest_multiplier
+from dppipeline.core.accounting import certified_multiplier
 from dppipeline.errors import SpecError, UsageError
 from dppipeline.spec.model import MIN_EPSILON, QuerySpec, percentile_of
 
@@ -126,9 +126,10 @@ class MechanismBudget:
     l0_sensitivity: int
     linf_sensitivity: float
     noise_stddev: float | None  # None for partition selection
-    # Tight accounting (`core.accounting`): the noise std over the sensitivity (L2 for Gaussian,
-    # L1 for Laplace) the composition chose; then epsilon and delta are the mechanism's
-    # attributed share of the pool, not its own guarantee. None under basic composition.
+    # Tight accounting (`core.accounting`): the noise multiplier the composition chose, std / L2
+    # for Gaussian, scale b / L1 (= std / (sqrt(2) L1)) for Laplace, as dp_accounting's events
+    # define it; epsilon and delta are then the mechanism's attributed share of the pool, not
+    # its own guarantee. None under basic composition.
     noise_multiplier: float | None = None
 
     @property
@@ -290,6 +291,7 @@ class JobPlan:
     selections: tuple[SelectionGroup, ...]
     accounting: str = "basic"  # basic | pld | zcdp (`core.accounting`)
     noise_multiplier: float | None = None  # tight accounting: the pool's base multiplier m
+    certified_by: str | None = None  # the accountant that proved m (zcdp where PLD cannot)
 
     def additive_mechanisms(self) -> list[MechanismBudget]:
         """Every noise mechanism of every query (the pool tight accounting composes)."""
@@ -392,7 +394,9 @@ def plan_job(
         )
         group_specs[group_name] = (keys, strategy, pre_threshold, members, spec)
     accountant.compute_budgets()
-    multiplier = _pool_multiplier(accounting, requested, unit_weight) if tight else None
+    multiplier, certified_by = (
+        _pool_multiplier(accounting, requested, unit_weight) if tight else (None, None)
+    )
 
     selections = []
     selection_of: dict[str, tuple[str, MechanismBudget]] = {}
@@ -431,26 +435,31 @@ def plan_job(
         plan = BudgetPlan(epsilon=eps, delta=dlt, params=params, mechanisms=tuple(budgets))
         _check_selection_is_sound(plan, where)
         plans.append(QueryPlan(name, weight, plan, None if group is None else group[0]))
-    return JobPlan(epsilon, delta, tuple(plans), tuple(selections), accounting, multiplier)
+    return JobPlan(
+        epsilon, delta, tuple(plans), tuple(selections), accounting, multiplier, certified_by
+    )
 
 
 def _pool_multiplier(
     accounting: str,
     requested: dict[str, list[tuple[str, str, float, budget_accounting.MechanismSpec]]],
     unit_weight: dict[str, float],
-) -> float:
-    """The base noise multiplier m of the additive pool: its mechanisms, with multipliers
-    m / weight, compose to at most the sum of their basic shares."""
+) -> tuple[float | None, str | None]:
+    """(m, the accountant that proved it): the base noise multiplier of the additive pool,
+    whose mechanisms, with multipliers m / weight, compose to at most the sum of their basic
+    shares. (None, None) for a job without noise mechanisms (percentiles, selection only)."""
     pool = [
         (kind, unit_weight[name], spec)
         for name, mechanisms in requested.items()
         for mechanism, kind, _, spec in mechanisms
         if mechanism not in NOT_ADDITIVE
     ]
+    if not pool:
+        return None, None
     epsilon = math.fsum(spec.eps for _, _, spec in pool)
     delta = math.fsum(spec.delta or 0.0 for _, _, spec in pool)
     try:
-        return smallest_multiplier(accounting, [(k, w) for k, w, _ in pool], epsilon, delta)
+        return certified_multiplier(accounting, [(k, w) for k, w, _ in pool], epsilon, delta)
     except ValueError:
         raise SpecError(
             "budget.epsilon",

@@ -258,12 +258,20 @@ def _accountant_text(plan: JobPlan) -> str:
             "pipeline_dp.NaiveBudgetAccountant (basic composition): every query's mechanisms "
             "and every partition selection share the job's budget"
         )
-    tool = "privacy loss distributions" if plan.accounting == "pld" else "Renyi DP (zCDP)"
+    tools = {"pld": "privacy loss distributions", "zcdp": "Renyi DP (zCDP)"}
+    if plan.noise_multiplier is None:
+        return (
+            f"{plan.accounting}: no noise mechanisms to compose; partition selections and "
+            "percentiles share the job's budget by basic composition"
+        )
     return (
         f"{plan.accounting}: the noise mechanisms of every query composed tightly by "
-        f"dp_accounting ({tool}), each with noise multiplier noise_multiplier / its weight; "
-        "partition selections and percentiles keep their basic (epsilon, delta) shares and add "
-        "to the pool by basic composition (conservative)"
+        f"dp_accounting (bound proved with {tools.get(plan.certified_by or '', '?')}), each "
+        "with noise multiplier noise_multiplier / its weight (std / L2 sensitivity for "
+        "Gaussian, scale / L1 for Laplace); partition selections and percentiles keep their "
+        "basic (epsilon, delta) shares and add to the pool by basic composition "
+        "(conservative). A query's epsilon and delta are its attributed share of the job's "
+        "budget, not a per-query guarantee"
     )
 
 
