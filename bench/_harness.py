@@ -440,7 +440,7 @@ def measure(program: Program, log_path: Path, what: str) -> Run:
             try:
                 returncode = proc.wait(timeout=HEARTBEAT_S)
                 break
-            except subprocess.TimeoutExpired:
+            except psutil.TimeoutExpired:
                 progress(f"{what}: still running, {time.perf_counter() - start:.0f} s elapsed")
         seconds = time.perf_counter() - start
         busy = _busy_cpu_seconds() - busy
