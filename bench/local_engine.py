@@ -35,15 +35,10 @@ import pandas as pd
 import pyarrow.dataset as pads
 
 from bench._harness import (
-    DELTA,
-    EPSILON,
     JOB_PARAMETERS,
     JOB_SUMMARY,
     KEY,
-    L0,
     LINF,
-    MAX_VALUE,
-    MIN_VALUE,
     N_TERMINALS,
     POPULATION,
     PRIVACY_UNIT,
@@ -56,6 +51,7 @@ from bench._harness import (
     write_public_keys,
     z_score,
 )
+from bench._programs import add_job_flags, dp_aggregate
 from bench._report import (
     Report,
     Table,
@@ -97,7 +93,7 @@ def read_our_release(spec: JobSpec) -> pd.DataFrame:
 
 def run_pipelinedp(data: Dataset) -> list[tuple[Any, Any]]:
     """PipelineDP's DPEngine on LocalBackend, from Parquet to materialised results."""
-    import pipeline_dp  # imported late: see _quiet_imports
+    import pipeline_dp  # imported late: see bench._report.quiet_imports
 
     table = pads.dataset([str(f) for f in data.files], format="parquet").to_table(
         columns=[PRIVACY_UNIT, KEY, VALUE]
@@ -111,25 +107,9 @@ def run_pipelinedp(data: Dataset) -> list[tuple[Any, Any]]:
         )
     )
     del table
-    accountant = pipeline_dp.NaiveBudgetAccountant(total_epsilon=EPSILON, total_delta=DELTA)
-    engine = pipeline_dp.DPEngine(accountant, pipeline_dp.LocalBackend())
-    params = pipeline_dp.AggregateParams(
-        metrics=[pipeline_dp.Metrics.COUNT, pipeline_dp.Metrics.SUM, pipeline_dp.Metrics.MEAN],
-        noise_kind=pipeline_dp.NoiseKind.LAPLACE,
-        max_partitions_contributed=L0,
-        max_contributions_per_partition=LINF,
-        min_value=MIN_VALUE,
-        max_value=MAX_VALUE,
-    )
-    extractors = pipeline_dp.DataExtractors(
-        privacy_id_extractor=itemgetter(0),
-        partition_extractor=itemgetter(1),
-        value_extractor=itemgetter(2),
-    )
-    # A Python list: DPEngine tests `if public_partitions:`, which a numpy array refuses.
-    result = engine.aggregate(rows, params, extractors, public_partitions=list(range(N_TERMINALS)))
-    accountant.compute_budgets()
-    return list(result)
+    job = argparse.ArgumentParser()
+    add_job_flags(job)  # the defaults: the benchmark's parameters
+    return list(dp_aggregate(pipeline_dp, pipeline_dp.LocalBackend(), rows, job.parse_args([])))
 
 
 DUCKDB_SQL = (
