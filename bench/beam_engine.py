@@ -1,25 +1,13 @@
 """Beam engine vs PipelineDP BeamBackend vs a non-private Beam pipeline, on the same data.
 
-Why: the Beam engine moves batches (Parquet row groups, shards) through the runner and does the
-per-row work with numpy and Polars inside DoFns, where PipelineDP's BeamBackend sends every row
-through the runner, several times (the issue's target: at least 3x faster than PipelineDP at 1M
-rows). This benchmark times, in one run, on the local benchmark's generated Parquet files, all on
-Beam's DirectRunner:
-
-1. `python -m dppipeline run --engine beam …`: ours, DirectRunner in its default in_memory mode;
-2. the same with `--direct_running_mode=multi_processing --direct_num_workers=2` (Beam pipeline
-   options, passed through by `dppipeline run`): ours on two SDK worker processes;
-3. `python -m bench._pipelinedp_beam …`: PipelineDP's `DPEngine` on `BeamBackend` with the same
-   parameters, reading the same files with `beam.io.ReadFromParquet`: the reference;
-4. `python -m bench._beam_baseline …`: `ReadFromParquet` -> (terminal, amount) ->
-   `CombinePerKey` (count, sum, mean) -> `WriteToParquet`: the non-private floor.
-
-Each program is its own process, measured by bench._harness: wall time from start to exit, peak
-memory of its whole process tree (with multi_processing, the SDK workers too). Run with
-`make bench` or `python -m bench.beam_engine [--sizes 1M,5M] [--repeat N]
-[--repeat-pipelinedp N] [--skip-pipelinedp]`. Results go to stdout and to
-`bench/results/beam_engine.{md,json}`; progress to stderr; each program's output, with arrival
-times, to `bench/data/beam_logs/`.
+Four programs, each its own process on Beam's DirectRunner (bench._harness measures wall time
+from start to exit and the memory of the whole process tree): `python -m dppipeline run --engine
+beam` (ours), the same on two SDK worker processes, `python -m bench._pipelinedp_beam`
+(PipelineDP's DPEngine on BeamBackend, the reference; the issue's target: at least 3x slower
+than ours at 1M rows) and `python -m bench._beam_baseline` (CombinePerKey, the non-private
+floor). What is measured and why: bench/README.md. Run with `make bench` or
+`python -m bench.beam_engine [--sizes 1M,5M] [--repeat N] [--repeat-pipelinedp N]
+[--skip-pipelinedp]`.
 """
 
 from __future__ import annotations
@@ -110,7 +98,9 @@ def programs(data: Dataset, keys: Path, args: argparse.Namespace) -> dict[str, P
             ours_2p_out / name,
             repeat,
         ),
-        BASELINE: Program(BASELINE, baseline, {}, BASELINE_MARKERS, baseline_out, repeat, True),
+        BASELINE: Program(
+            BASELINE, baseline, {}, BASELINE_MARKERS, baseline_out, repeat, clear_output=True
+        ),
         PIPELINEDP: Program(
             PIPELINEDP,
             pipelinedp_command("bench._pipelinedp_beam", data, pdp_out),

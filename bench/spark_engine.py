@@ -1,21 +1,11 @@
 """Spark engine vs PipelineDP SparkRDDBackend vs a non-private Spark query, on the same data.
 
-Why: the Spark engine bounds and aggregates with DataFrame operations (no Python per row), where
-PipelineDP's SparkRDDBackend pickles every row through Python workers. This benchmark times, in
-one run, on the local benchmark's generated Parquet files (plus a 20M-row set), and all on Spark
-`local[2]` with the default driver memory:
-
-1. `python -m dppipeline run --engine spark …`, with DPPIPELINE_SPARK_MASTER=local[2]: ours;
-2. `python -m bench._pipelinedp_spark …`: PipelineDP's `DPEngine` on `SparkRDDBackend` with the
-   same parameters, fed an RDD of tuples read with `spark.read.parquet`: the reference;
-3. a `python -c` script: `spark.read.parquet(folder).groupBy(TERMINAL_ID).agg(count, sum, avg)`
-   written as Parquet: the non-private floor; 4. the same with two of our settings.
-
-Each program is its own process, measured by bench._harness: wall time from start to exit, peak
-memory of its whole process tree (Python driver, JVM, Python workers). Run with `make bench` or
-`python -m bench.spark_engine [--sizes 1M,5M,20M] [--skip-pipelinedp] [--repeat N]`. Results go
-to stdout and to `bench/results/spark_engine.{md,json}`; progress to stderr; each program's
-output, with arrival times, to `bench/data/spark_logs/`.
+Four programs, each its own process on Spark `local[2]` (bench._harness measures wall time from
+start to exit and the memory of the whole process tree): `python -m dppipeline run --engine
+spark` (ours), `python -m bench._pipelinedp_spark` (PipelineDP's DPEngine on SparkRDDBackend,
+the reference), and a `python -c` groupBy (the non-private floor), plain and with two of our
+settings. What is measured and why: bench/README.md. Run with `make bench` or
+`python -m bench.spark_engine [--sizes 1M,5M,20M] [--skip-pipelinedp] [--repeat N]`.
 """
 
 from __future__ import annotations
