@@ -474,5 +474,8 @@ class ProcessReport(Report):
 
     def commands_section(self) -> list[str]:
         first = self.timings[0].label if self.timings else None
-        lines = [f"## Commands ({first} shown; a `python -c` `<program>` is in the JSON)", ""]
-        return lines + [f"- {t.program}: `{t.command}`" for t in self.timings if t.label == first]
+        shown = [t for t in self.timings if t.label == first]
+        abbreviated = any("<program>" in t.command for t in shown)
+        note = "; the baseline's `<program>` is in the JSON" if abbreviated else ""
+        lines = [f"## Commands ({first} shown{note})", ""]
+        return lines + [f"- {t.program}: `{t.command}`" for t in shown]
