@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import psutil
+
 from bench._harness import (
     DAYS,
     IDLE_CORES,
@@ -136,11 +138,7 @@ def machine_facts(packages: Sequence[str]) -> dict[str, Any]:
             if line.startswith("model name"):
                 facts["cpu"] = line.split(":", 1)[1].strip()
                 break
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                facts["memory_gib"] = round(int(line.split()[1]) / 2**20, 1)
-                break
+    facts["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
     for package in packages:
         try:
             facts[package] = importlib.metadata.version(package)
