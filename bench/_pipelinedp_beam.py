@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from operator import itemgetter
 
 import pyarrow as pa
 
-from bench._programs import add_job_flags, mark, program_parser, quiet_gcp_warning
+from bench._programs import add_job_flags, dp_aggregate, mark, program_parser, quiet_gcp_warning
 
 quiet_gcp_warning()  # pipeline_dp imports apache_beam
 
@@ -42,23 +41,6 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
 def main(argv: Sequence[str] | None = None) -> int:
     args, beam_args = parse_args(argv)
     columns = [args.privacy_unit, args.partition_key, args.value]
-    accountant = pipeline_dp.NaiveBudgetAccountant(
-        total_epsilon=args.epsilon, total_delta=args.delta
-    )
-    engine = pipeline_dp.DPEngine(accountant, pipeline_dp.BeamBackend())
-    params = pipeline_dp.AggregateParams(
-        metrics=[pipeline_dp.Metrics.COUNT, pipeline_dp.Metrics.SUM, pipeline_dp.Metrics.MEAN],
-        noise_kind=pipeline_dp.NoiseKind.LAPLACE,
-        max_partitions_contributed=args.max_partitions_contributed,
-        max_contributions_per_partition=args.max_contributions_per_partition,
-        min_value=args.min_value,
-        max_value=args.max_value,
-    )
-    extractors = pipeline_dp.DataExtractors(
-        privacy_id_extractor=itemgetter(0),
-        partition_extractor=itemgetter(1),
-        value_extractor=itemgetter(2),
-    )
     schema = pa.schema(
         [
             (args.partition_key, pa.int64()),
@@ -74,10 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             | "Read" >> beam.io.ReadFromParquet(pattern, columns=columns)
             | "ToTuples" >> beam.Map(lambda row: tuple(row[c] for c in columns))
         )
-        released = engine.aggregate(
-            rows, params, extractors, public_partitions=list(range(args.partitions))
-        )
-        accountant.compute_budgets()
+        released = dp_aggregate(pipeline_dp, pipeline_dp.BeamBackend(), rows, args)
         _ = (
             released
             | "ToDicts"

@@ -20,11 +20,10 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from operator import itemgetter
 
 import pandas as pd
 
-from bench._programs import add_job_flags, mark, program_parser, quiet_gcp_warning
+from bench._programs import add_job_flags, dp_aggregate, mark, program_parser, quiet_gcp_warning
 
 quiet_gcp_warning()  # pipeline_dp imports apache_beam when installed
 
@@ -51,29 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     columns = [args.privacy_unit, args.partition_key, args.value]
     rows = spark.read.parquet(args.input).select(*columns).rdd.map(tuple)
-    accountant = pipeline_dp.NaiveBudgetAccountant(
-        total_epsilon=args.epsilon, total_delta=args.delta
-    )
-    engine = pipeline_dp.DPEngine(accountant, pipeline_dp.SparkRDDBackend(spark.sparkContext))
-    params = pipeline_dp.AggregateParams(
-        metrics=[pipeline_dp.Metrics.COUNT, pipeline_dp.Metrics.SUM, pipeline_dp.Metrics.MEAN],
-        noise_kind=pipeline_dp.NoiseKind.LAPLACE,
-        max_partitions_contributed=args.max_partitions_contributed,
-        max_contributions_per_partition=args.max_contributions_per_partition,
-        min_value=args.min_value,
-        max_value=args.max_value,
-    )
-    extractors = pipeline_dp.DataExtractors(
-        privacy_id_extractor=itemgetter(0),
-        partition_extractor=itemgetter(1),
-        value_extractor=itemgetter(2),
-    )
-    # A Python list: DPEngine tests `if public_partitions:`, which a numpy array refuses.
-    result = engine.aggregate(
-        rows, params, extractors, public_partitions=list(range(args.partitions))
-    )
-    accountant.compute_budgets()  # before any action: the RDD is lazy
-    released = result.collect()
+    backend = pipeline_dp.SparkRDDBackend(spark.sparkContext)
+    released = dp_aggregate(pipeline_dp, backend, rows, args).collect()
     mark(f"result collected ({len(released)} partitions)")
 
     frame = pd.DataFrame(
