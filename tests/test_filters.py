@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import ast
 import datetime as dt
+import inspect
 import math
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,7 @@ from dppipeline.errors import SpecError
 from dppipeline.spec.filters import (
     INT64_MAX,
     INT64_MIN,
+    MAX_DEPTH,
     MAX_FILTER_CHARS,
     MAX_FILTER_TERMS,
     MAX_IN_VALUES,
@@ -368,8 +371,19 @@ def test_any_text_parses_or_fails_with_a_one_line_positioned_error(text):
         ("TX_AMOUNT > 1 -- and TERMINAL_ID < 9", 15, "filters hold no comments"),
         ("TX_AMOUNT > 1 /* x */", 15, "filters hold no comments"),
         ("TX_AMOUNT > 1 || TX_AMOUNT < 0", 15, "write 'or' or 'and'"),
-        ("not " * 70 + "TX_AMOUNT > 1", 257, "nested deeper than 64"),
-        ("not (" * 40 + "TX_AMOUNT > 1" + ")" * 40, 161, "nested deeper than 64"),
+        ("not " * 70 + "TX_AMOUNT > 1", 81, "nested deeper than 20"),
+        ("not (" * 40 + "TX_AMOUNT > 1" + ")" * 40, 51, "nested deeper than 20"),
+        ("TX_AMOUNT > " + "- " * 21 + "1", 53, "nested deeper than 20"),
+        ("TX_AMOUNT > " + "{" * 21 + "1" + "}" * 21, 33, "nested deeper than 20"),
+        # a tree as deep as the text is long, quoted from the text (sqlglot's generator would
+        # recurse once per level)
+        ("TX_AMOUNT > " + "x." * 20_000 + "y", 13, "operator DOT in the condition"),
+        ("TX_AMOUNT > " + "1::int" * 10_000, 13, "function CAST() in the condition"),
+        ("t." * 20_000 + "TX_AMOUNT > 1", 1, "operator DOT in the condition at position 1"),
+        # an int64 literal's magnitude is checked before it becomes a (million-digit) int
+        ("TERMINAL_ID = 1e999999999", 15, "number 1e999999999 at position 15 is out of the int64"),
+        ("TERMINAL_ID < -1.5e999999999", 16, "is out of the int64 range"),
+        ("TERMINAL_ID in 1..1" + "0" * 5000, 19, "is out of the int64 range"),
         ("TX_DATETIME >= 'yesterday'", 16, "expected a quoted date 'YYYY-MM-DD'"),
         ("TX_DATETIME >= '2026-02-30'", 16, "found string '2026-02-30'"),
         ("TX_DATETIME >= '2026-1-2'", 16, "expected a quoted date"),
@@ -377,7 +391,9 @@ def test_any_text_parses_or_fails_with_a_one_line_positioned_error(text):
         ("TX_DATETIME >= 20260102", 16, "expected a quoted date"),
         ("TERMINAL_ID = 9223372036854775808", 15, "out of the int64 range"),
         ("TX_AMOUNT > " + "9" * 400 + ".0", 13, "too large for float64"),
-        ("(" * 100 + "TX_AMOUNT > 1" + ")" * 100, 65, "nested deeper than 64"),
+        ("(" * 100 + "TX_AMOUNT > 1" + ")" * 100, 21, "nested deeper than 20"),
+        ("(" * 10_000 + "TX_AMOUNT > 1" + ")" * 10_000, 21, "nested deeper than 20"),
+        ("TERMINAL_ID in " + "[" * 10_000, 36, "nested deeper than 20"),
     ],
 )
 def test_errors_name_position_and_rule(text, position, words):
@@ -673,6 +689,56 @@ def test_filters_at_the_limits_parse():
     assert isinstance(parse(or_chain(MAX_FILTER_TERMS, "TX_AMOUNT < {i}")), Or)
     many = parse("TERMINAL_ID in (" + ", ".join(map(str, range(MAX_IN_VALUES))) + ")")
     assert isinstance(many, InSet) and len(many.values) == MAX_IN_VALUES
+
+
+def _called_from_depth(frames: int, call):
+    """`call()` with the stack already `frames` deep, as from deep inside a caller."""
+    if len(inspect.stack(0)) >= frames:
+        return call()
+    return _called_from_depth(frames, call)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "(" * MAX_DEPTH + "TX_AMOUNT > 1" + ")" * MAX_DEPTH,
+            Compare("TX_AMOUNT", ">", 1.0),
+        ),
+        (
+            "(" * (MAX_DEPTH - 1) + "TX_AMOUNT > -1" + ")" * (MAX_DEPTH - 1),
+            Compare("TX_AMOUNT", ">", -1.0),
+        ),
+        ("not " * MAX_DEPTH + "TX_AMOUNT > 1", Compare("TX_AMOUNT", ">", 1.0)),
+        (
+            "not (" * (MAX_DEPTH // 2) + "TX_AMOUNT > 1" + ")" * (MAX_DEPTH // 2),
+            Compare("TX_AMOUNT", ">", 1.0),
+        ),
+        (
+            "(" * (MAX_DEPTH - 1) + "TERMINAL_ID in (1)" + ")" * (MAX_DEPTH - 1),
+            InSet("TERMINAL_ID", (1,)),
+        ),
+    ],
+)
+def test_nesting_at_max_depth_parses_from_deep_in_a_caller(text, expected):
+    """MAX_DEPTH is a promise: the deepest filter allowed parses with Python's default stack
+    of 1,000 frames even when the caller already uses 400 of them."""
+    assert sys.getrecursionlimit() == 1000
+    parsed = _called_from_depth(400, lambda: parse(text))
+    if text.startswith("not "):
+        for _ in range(MAX_DEPTH if "(" not in text else MAX_DEPTH // 2):
+            assert isinstance(parsed, Not)
+            parsed = parsed.item
+    assert parsed == expected
+
+
+def test_nesting_the_count_misses_is_a_one_line_error_not_a_crash():
+    """Nesting _check_nesting does not count (operators the grammar refuses anyway) exhausts
+    sqlglot's recursion: a one-line error all the same."""
+    with pytest.raises(SpecError) as error:
+        parse("TX_AMOUNT > " + "interval " * 5_000 + "1")
+    assert "nested too deeply for the SQL parser" in error.value.rule
+    assert "\n" not in error.value.rule
 
 
 def test_a_long_identifier_is_quoted_as_an_excerpt():

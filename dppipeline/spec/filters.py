@@ -11,7 +11,10 @@ is an immutable, engine-neutral AST; `engines/shared/polars_filter.py` and
 compilers are tested against.
 
 Size is bounded before sqlglot runs (MAX_FILTER_CHARS, nesting MAX_DEPTH: its parser recurses
-about 20 frames per parenthesis) and during the walk (MAX_FILTER_TERMS, MAX_IN_VALUES).
+about 25 frames per parenthesis) and during the walk (MAX_FILTER_TERMS, MAX_IN_VALUES). The
+walk quotes the filter's own text in errors, never sqlglot's regenerated SQL (whose generator
+recurses once per level of a tree as deep as the text is long), and checks an int64 literal's
+magnitude before it builds an `int` (`1e999999` is a million digits).
 Compiling never builds a chain whose depth grows with the filter: `membership_form` merges
 `or`s of equalities on one column (and `and`s of `!=`) into one set membership, which Polars
 runs as `is_in` and Spark as one `IN`, and what `and` and `or` remain are compiled as balanced
@@ -56,7 +59,9 @@ OPS = ("=", "!=", "<", "<=", ">", ">=")
 _OP_ALIASES = {"==": "=", "<>": "!="}
 KEYWORDS = frozenset({"and", "or", "not", "in", "between"})
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-MAX_DEPTH = 64  # nesting of parentheses and `not`: bounds the parser's recursion
+# Nesting of brackets, prefix `not`s and signs. sqlglot's parser takes up to 26 Python frames
+# a level: 20 levels are about 550 of the default 1,000, leaving the rest to the callers.
+MAX_DEPTH = 20
 MAX_FILTER_CHARS = 100_000  # characters of filter text
 # Conditions (comparisons, `in`, `between`) in one filter. Spark re-chains a filter's `and`s
 # one after the other whatever tree it is given: 1,500 overflowed its stack, 1,000 took 30 s
@@ -188,9 +193,11 @@ def parse_filter(text: str, schema: Schema, where: str = "filter") -> FilterExpr
         trees = _DIALECT.parser().parse(tokens, text)
     except ParseError as exc:
         raise SpecError(where, _syntax_error(exc, text)) from None
-    except RecursionError:  # bounded by _check_nesting; kept as a clear error all the same
+    except RecursionError:  # what _check_nesting does not count (`interval interval ...`)
         raise SpecError(
-            where, f"filter nested too deeply (at position 1, max {MAX_DEPTH})"
+            where,
+            f"filter nested too deeply for the SQL parser (at most {MAX_DEPTH} levels of "
+            "brackets, 'not' and signs; no other nesting is allowed)",
         ) from None
     if len(trees) != 1 or trees[0] is None:
         at = next((t.start + 1 for t in tokens if t.token_type == TokenType.SEMICOLON), 1)
@@ -248,26 +255,38 @@ def _tokenizing_error(text: str) -> str:
     return f"unexpected character at position {len(text)} (cannot split it into SQL tokens)"
 
 
+_OPENING = (TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE)
+_CLOSING = (TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE)
+_VALUE_END = (TokenType.NUMBER, TokenType.STRING, TokenType.VAR, *_CLOSING)
+_SIGNS = (TokenType.DASH, TokenType.PLUS)
+
+
 def _check_nesting(tokens: list[Token], where: str) -> None:
-    """Parentheses and prefix `not`s nested at most MAX_DEPTH deep: sqlglot's parser recurses
-    about 20 frames per level, so this bounds its stack before it runs."""
-    open_levels: list[int] = []  # prefix `not`s open at each parenthesis level
-    nots = 0
+    """Brackets, prefix `not`s and signs nested at most MAX_DEPTH deep, counted on the tokens
+    before sqlglot's parser runs: it recurses once per level (about 25 frames for a
+    parenthesis, 13 for a `not`), so a deeper filter would exhaust Python's stack."""
+    held: list[tuple[int, int]] = []  # the `not`s and signs open around each open bracket
+    nots = signs = 0  # prefix `not`s and signs open at the current bracket level
     previous: TokenType | None = None
     for token in tokens:
         kind = token.token_type
-        if kind in (TokenType.L_PAREN, TokenType.L_BRACKET):
-            open_levels.append(nots)
-            nots = 0
-        elif kind in (TokenType.R_PAREN, TokenType.R_BRACKET):
-            nots = open_levels.pop() if open_levels else 0
+        if kind in _OPENING:
+            held.append((nots, signs))
+            nots = signs = 0
+        elif kind in _CLOSING:
+            nots, signs = held.pop() if held else (0, 0)
         elif kind == TokenType.NOT and previous in (
-            None, TokenType.AND, TokenType.OR, TokenType.NOT, TokenType.L_PAREN,
+            None, TokenType.AND, TokenType.OR, TokenType.NOT, *_OPENING,
         ):  # fmt: skip
             nots += 1
         elif kind in (TokenType.AND, TokenType.OR):
             nots = 0
-        if len(open_levels) + nots + sum(open_levels) > MAX_DEPTH:
+        elif kind in _SIGNS and previous not in _VALUE_END:
+            signs += 1
+        if kind in _VALUE_END:
+            signs = 0  # a value ends the signs before it (`-(-1)`: after the `)`)
+        depth = len(held) + sum(n + s for n, s in held) + nots + signs
+        if depth > MAX_DEPTH:
             raise SpecError(
                 where, f"filter nested deeper than {MAX_DEPTH} levels at position {token.start + 1}"
             )
@@ -414,7 +433,7 @@ class _Walk:
         if isinstance(node, exp.Column | exp.Literal):
             return self.error(
                 f"expected a condition at position {self.position(node)}, found "
-                f"{excerpt(node.sql())} (allowed: {_ALLOWED})"
+                f"{excerpt(self.source(node))} (allowed: {_ALLOWED})"
             )
         kind = node.key.upper()
         if isinstance(node, exp.Func):
@@ -433,13 +452,26 @@ class _Walk:
         ]
         return min(starts) + 1 if starts else 1
 
+    def source(self, node: exp.Expr | None) -> str:
+        """The filter's own text of `node`, from the first to the last token sqlglot kept.
+        Never `node.sql()`: sqlglot's generator recurses once per level of the tree, and a
+        tree such as `a.b.c...` or `1::int::int...` is as deep as the text is long."""
+        spans = [
+            (n.meta["start"], n.meta["end"])
+            for n in (node.walk() if node is not None else ())
+            if "start" in n.meta
+        ]
+        if not spans:
+            return node.key.upper() if node is not None else ""
+        return self.text[min(s for s, _ in spans) : max(e for _, e in spans) + 1]
+
     def column(self, node: exp.Expr) -> Field:
         if isinstance(node, exp.Func | exp.Binary | exp.Cast | exp.Subquery):
             raise self.not_allowed(node)  # functions, arithmetic, casts, subqueries
         if not isinstance(node, exp.Column) or node.table or node.this.quoted:
             raise self.error(
                 f"expected a column name at position {self.position(node)}, found "
-                f"{excerpt(node.sql()) if node is not None else 'nothing'}"
+                f"{excerpt(self.source(node)) if node is not None else 'nothing'}"
             )
         name = node.name
         try:
@@ -462,7 +494,7 @@ class _Walk:
     def compare(self, op: str, field: Field, node: exp.Expr) -> Compare:
         context = {"=": "=", "!=": "!="}.get(op, op)
         if field.type == "int64" and op in ("<", "<=", ">", ">="):
-            op, bound = _int_bound(op, self.number(field, node))
+            op, bound = _int_bound(op, self.int64_magnitude(self.number(field, node), node))
             return Compare(field.name, op, self.int64(bound, node))
         return Compare(field.name, op, self.literal(field, node, context))
 
@@ -511,13 +543,13 @@ class _Walk:
 
     def token_text(self, node: exp.Expr) -> tuple[str, str]:
         """(kind, text) of a literal node: ('number', '-2.5'), ('string', 'abc') or
-        ('other', its SQL) for anything the grammar has no value for."""
+        ('other', its text) for anything the grammar has no value for."""
         if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal):
             kind, text = self.token_text(node.this)
-            return (kind, f"-{text}") if kind == "number" else ("other", node.sql())
+            return (kind, f"-{text}") if kind == "number" else ("other", self.source(node))
         if isinstance(node, exp.Literal):
             return ("string", node.this) if node.is_string else ("number", node.this)
-        return "other", node.sql() if node is not None else ""
+        return "other", self.source(node)
 
     def describe(self, node: exp.Expr) -> str:
         kind, text = self.token_text(node)
@@ -547,6 +579,15 @@ class _Walk:
         except InvalidOperation:
             raise self.type_error(field, node, "a number") from None
 
+    def int64_magnitude(self, value: Decimal, node: exp.Expr) -> Decimal:
+        """`value` if it may be an int64, before anything turns it into an `int`: `1e999999`
+        is a short text but a million-digit integer, which takes Python minutes to build."""
+        if value.is_finite() and value.adjusted() >= 19:  # |value| >= 10**19 > INT64_MAX
+            raise self.error(
+                f"{self.describe(node)} at position {self.position(node)} is out of the int64 range"
+            )
+        return value
+
     def int64(self, value: int, node: exp.Expr) -> int:
         if not INT64_MIN <= value <= INT64_MAX:
             raise self.error(
@@ -555,7 +596,7 @@ class _Walk:
         return value
 
     def int_literal(self, field: Field, node: exp.Expr, context: str) -> int:
-        value = self.number(field, node)
+        value = self.int64_magnitude(self.number(field, node), node)
         if not value.is_finite() or value != value.to_integral_value():
             raise self.error(
                 f"{field.name} is int64: '{context}' needs an integer at position "
