@@ -371,6 +371,8 @@ def test_any_text_parses_or_fails_with_a_one_line_positioned_error(text):
         ("TX_AMOUNT > 1 -- and TERMINAL_ID < 9", 15, "filters hold no comments"),
         ("TX_AMOUNT > 1 /* x */", 15, "filters hold no comments"),
         ("TX_AMOUNT > 1 || TX_AMOUNT < 0", 15, "write 'or' or 'and'"),
+        ("TX_AMOUNT like", 15, "LIKE is not allowed in a filter (the parser stopped at position"),
+        ("TX_AMOUNT > 1 xor", 18, "XOR is not allowed in a filter (the parser stopped at position"),
         ("not " * 70 + "TX_AMOUNT > 1", 81, "nested deeper than 20"),
         ("not (" * 40 + "TX_AMOUNT > 1" + ")" * 40, 51, "nested deeper than 20"),
         ("TX_AMOUNT > " + "- " * 21 + "1", 53, "nested deeper than 20"),
@@ -976,3 +978,10 @@ def test_sql_numbers_and_quotes_as_sqlglot_reads_them():
     assert parse("CHANNEL = 'o''hare'") == parse('CHANNEL = "o\'hare"')
     assert parse("CHANNEL = 'a\\b'") == Compare("CHANNEL", "=", "a\\b")
     assert parse("TERMINAL_ID not in [1, 2]") == InSet("TERMINAL_ID", (1, 2), negated=True)
+    # `in A..B` is rewritten on tokens: inside a string it stays text
+    assert parse("CHANNEL = 'TERMINAL_ID in 1..3'") == Compare(
+        "CHANNEL", "=", "TERMINAL_ID in 1..3"
+    )
+    assert parse("CHANNEL in (\"in 1..3\", 'x in -1..2')") == InSet(
+        "CHANNEL", ("in 1..3", "x in -1..2")
+    )

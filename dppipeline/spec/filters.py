@@ -373,7 +373,12 @@ def _syntax_error(exc: ParseError, text: str) -> str:
             return f"expected 'and' after the low bound of 'between' {where}"
         wanted = "a condition" if node in ("And", "Or", "Not") else "a value"
         where = end if at_end else f"at position {position}"
-        return f"expected {wanted} after {_AFTER.get(node, excerpt(node))} {where}"
+        if node not in _AFTER:  # LIKE, XOR, ...: named as the walk names them
+            return (
+                f"{node.upper()} is not allowed in a filter (the parser stopped {where}; "
+                f"allowed: {_ALLOWED})"
+            )
+        return f"expected {wanted} after {_AFTER[node]} {where}"
     if description.startswith("Expecting )"):
         where = end if at_end else f"at position {position}{found}"
         return f"unbalanced parenthesis: expected ')' {where}"
