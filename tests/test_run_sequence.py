@@ -496,7 +496,7 @@ def test_budget_set_cap_show_and_history(tmp_path, small_inputs):
     assert "scope 's': cap epsilon 0.5 for all time (was: no cap)" in set_cap.stdout
     assert "already OVER this cap (epsilon 1" in set_cap.stdout
     show = run_cli("budget", "show", "--ledger", url)
-    assert "OVER CAP (epsilon 1, delta 1e-06 charged)" in show.stdout
+    assert "OVER CAP (epsilon 1, delta 1e-06 (by sums) charged)" in show.stdout
     assert show.stdout.strip().splitlines()[-1].startswith("OVER CAP: s")
     refused = run_cli(*base, "--output", tmp_path / "r2", "--new-release")
     assert refused.returncode == 3

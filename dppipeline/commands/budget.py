@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dppipeline.commands.charts import day_axis, pyplot
 from dppipeline.ledger import CHARGED_STATES, BudgetPolicy, Ledger, LedgerRow
-from dppipeline.ledger.caps import over_cap, worst_spend
+from dppipeline.ledger.caps import over_cap, spend_of, worst_spend, worst_window
 
 SPENDING = CHARGED_STATES  # what counts against a cap: reserved, reading, committed, failed
 
@@ -37,7 +37,7 @@ def set_cap(url: str, scope: str, policy: BudgetPolicy) -> str:
     )
     used = worst_spend(rows, policy)
     if over_cap(policy, used):
-        line += f"; the scope is already OVER this cap (epsilon {used[0]:g}, delta {used[1]:g})"
+        line += f"; the scope is already OVER this cap ({used.describe()})"
     return line
 
 
@@ -50,8 +50,9 @@ def _who() -> str:
 
 
 def show(url: str, scope: str | None, policy: BudgetPolicy | None) -> str:
-    """Per scope: charged releases and spend, its stored cap (or the --config one for a scope
-    without a stored cap), what is left, and a flag on any scope over its cap."""
+    """Per scope: charged releases and their spend by sums and composed (at the cap's delta,
+    or the delta the sums spend), its stored cap (or the --config one for a scope without a
+    stored cap), what is left, and a flag on any scope over its cap."""
     ledger = _open(url)
     try:
         scopes = [scope] if scope else ledger.scopes()
@@ -59,29 +60,41 @@ def show(url: str, scope: str | None, policy: BudgetPolicy | None) -> str:
             return f"ledger {ledger.location}: no releases yet"
         stored = ledger.caps()
         lines = [f"ledger {ledger.location} (schema v{ledger.schema_version})"]
-        lines.append(f"  {'scope':40} {'releases':>8} {'epsilon':>10} {'delta':>10}  cap")
+        lines.append(
+            f"  {'scope':32} {'releases':>8} {'epsilon':>10} {'delta':>10} {'composed':>10}"
+            f" {'at delta':>10}  cap"
+        )
         over = []
         for name in scopes:
             rows = [r for r in ledger.rows(name) if r.state in SPENDING]
-            eps, delta = sum(r.epsilon for r in rows), sum(r.delta for r in rows)
             cap = stored[name].policy if name in stored else policy
+            total = spend_of(rows, cap or BudgetPolicy())
+            eps, delta = total.summed
+            composed = "-" if total.composed is None else f"{total.composed:.4g}"
             text = "-"
             if cap is not None and cap.is_capped:
                 text = cap.describe() + ("" if name in stored else " (--config; not stored)")
                 today = max((r.end_date for r in rows), default=dt.date.today())
-                used_eps, used_delta = ledger.spent(name, cap, today, today)
+                latest = worst_window(rows, cap, today, today)  # what the next night meets
                 if cap.cap_epsilon is not None:
-                    text += f"; epsilon left {max(cap.cap_epsilon - used_eps, 0):g}"
+                    text += f"; epsilon left {max(cap.cap_epsilon - latest.epsilon, 0):.4g}"
                 if cap.cap_delta is not None:
-                    text += f", delta left {max(cap.cap_delta - used_delta, 0):g}"
+                    text += f", delta left {max(cap.cap_delta - latest.summed[1], 0):g}"
                 worst = worst_spend(rows, cap)
                 if over_cap(cap, worst):
-                    text += f"; OVER CAP (epsilon {worst[0]:g}, delta {worst[1]:g} charged)"
+                    text += f"; OVER CAP ({worst.describe()} charged)"
                     over.append(name)
             failed = sum(r.state == "failed" for r in rows)
             if failed:
                 text += f"; {failed} failed after reading (charged)"
-            lines.append(f"  {name:40} {len(rows):>8} {eps:>10.4g} {delta:>10.3g}  {text}")
+            lines.append(
+                f"  {name:32} {len(rows):>8} {eps:>10.4g} {delta:>10.3g} {composed:>10}"
+                f" {total.delta:>10.3g}  {text}"
+            )
+        lines.append(
+            "  epsilon, delta: basic composition (sums); composed: the releases' privacy "
+            "events composed by privacy loss distributions, at that delta"
+        )
         if over:
             lines.append(f"OVER CAP: {', '.join(over)} (spent more than the cap now stored)")
         return "\n".join(lines)
@@ -122,29 +135,24 @@ def history(url: str, scope: str | None) -> str:
     return "\n".join(lines)
 
 
-def cumulative(rows: list[LedgerRow]) -> tuple[list[dt.date], list[float]]:
-    """Cumulative epsilon of the spending releases, ordered by their last data day."""
+def spend_curve(
+    rows: list[LedgerRow], policy: BudgetPolicy
+) -> tuple[list[dt.date], list[float], list[float]]:
+    """(each release's last data day, epsilon by sums, epsilon as caps count it: the smaller of
+    sums and composition) for all releases up to that day, or, with a rolling window, for the
+    releases touching the window of `window_days` data days that ends there."""
     spending = sorted((r for r in rows if r.state in SPENDING), key=lambda r: (r.end_date, r.id))
-    days, totals, total = [], [], 0.0
-    for r in spending:
-        total += r.epsilon
-        days.append(r.end_date)
-        totals.append(total)
-    return days, totals
-
-
-def windowed(rows: list[LedgerRow], window_days: int) -> tuple[list[dt.date], list[float]]:
-    """Epsilon spent by releases touching the window of `window_days` data days that ends on
-    each release's last day: what a rolling-window cap limits."""
-    spending = [r for r in rows if r.state in SPENDING]
     days = sorted({r.end_date for r in spending})
-    totals = []
+    sums, spent = [], []
     for day in days:
-        start = day - dt.timedelta(days=window_days - 1)
-        totals.append(
-            sum(r.epsilon for r in spending if r.start_date <= day and r.end_date >= start)
-        )
-    return days, totals
+        inside = [r for r in spending if r.start_date <= day]
+        if policy.window_days:
+            start = day - dt.timedelta(days=policy.window_days - 1)
+            inside = [r for r in inside if r.end_date >= start]
+        total = spend_of(inside, policy)
+        sums.append(total.summed[0])
+        spent.append(min(total.summed[0], total.epsilon))
+    return days, sums, spent
 
 
 def plot(url: str, output: str | Path, scope: str | None, policy: BudgetPolicy | None) -> Path:
@@ -158,11 +166,15 @@ def plot(url: str, output: str | Path, scope: str | None, policy: BudgetPolicy |
     plotted: list[dt.date] = []
     window = policy.window_days if policy is not None else None
     for name in scopes:
-        rows = ledger.rows(name)
-        days, totals = windowed(rows, window) if window else cumulative(rows)
+        days, sums, spent = spend_curve(ledger.rows(name), policy or BudgetPolicy())
         plotted += days
         if days:
-            ax.step(days, totals, where="post", marker="o", markersize=3, label=name)
+            line = ax.step(days, spent, where="post", marker="o", markersize=3, label=name)
+            if sums != spent:
+                ax.step(
+                    days, sums, where="post", linestyle=":", color=line[0].get_color(),
+                    label=f"{name} by sums (basic composition)",
+                )  # fmt: skip
     if policy is not None and policy.cap_epsilon is not None and not policy.window_days:
         ax.axhline(policy.cap_epsilon, color="crimson", linestyle="--", label="epsilon cap")
     elif policy is not None and policy.cap_epsilon is not None:
@@ -176,9 +188,7 @@ def plot(url: str, output: str | Path, scope: str | None, policy: BudgetPolicy |
     ax.set_ylim(bottom=0)
     ax.set_xlabel("last data day of the release")
     ax.set_ylabel(
-        f"epsilon in the last {window} days of data"
-        if window
-        else "cumulative epsilon (basic composition)"
+        f"epsilon in the last {window} days of data" if window else "epsilon of all releases"
     )
     ax.set_title("Privacy budget spent" + (f": {scope}" if scope else ""))
     ax.grid(alpha=0.3)

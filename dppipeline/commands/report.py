@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import base64
 import html
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from dppipeline.commands.budget import cumulative
+from dppipeline.commands.budget import spend_curve
 from dppipeline.commands.charts import day_axis, pyplot
 from dppipeline.core.manifest import Manifest, MetricEntry, QueryEntry, read_manifest
 from dppipeline.errors import UsageError
-from dppipeline.ledger import Ledger, LedgerRow
+from dppipeline.ledger import BudgetPolicy, Ledger, LedgerRow
 
 PREVIEW_ROWS = 10  # released rows shown per dataset
 METRIC_COLUMNS = ("count", "sum", "mean", "variance", "privacy_id_count")
@@ -48,16 +49,19 @@ def load_release(release: Path) -> tuple[Manifest, dict[str, pd.DataFrame]]:
     return manifest, datasets
 
 
-def ledger_rows(url: str | None, run_id: str) -> tuple[str | None, list[LedgerRow]]:
-    """(scope, its rows) of the ledger row of this run; (None, []) without a ledger."""
+def ledger_rows(url: str | None, run_id: str) -> tuple[str | None, list[LedgerRow], BudgetPolicy]:
+    """(scope, its rows, its stored cap) of the ledger row of this run; (None, [], no cap)
+    without a ledger."""
     if url is None:
-        return None, []
+        return None, [], BudgetPolicy()
     book = Ledger(url)
     try:
         mine = [r for r in book.rows() if r.run_id == run_id]
         if not mine:
-            return None, []
-        return mine[0].scope, book.rows(mine[0].scope)
+            return None, [], BudgetPolicy()
+        stored = book.cap(mine[0].scope)
+        policy = stored.policy if stored is not None else BudgetPolicy()
+        return mine[0].scope, book.rows(mine[0].scope), policy
     finally:
         book.close()
 
@@ -121,21 +125,27 @@ def budget_chart(manifest: Manifest, output: Path) -> Path:
     return output
 
 
-def spend_chart(scope: str, rows: list[LedgerRow], run_id: str, output: Path) -> Path | None:
-    days, totals = cumulative(rows)
+def spend_chart(
+    scope: str, rows: list[LedgerRow], policy: BudgetPolicy, run_id: str, output: Path
+) -> Path | None:
+    """The scope's spend up to each release, as its cap counts it (and by sums where
+    composition counts less)."""
+    days, sums, spent = spend_curve(rows, replace(policy, window_days=None))
     if not days:
         return None
     plt = pyplot("report")
     fig, ax = plt.subplots(figsize=(8, 3.4), dpi=100)
-    ax.step(days, totals, where="post", marker="o", markersize=3)
+    ax.step(days, spent, where="post", marker="o", markersize=3, label="spent")
+    if sums != spent:
+        ax.step(days, sums, where="post", linestyle=":", label="by sums (basic composition)")
     mine = [r for r in rows if r.run_id == run_id]
     if mine:
         ax.axvline(mine[0].end_date, color="crimson", linestyle="--", label="this release")
-        ax.legend(fontsize=8)
+    ax.legend(fontsize=8)
     day_axis(ax, days)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("last data day of the release")
-    ax.set_ylabel("cumulative epsilon")
+    ax.set_ylabel("epsilon of all releases")
     ax.set_title(f"Budget spent in scope {scope}")
     ax.grid(alpha=0.3)
     fig.autofmt_xdate()
@@ -233,9 +243,9 @@ def build_report(release: str | Path, ledger: str | None, output: str | Path | N
     if target.resolve() == release.resolve() or release.resolve() in target.resolve().parents:
         raise UsageError(f"--output: {target} is inside the release; write the report beside it")
     target.mkdir(parents=True, exist_ok=True)
-    scope, rows = ledger_rows(ledger, manifest.run_id)
+    scope, rows, policy = ledger_rows(ledger, manifest.run_id)
     budget_png = budget_chart(manifest, target / "budget_split.png")
-    spend_png = spend_chart(scope, rows, manifest.run_id, target / "ledger_spend.png")
+    spend_png = spend_chart(scope, rows, policy, manifest.run_id, target / "ledger_spend.png")
     sections = []
     for name, query in manifest.queries.items():
         chart = histogram_chart(name, datasets[name], query, target / f"{name}.png")

@@ -1,7 +1,8 @@
 """The privacy-budget ledger: every release's spend, across runs, nights and hosts.
 
-Why: the same customers appear in every nightly release, so their privacy loss adds up
-(sequential composition), and a retried job that drew fresh noise for an already published day
+Why: the same customers appear in every nightly release, so their privacy loss accumulates
+(each release records its privacy events; a scope's spend is their composition, never more
+than the sums: `caps`), and a retried job that drew fresh noise for an already published day
 would let anyone average the two releases. The ledger makes both impossible:
 
 - caps belong to a scope and are stored in the ledger (`budget set-cap`, with history); a job

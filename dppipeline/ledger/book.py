@@ -31,12 +31,15 @@ from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Connection, Engine
 
+from dppipeline.core.events import PrivacyEvent, approx_dp, from_json, merged, to_json
 from dppipeline.errors import DPPipelineError, UsageError
 from dppipeline.ledger.caps import (
     CHARGED_STATES,
     BudgetPolicy,
+    ScopeSpend,
     check_cap,
     governed_policy,
+    spend_of,
     window_spend,
 )
 from dppipeline.ledger.keys import ReleaseKey
@@ -96,6 +99,7 @@ class LedgerRow:
     finished_at: str | None
     lease_expires_at: str | None
     note: str | None
+    events: tuple[PrivacyEvent, ...] | None = None  # None: recorded before schema v3
 
     @property
     def charged(self) -> bool:
@@ -283,11 +287,17 @@ class Ledger:
     def spent(
         self, scope: str, policy: BudgetPolicy, start: dt.date, end: dt.date
     ) -> tuple[float, float]:
-        """The most epsilon and delta any policy window touching [start, end] has charged
-        (reserved, reading, committed and failed all count)."""
+        """By sums, the most epsilon and delta any policy window touching [start, end] has
+        charged (reserved, reading, committed and failed all count)."""
         with self._read() as conn:
             charged = _charged(conn, scope)
         return window_spend(charged, policy, start, end)
+
+    def composed(self, scope: str, policy: BudgetPolicy) -> ScopeSpend:
+        """Every charged release of the scope, by sums and composed (`caps.spend_of`)."""
+        with self._read() as conn:
+            charged = _charged(conn, scope)
+        return spend_of(charged, policy)
 
     # -- caps -----------------------------------------------------------------------------------
 
@@ -363,7 +373,13 @@ class Ledger:
     # -- the release protocol -----------------------------------------------------------------
 
     def check(
-        self, key: ReleaseKey, *, epsilon: float, delta: float, policy: BudgetPolicy
+        self,
+        key: ReleaseKey,
+        *,
+        epsilon: float,
+        delta: float,
+        policy: BudgetPolicy,
+        events: Sequence[PrivacyEvent] | None = None,
     ) -> BudgetPolicy:
         """Raises BudgetExceededError if `reserve` would refuse this spend now; returns the
         cap it would apply. Writes nothing (a scheduler's fail-fast check; `reserve` still
@@ -373,8 +389,9 @@ class Ledger:
             if known.first() is None:
                 _refuse_near_duplicate(conn, key.scope)
         effective = self.effective_policy(key.scope, policy)
-        used = self.spent(key.scope, effective, key.start_date, key.end_date)
-        check_cap(key.scope, effective, used, epsilon, delta)
+        with self._read() as conn:
+            charged = _charged(conn, key.scope)
+        check_cap(key.scope, effective, charged, _new_spend(key, epsilon, delta, events))
         return effective
 
     def reserve(
@@ -387,11 +404,13 @@ class Ledger:
         delta: float,
         output: str,
         policy: BudgetPolicy,
+        events: Sequence[PrivacyEvent] | None = None,
     ) -> BudgetPolicy:
         """Records the spend as `reserved` with a fresh lease, or raises BudgetExceededError;
         atomic across processes and hosts. `policy`: the job spec's cap fields, checked
-        against (or, for a scope without a cap, stored as) the scope's cap. Returns the cap
-        applied."""
+        against (or, for a scope without a cap, stored as) the scope's cap. `events`: the
+        release's mechanisms (`core.events`), which the scope composes; without them the
+        release counts as one (epsilon, delta) mechanism. Returns the cap applied."""
         with self._write() as conn:
             now = self._now(conn)
             row = self._lock_scope(conn, key.scope, stamp(now), f"run {run_id} ({job})")
@@ -408,8 +427,8 @@ class Ledger:
                 effective = policy
             else:
                 effective = stored if stored.is_capped else BudgetPolicy()
-            used = window_spend(_charged(conn, key.scope), effective, key.start_date, key.end_date)
-            check_cap(key.scope, effective, used, epsilon, delta)
+            new = _new_spend(key, epsilon, delta, events)
+            check_cap(key.scope, effective, _charged(conn, key.scope), new)
             conn.execute(
                 releases.insert().values(
                     run_id=run_id,
@@ -422,6 +441,7 @@ class Ledger:
                     release_key=key.digest,
                     epsilon=epsilon,
                     delta=delta,
+                    events=to_json(new.events or ()),
                     state="reserved",
                     output=output,
                     pid=os.getpid(),
@@ -616,6 +636,29 @@ def _refuse_near_duplicate(conn: Connection, scope: str) -> None:
             )
 
 
+def _new_spend(
+    key: ReleaseKey, epsilon: float, delta: float, events: Sequence[PrivacyEvent] | None
+) -> _NewSpend:
+    return _NewSpend(
+        epsilon,
+        delta,
+        key.start_date,
+        key.end_date,
+        merged(events) if events is not None else (approx_dp(epsilon, delta),),
+    )
+
+
+@dataclass(frozen=True)
+class _NewSpend:
+    """The release being reserved, as the cap check sees it."""
+
+    epsilon: float
+    delta: float
+    start_date: dt.date
+    end_date: dt.date
+    events: tuple[PrivacyEvent, ...] | None
+
+
 def _charged(conn: Connection, scope: str) -> list[LedgerRow]:
     query = sa.select(releases).where(
         releases.c.scope == scope, releases.c.state.in_(CHARGED_STATES)
@@ -655,4 +698,17 @@ def _row(r: sa.RowMapping) -> LedgerRow:
         finished_at=r["finished_at"],
         lease_expires_at=r["lease_expires_at"],
         note=r["note"],
+        events=_events(r),
     )
+
+
+def _events(r: sa.RowMapping) -> tuple[PrivacyEvent, ...] | None:
+    """The row's stored events; a row whose text cannot be read counts as one (epsilon,
+    delta) mechanism, which is what its sums already say (never less)."""
+    text = r.get("events")
+    if not text:
+        return None
+    try:
+        return from_json(text)
+    except (ValueError, KeyError, TypeError):
+        return None

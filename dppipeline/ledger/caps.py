@@ -1,17 +1,24 @@
 """Caps: how much a scope may spend, for all time or per rolling window of data days.
 
-Composition is basic (sums of epsilon and delta), the accounting pipeline-dp's naive accountant
-uses within a run. Every charged release counts: `reserved`, `reading`, `committed` and
-`failed` (a run that read data and failed still spent its budget).
+A set of releases spends two valid guarantees: their sums (basic composition) and the
+composition of their privacy events by privacy loss distributions (`core.events`) at the
+scope's delta: the cap's delta, or, for a cap on epsilon alone, the delta the sums spend. A
+release fits when either guarantee of the scope with it stays within the cap, so composition
+only ever admits more, never claims less than the sums. Every charged release counts:
+`reserved`, `reading`, `committed` and `failed` (a run that read data and failed still spent
+its budget).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+import functools
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from dppipeline.core.events import PrivacyEvent, approx_dp, composed_epsilon, merged
 from dppipeline.errors import DPPipelineError
 
 CAP_TOLERANCE = 1e-9  # relative: float sums of shares (0.1 + 0.2) must fit a cap of 0.3
@@ -61,6 +68,7 @@ class Spend(Protocol):
     delta: float
     start_date: dt.date
     end_date: dt.date
+    events: tuple[PrivacyEvent, ...] | None  # None: a release recorded before events
 
 
 def governed_policy(scope: str, stored: BudgetPolicy | None, requested: BudgetPolicy) -> bool:
@@ -96,59 +104,157 @@ def _show(value: float | int | None) -> str:
     return "none" if value is None else f"{value:g}"
 
 
+@dataclass(frozen=True)
+class ScopeSpend:
+    """What a set of releases spends: by sums, and composed at `delta`, the scope's delta."""
+
+    releases: int
+    summed: tuple[float, float]
+    delta: float
+    composed: float | None  # epsilon at `delta` by composition; None if not computed
+
+    @property
+    def epsilon(self) -> float:
+        """The smaller epsilon of the two guarantees that hold at `delta` (inf: neither)."""
+        by_sums = self.summed[0] if self.summed[1] <= self.delta * (1 + CAP_TOLERANCE) else math.inf
+        return min(by_sums, math.inf if self.composed is None else self.composed)
+
+    @property
+    def composition_helps(self) -> bool:
+        """Does composition state a visibly smaller epsilon than the sums (by 0.1%)?"""
+        return self.composed is not None and self.composed < self.summed[0] * (1 - 1e-3)
+
+    def describe(self) -> str:
+        """`epsilon 2 at delta 2e-05 (composed; 3 by sums)`, or the sums alone."""
+        eps, delta = self.summed
+        if not self.composition_helps:
+            return f"epsilon {eps:g}, delta {delta:g} (by sums)"
+        return f"epsilon {self.composed:.4g} at delta {self.delta:g} (composed; {eps:g} by sums)"
+
+
+def spend_of(
+    rows: Iterable[Spend], policy: BudgetPolicy, *, compose: bool = True, scale: float | None = None
+) -> ScopeSpend:
+    """The spend of `rows` under `policy` (which fixes the delta composition is stated at);
+    `compose=False` skips the composition (when the sums already fit)."""
+    rows = list(rows)
+    summed = (math.fsum(r.epsilon for r in rows), math.fsum(r.delta for r in rows))
+    delta = policy.cap_delta if policy.cap_delta is not None else summed[1]
+    composed = None
+    if compose and rows:
+        scale = scale or policy.cap_epsilon or summed[0]
+        composed = _composed(merged(e for r in rows for e in events_of(r)), delta, scale)
+    return ScopeSpend(len(rows), summed, delta, composed)
+
+
+def events_of(row: Spend) -> tuple[PrivacyEvent, ...]:
+    """A release's events; one (epsilon, delta) event for a release recorded without them."""
+    return row.events if row.events is not None else (approx_dp(row.epsilon, row.delta),)
+
+
+@functools.lru_cache(maxsize=256)
+def _composed(events: tuple[PrivacyEvent, ...], delta: float, scale: float) -> float | None:
+    """Cached: the windows of a nightly scope hold the same events night after night."""
+    return composed_epsilon(events, delta, scale)
+
+
+def fits(policy: BudgetPolicy, spend: ScopeSpend) -> bool:
+    """Does one of the spend's guarantees stay within the cap? A cap on delta alone is held
+    by the sums: composition trades delta for epsilon, which such a cap does not bound."""
+    if policy.cap_epsilon is None:
+        return policy.cap_delta is None or spend.summed[1] <= policy.cap_delta * (1 + CAP_TOLERANCE)
+    return spend.epsilon <= policy.cap_epsilon * (1 + CAP_TOLERANCE)
+
+
 def check_cap(
-    scope: str, policy: BudgetPolicy, used: tuple[float, float], eps: float, delta: float
+    scope: str,
+    policy: BudgetPolicy,
+    rows: Sequence[Spend],
+    new: Spend,
 ) -> None:
-    """Raises BudgetExceededError, naming what is needed and what is left, when spending
-    (eps, delta) on top of `used` would pass a cap."""
-    used_eps, used_delta = used
-    problems = []
-    if policy.cap_epsilon is not None and used_eps + eps > policy.cap_epsilon * (1 + CAP_TOLERANCE):
-        left = max(policy.cap_epsilon - used_eps, 0.0)
-        problems.append(f"epsilon {eps:g} needed, {left:g} left of {policy.cap_epsilon:g}")
-    if policy.cap_delta is not None and used_delta + delta > policy.cap_delta * (1 + CAP_TOLERANCE):
-        left = max(policy.cap_delta - used_delta, 0.0)
-        problems.append(f"delta {delta:g} needed, {left:g} left of {policy.cap_delta:g}")
-    if problems:
+    """Raises BudgetExceededError, naming what is needed and what is left, when adding
+    release `new` would take any window it touches past the cap."""
+    if not policy.is_capped:
+        return
+    for window in _windows(rows, policy, new.start_date, new.end_date):
+        with_new = spend_of([*window, new], policy, compose=False)
+        if not fits(policy, with_new):
+            with_new = spend_of([*window, new], policy)
+        if fits(policy, with_new):
+            continue
+        used = spend_of(window, policy)
+        problems = []
+        if policy.cap_epsilon is not None and not with_new.epsilon <= policy.cap_epsilon * (
+            1 + CAP_TOLERANCE
+        ):
+            left = max(policy.cap_epsilon - used.epsilon, 0.0)
+            problems.append(
+                f"epsilon {new.epsilon:g} needed, {left:.4g} left of {policy.cap_epsilon:g}"
+            )
+        if policy.cap_delta is not None and with_new.summed[1] > policy.cap_delta * (
+            1 + CAP_TOLERANCE
+        ):
+            left = max(policy.cap_delta - used.summed[1], 0.0)
+            problems.append(f"delta {new.delta:g} needed, {left:g} left of {policy.cap_delta:g}")
         span = f" in a {policy.window_days}-day window" if policy.window_days else ""
+        helps = policy.cap_epsilon is not None and used.composition_helps
+        spent = f" (spent: {used.describe()})" if helps else ""
         raise BudgetExceededError(
-            f"privacy budget of scope {scope!r} exhausted{span}: " + "; ".join(problems)
+            f"privacy budget of scope {scope!r} exhausted{span}: " + "; ".join(problems) + spent
         )
+
+
+def _windows(
+    rows: Iterable[Spend], policy: BudgetPolicy, start: dt.date, end: dt.date
+) -> list[list[Spend]]:
+    """The releases of every window of `window_days` data days that overlaps [start, end]
+    (each release counts in every window its date range touches); all of them without a
+    window. Windows holding the same releases are listed once."""
+    rows = list(rows)
+    if not policy.window_days:
+        return [rows]
+    n = policy.window_days
+    seen: dict[tuple[int, ...], list[Spend]] = {}
+    first = start - dt.timedelta(days=n - 1)
+    for offset in range((end - first).days + 1):
+        lo = first + dt.timedelta(days=offset)
+        hi = lo + dt.timedelta(days=n - 1)
+        inside = [i for i, r in enumerate(rows) if r.start_date <= hi and r.end_date >= lo]
+        seen.setdefault(tuple(inside), [rows[i] for i in inside])
+    return list(seen.values())
 
 
 def window_spend(
     rows: Iterable[Spend], policy: BudgetPolicy, start: dt.date, end: dt.date
 ) -> tuple[float, float]:
-    """All-time sums, or the largest sums over every window of `window_days` data days that
-    overlaps [start, end] (each release counts in every window its date range touches)."""
-    rows = list(rows)
-    if not policy.window_days:
-        return sum(r.epsilon for r in rows), sum(r.delta for r in rows)
-    n = policy.window_days
+    """By sums: the all-time sums, or the largest sums over every window of `window_days`
+    data days that overlaps [start, end]."""
     worst = (0.0, 0.0)
-    first = start - dt.timedelta(days=n - 1)
-    for offset in range((end - first).days + 1):
-        lo = first + dt.timedelta(days=offset)
-        hi = lo + dt.timedelta(days=n - 1)
-        inside = [r for r in rows if r.start_date <= hi and r.end_date >= lo]
-        sums = (sum(r.epsilon for r in inside), sum(r.delta for r in inside))
-        worst = (max(worst[0], sums[0]), max(worst[1], sums[1]))
+    for window in _windows(rows, policy, start, end):
+        eps, delta = spend_of(window, policy, compose=False).summed
+        worst = (max(worst[0], eps), max(worst[1], delta))
     return worst
 
 
-def worst_spend(rows: Iterable[Spend], policy: BudgetPolicy) -> tuple[float, float]:
-    """The fullest window over all of a scope's releases (all-time sums without a window):
-    what `budget show` compares with the cap."""
+def worst_window(
+    rows: Iterable[Spend], policy: BudgetPolicy, start: dt.date, end: dt.date
+) -> ScopeSpend:
+    """The fullest window touching [start, end] (everything without a window), by its
+    smaller guarantee."""
+    spends = [spend_of(w, policy) for w in _windows(rows, policy, start, end)]
+    return max(spends, key=lambda s: (s.epsilon, s.summed))
+
+
+def worst_spend(rows: Iterable[Spend], policy: BudgetPolicy) -> ScopeSpend:
+    """The fullest window over all of a scope's releases: what `budget show` compares with
+    the cap."""
     rows = list(rows)
     if not rows:
-        return 0.0, 0.0
-    start = min(r.start_date for r in rows)
-    end = max(r.end_date for r in rows)
-    return window_spend(rows, policy, start, end)
-
-
-def over_cap(policy: BudgetPolicy, used: tuple[float, float]) -> bool:
-    eps, delta = used
-    return (policy.cap_epsilon is not None and eps > policy.cap_epsilon * (1 + CAP_TOLERANCE)) or (
-        policy.cap_delta is not None and delta > policy.cap_delta * (1 + CAP_TOLERANCE)
+        return spend_of([], policy)
+    return worst_window(
+        rows, policy, min(r.start_date for r in rows), max(r.end_date for r in rows)
     )
+
+
+def over_cap(policy: BudgetPolicy, spend: ScopeSpend) -> bool:
+    return policy.is_capped and not fits(policy, spend)

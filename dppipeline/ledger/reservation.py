@@ -15,8 +15,10 @@ If this process dies instead, its lease runs out and `Ledger.repair` applies the
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from types import TracebackType
 
+from dppipeline.core.events import PrivacyEvent
 from dppipeline.ledger.book import Ledger, LedgerError, ReservationLostError
 from dppipeline.ledger.caps import BudgetPolicy
 from dppipeline.ledger.keys import ReleaseKey
@@ -37,6 +39,7 @@ class Reservation:
         delta: float,
         output: str,
         policy: BudgetPolicy,
+        events: Sequence[PrivacyEvent] | None = None,
     ):
         self.ledger = ledger
         self.key = key
@@ -48,6 +51,7 @@ class Reservation:
             "delta": delta,
             "output": output,
             "policy": policy,
+            "events": events,
         }
         self.state = "new"
         self.policy: BudgetPolicy | None = None  # the cap applied, once reserved

@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection
 
 from dppipeline.errors import UsageError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 STATES = ("reserved", "reading", "committed", "failed", "aborted")
 # pg_advisory_xact_lock key for migrations: any constant shared by every dppipeline.
 _MIGRATION_LOCK = 0x64705F6C6564  # "dp_led"
@@ -89,9 +89,11 @@ def _release_columns() -> list[sa.Column]:
     ]
 
 
-def releases_table(meta: sa.MetaData, name: str = "releases") -> sa.Table:
-    """Version 2 of `releases`: five states, a lease, the host id and the reading time."""
+def releases_table(meta: sa.MetaData, name: str = "releases", version: int = 3) -> sa.Table:
+    """`releases` as of `version`: 2 added five states, a lease, the host id and the reading
+    time; 3 the release's privacy events (`core.events`, JSON), which caps compose."""
     states = ", ".join(f"'{s}'" for s in STATES)
+    events = [sa.Column("events", sa.Text)] if version >= 3 else []
     return sa.Table(
         name,
         meta,
@@ -99,6 +101,7 @@ def releases_table(meta: sa.MetaData, name: str = "releases") -> sa.Table:
         sa.Column("host_id", sa.Text),
         sa.Column("reading_at", sa.Text),
         sa.Column("lease_expires_at", sa.Text),
+        *events,
         sa.CheckConstraint(f"state IN ({states})", name=f"{name}_state"),
         sqlite_autoincrement=True,
     )
@@ -164,7 +167,7 @@ def _v2(conn: Connection, now: str) -> None:
     """
     from dppipeline.ledger.lease import lease_seconds  # noqa: PLC0415
 
-    new = releases_table(sa.MetaData(), "releases_new")
+    new = releases_table(sa.MetaData(), "releases_new", version=2)
     new.create(conn)
     old_columns = [c.name for c in _release_columns()]
     selected = ", ".join(
@@ -201,9 +204,16 @@ def _v2(conn: Connection, now: str) -> None:
     )
 
 
+def _v3(conn: Connection, now: str) -> None:
+    """Each release's privacy events, so that a scope's spend is their composition. Releases
+    recorded before have none and count as one (epsilon, delta) mechanism each."""
+    conn.execute(sa.text("ALTER TABLE releases ADD COLUMN events TEXT"))
+
+
 MIGRATIONS: dict[int, tuple[str, Callable[[Connection, str], None]]] = {
     1: ("releases: reserved, committed, aborted", _v1),
     2: ("states reading and failed; leases and host ids; caps per scope with history", _v2),
+    3: ("privacy events per release, composed by caps", _v3),
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 

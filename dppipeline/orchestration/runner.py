@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dppipeline.core.budget import AggregationParams, JobPlan, plan_job
+from dppipeline.core.events import release_events
 from dppipeline.core.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -211,7 +212,9 @@ def check_budget(
             f"a rerun spends nothing (ledger {book.location})"
         )
     eps, delta = plan.total_spent()
-    policy = book.check(key, epsilon=eps, delta=delta, policy=budget_policy(spec))
+    policy = book.check(
+        key, epsilon=eps, delta=delta, policy=budget_policy(spec), events=release_events(plan)
+    )
     return (
         f"budget available: epsilon={eps:g} delta={delta:g} in scope {key.scope!r} "
         f"({policy.describe()}; ledger {book.location})"
@@ -350,6 +353,7 @@ def _release(
             delta=delta_total,
             output=str(output.resolve()),
             policy=budget_policy(spec),
+            events=release_events(job.plan),
         )
     with spend:
         if isinstance(spend, Reservation):

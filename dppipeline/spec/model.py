@@ -573,7 +573,8 @@ class QuerySpec(_Section):
         description=(
             'Rows the query reads, e.g. "TERMINAL_ID in 1..100 and TX_AMOUNT >= 25" '
             "(comparisons, ranges, in, between, and/or/not); at most 100,000 characters, 500 "
-            "conditions and 10,000 values per 'in' list."
+            "conditions, 10,000 values per 'in' list and 20 levels of nesting (brackets, "
+            "`not`, signs)."
         ),
     )
     bounds: BoundsSpec = Field(

@@ -1,0 +1,191 @@
+"""A release's privacy events: what the ledger stores per release and composes across them.
+
+A release is the composition of its mechanisms. Each additive mechanism (count, sums,
+privacy_id_count) is recorded by its noise multiplier (dp_accounting's convention: std / L2
+sensitivity for Gaussian, scale / L1 for Laplace), which is what a privacy loss distribution
+needs to compose it exactly; a mechanism without such an analysis here (partition selection,
+percentiles) is recorded by its own (epsilon, delta) guarantee, whose privacy loss
+distribution dominates any mechanism with that guarantee (dp_accounting's
+`from_privacy_parameters`). Releases recorded before events existed count as one such
+(epsilon, delta) event each.
+
+Composing events with dp_accounting's PLD code is sound for any mix (every event has a
+pessimistic PLD) and never worse than summing: the ledger takes the smaller of the two. Why
+PLD for the ledger whatever each job's `accounting`: it is the tightest of dp_accounting's
+accountants and the only one that takes all three kinds; a job certified by RDP composes as
+well (its Gaussians are Gaussians).
+
+The stored form is JSON: `{"format": 1, "events": [{"kind": "gaussian", "noise_multiplier":
+2.5, "count": 36}, {"kind": "approx_dp", "epsilon": 0.1, "delta": 1e-08, "count": 12}]}`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # dp_accounting's PLD is imported only when a composition is computed
+    from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+
+    from dppipeline.core.budget import JobPlan, MechanismBudget
+
+EVENT_FORMAT = 1
+ADDITIVE_KINDS = ("gaussian", "laplace")
+# PLD's value discretization: absolute up to epsilon 1, then relative to the epsilon composed.
+# Each composition step rounds pessimistically by up to one interval; 1e-3 kept a year of the
+# bank's nightly events (13,140 Gaussians, 4,380 selections) within 0.2% of 1e-5's result,
+# in 0.03 s where 1e-5 took 4 s.
+PLD_INTERVAL = 1e-3
+# Above this epsilon the ledger sums: no one caps a scope there, and PLD grids of mechanisms
+# with astronomic budgets (test jobs at epsilon 1e6) would not fit in memory.
+MAX_COMPOSED_EPSILON = 64.0
+
+
+@dataclass(frozen=True, order=True)
+class PrivacyEvent:
+    """One kind of mechanism a release ran, `count` times."""
+
+    kind: Literal["gaussian", "laplace", "approx_dp"]
+    noise_multiplier: float | None = None  # additive kinds
+    epsilon: float | None = None  # approx_dp: the mechanism's own guarantee
+    delta: float | None = None
+    count: int = 1
+
+    def key(self) -> tuple[str, float | None, float | None, float | None]:
+        """What identifies the mechanism, whatever the count."""
+        return self.kind, self.noise_multiplier, self.epsilon, self.delta
+
+    def to_dict(self) -> dict[str, object]:
+        fields = (
+            {"noise_multiplier": self.noise_multiplier}
+            if self.kind in ADDITIVE_KINDS
+            else {"epsilon": self.epsilon, "delta": self.delta}
+        )
+        return {"kind": self.kind, **fields, "count": self.count}
+
+    @staticmethod
+    def from_dict(data: dict[str, object]) -> PrivacyEvent:
+        kind = data["kind"]
+        count = int(data.get("count", 1))  # type: ignore[call-overload]
+        if kind in ADDITIVE_KINDS:
+            multiplier = float(data["noise_multiplier"])  # type: ignore[arg-type]
+            if not (math.isfinite(multiplier) and multiplier > 0 and count >= 1):
+                raise ValueError(f"bad {kind} event {data}")
+            return PrivacyEvent(kind, noise_multiplier=multiplier, count=count)  # type: ignore[arg-type]
+        if kind == "approx_dp":
+            eps, delta = float(data["epsilon"]), float(data["delta"])  # type: ignore[arg-type]
+            if not (eps >= 0 and 0 <= delta <= 1 and count >= 1):
+                raise ValueError(f"bad approx_dp event {data}")
+            return PrivacyEvent("approx_dp", epsilon=eps, delta=delta, count=count)
+        raise ValueError(f"unknown event kind {kind!r}")
+
+
+def approx_dp(epsilon: float, delta: float, count: int = 1) -> PrivacyEvent:
+    return PrivacyEvent("approx_dp", epsilon=epsilon, delta=delta, count=count)
+
+
+def merged(events: Iterable[PrivacyEvent]) -> tuple[PrivacyEvent, ...]:
+    """The same events with identical mechanisms counted once each (sorted): what makes a
+    year of nightly releases one self-composition per mechanism."""
+    counts: Counter[_Key] = Counter()
+    for event in events:
+        counts[event.key()] += event.count
+    return tuple(
+        PrivacyEvent(kind, multiplier, eps, delta, n)  # type: ignore[arg-type]
+        for (kind, multiplier, eps, delta), n in sorted(counts.items(), key=_order)
+    )
+
+
+_Key = tuple[str, float | None, float | None, float | None]
+
+
+def _order(item: tuple[_Key, int]) -> tuple[str, float, float, float]:
+    (kind, multiplier, eps, delta), _ = item
+    return kind, multiplier or 0.0, eps or 0.0, delta or 0.0
+
+
+def to_json(events: Iterable[PrivacyEvent]) -> str:
+    return json.dumps(
+        {"format": EVENT_FORMAT, "events": [e.to_dict() for e in merged(events)]},
+        sort_keys=True,
+    )
+
+
+def from_json(text: str) -> tuple[PrivacyEvent, ...]:
+    """The events of a stored release; ValueError when the text is not what `to_json` writes."""
+    data = json.loads(text)
+    if not isinstance(data, dict) or data.get("format") != EVENT_FORMAT:
+        raise ValueError(f"unknown privacy event format {str(data)[:80]}")
+    return merged(PrivacyEvent.from_dict(e) for e in data["events"])
+
+
+def mechanism_event(budget: MechanismBudget) -> PrivacyEvent:
+    """A planned mechanism as the ledger composes it: additive noise by its multiplier (the
+    tight pool's, or the one PyDP's calibration gives under basic composition), anything else
+    by its (epsilon, delta) share."""
+    if budget.kind not in ADDITIVE_KINDS or budget.noise_stddev is None:
+        return approx_dp(budget.epsilon, budget.delta)
+    multiplier = budget.noise_multiplier
+    if multiplier is None:
+        if budget.kind == "gaussian":
+            multiplier = budget.noise_stddev / budget.l2_sensitivity
+        else:  # Laplace: std = sqrt(2) * scale
+            multiplier = budget.noise_stddev / (math.sqrt(2) * budget.l1_sensitivity)
+    return PrivacyEvent(budget.kind, noise_multiplier=multiplier)  # type: ignore[arg-type]
+
+
+def release_events(plan: JobPlan) -> tuple[PrivacyEvent, ...]:
+    """Every mechanism of a job's release: each query's own mechanisms and each selection
+    (a selection shared by several queries runs once)."""
+    mechanisms = [m for q in plan.queries for m in q.own_mechanisms()]
+    mechanisms += [g.mechanism for g in plan.selections]
+    return merged(mechanism_event(m) for m in mechanisms)
+
+
+def composed_epsilon(events: Iterable[PrivacyEvent], delta: float, scale: float) -> float | None:
+    """Epsilon at `delta` of all `events` composed, by dp_accounting's pessimistic PLDs;
+    None when it cannot be computed (a delta below what the events already spend, a grid
+    out of range). `scale`: the epsilon expected (sizes the grid)."""
+    events = merged(events)
+    if not events or not 0 < scale <= MAX_COMPOSED_EPSILON:
+        return None
+    interval = PLD_INTERVAL * min(1.0, scale)
+    try:
+        total: PrivacyLossDistribution | None = None
+        for event in events:
+            pld = _pld(event, interval)
+            if event.count > 1:
+                pld = pld.self_compose(event.count)
+            total = pld if total is None else total.compose(pld)
+        assert total is not None
+        epsilon = float(total.get_epsilon_for_delta(delta))
+    except (ValueError, OverflowError, FloatingPointError, MemoryError):
+        return None
+    return epsilon if math.isfinite(epsilon) else None
+
+
+def _pld(event: PrivacyEvent, interval: float) -> PrivacyLossDistribution:
+    from dp_accounting.pld import common  # noqa: PLC0415 (see the imports above)
+    from dp_accounting.pld import privacy_loss_distribution as pld  # noqa: PLC0415
+
+    if event.kind == "gaussian":
+        return pld.from_gaussian_mechanism(
+            standard_deviation=event.noise_multiplier,
+            sensitivity=1.0,
+            value_discretization_interval=interval,
+        )
+    if event.kind == "laplace":
+        return pld.from_laplace_mechanism(
+            parameter=event.noise_multiplier,
+            sensitivity=1.0,
+            value_discretization_interval=interval,
+        )
+    assert event.epsilon is not None and event.delta is not None
+    return pld.from_privacy_parameters(
+        common.DifferentialPrivacyParameters(event.epsilon, event.delta),
+        value_discretization_interval=interval,
+    )
