@@ -35,6 +35,7 @@ from dppipeline.core.intervals import (
 from dppipeline.errors import InputError
 from dppipeline.spec.hashing import key_sources_by_content
 from dppipeline.spec.model import JobSpec, QuerySpec, metric_column, percentile_of
+from dppipeline.storage import Location, StorageError
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 2
@@ -137,14 +138,62 @@ class Manifest(_Entry):
         return self.model_dump_json(indent=2, exclude_unset=True) + "\n"
 
 
-def read_manifest(release: Path) -> Manifest:
-    """The manifest of a release folder; InputError naming the file and the first field that
-    breaks the model (a missing file, a version this code does not read, a wrong type)."""
-    path = release / MANIFEST_NAME
+# The publication protocol on stores without an atomic rename (object stores): a release's
+# files live under `<release>/_runs/<run_id>/`, and `<release>/_RELEASE`, written last in one
+# PUT, names the run that is the release. Readers follow it; without it the folder itself is
+# the release (local disks publish by rename).
+POINTER_NAME = "_RELEASE"
+RUNS_FOLDER = "_runs"
+
+
+def release_pointer(release: str | Path | Location) -> dict[str, Any] | None:
+    """The pointer object of a release on a store, when there is a readable one."""
+    where = Location.of(release).join(POINTER_NAME)
     try:
-        text = path.read_text()
+        if where.is_local:
+            text = where.path.read_bytes()
+        elif where.is_file():
+            text = where.read_bytes()
+        else:
+            return None
+        pointer = json.loads(text)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(pointer, dict) or not isinstance(pointer.get("run_id"), str):
+        return None
+    return pointer
+
+
+def release_folder(release: str | Path | Location) -> Location:
+    """Where a release's files are: the run its pointer names, or the folder itself."""
+    where = Location.of(release)
+    pointer = release_pointer(where)
+    if pointer is None:
+        return where
+    return where.join(RUNS_FOLDER, pointer["run_id"])
+
+
+def _manifest_text(folder: Location) -> str:
+    path = folder.join(MANIFEST_NAME)
+    return path.path.read_text() if path.is_local else path.read_bytes().decode()
+
+
+def read_manifest(release: str | Path | Location) -> Manifest:
+    """The manifest of a release (local folder, or a store's pointer); InputError naming the
+    file and the first field that breaks the model (a missing file, a version this code does
+    not read, a wrong type)."""
+    folder = release_folder(release)
+    path = folder.join(MANIFEST_NAME).display()
+    try:
+        text = _manifest_text(folder)
     except FileNotFoundError:
-        raise InputError(f"{release}: no {MANIFEST_NAME}: not a published release") from None
+        shown = Location.of(release).display()
+        raise InputError(f"{shown}: no {MANIFEST_NAME}: not a published release") from None
+    except StorageError as exc:
+        if not folder.join(MANIFEST_NAME).exists():
+            shown = Location.of(release).display()
+            raise InputError(f"{shown}: no {MANIFEST_NAME}: not a published release") from None
+        raise InputError(f"cannot read {exc}") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror}") from None
     try:
@@ -163,10 +212,10 @@ def read_manifest(release: Path) -> Manifest:
         raise InputError(f"{path}: {where}: {error['msg']}") from None
 
 
-def published_run_id(release: Path) -> str | None:
-    """The run id in a release folder's manifest; None when there is no readable manifest."""
+def published_run_id(release: str | Path | Location) -> str | None:
+    """The run id in a release's manifest; None when there is no readable manifest."""
     try:
-        run_id = json.loads((release / MANIFEST_NAME).read_text()).get("run_id")
+        run_id = json.loads(_manifest_text(release_folder(release))).get("run_id")
     except (OSError, ValueError, AttributeError):  # AttributeError: not a JSON object
         return None
     return run_id if isinstance(run_id, str) else None

@@ -2,6 +2,8 @@
 
 Two input layouts, as data lakes and the book's data set use them:
 `DIR/date=YYYY-MM-DD/*.parquet` (Hive-style folders) and `DIR/YYYY-MM-DD.csv` (one file a day).
+`DIR` is a local folder or a URI (`dppipeline.storage`): the same names, listed through the
+store's own listing; a local folder keeps its symbolic-link checks.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dppipeline.errors import InputError
+from dppipeline.storage import Location, StorageError
 
 _DAY = r"(\d{4}-\d{2}-\d{2})"
 _PARQUET_DIR = re.compile(rf"^date={_DAY}$")
@@ -27,10 +30,10 @@ _INT64_TEXT = re.compile(r"[+-]?[0-9]+")
 
 @dataclass(frozen=True)
 class DailyPartition:
-    """One day of input: its date and the files that hold it."""
+    """One day of input: its date and the files that hold it (local paths, or URIs)."""
 
     day: dt.date
-    files: tuple[Path, ...]
+    files: tuple[Path | Location, ...]
 
 
 def discover_partitions(root: str | Path, fmt: str) -> list[DailyPartition]:
@@ -38,7 +41,9 @@ def discover_partitions(root: str | Path, fmt: str) -> list[DailyPartition]:
     matched, never expanded as patterns; a day file or folder that is a broken or looping
     symbolic link, or a `.parquet` entry that is not a file, is an error naming it (a day
     must never be skipped silently)."""
-    root = Path(root)
+    if not Location.of(root).is_local:
+        return _discover_remote(Location.of(root), fmt)
+    root = Location.of(root).path
     if not root.exists():
         raise InputError(f"input folder {root} does not exist")
     if not root.is_dir():
@@ -66,6 +71,53 @@ def discover_partitions(root: str | Path, fmt: str) -> list[DailyPartition]:
         layout = "date=YYYY-MM-DD/*.parquet folders" if fmt == "parquet" else "YYYY-MM-DD.csv files"
         raise InputError(f"no daily partitions ({layout}) in {root}")
     return days
+
+
+def _discover_remote(root: Location, fmt: str) -> list[DailyPartition]:
+    """`discover_partitions` on a store: one listing of the root, one per day folder."""
+    from pyarrow.fs import FileType  # noqa: PLC0415
+
+    try:
+        if not root.is_dir():
+            raise InputError(f"input folder {root.display()} does not exist (or is not a folder)")
+        entries = root.children()
+    except StorageError as exc:
+        raise InputError(f"cannot list input folder {exc}") from None
+    days: list[DailyPartition] = []
+    pattern = _PARQUET_DIR if fmt == "parquet" else _CSV_FILE
+    for entry, info in entries:
+        match = pattern.match(entry.name)
+        if entry.name.startswith((".", "_")) or not match:
+            continue
+        day = _parse_day(match.group(1), entry)
+        if fmt == "parquet" and info.type == FileType.Directory:
+            try:
+                inside = entry.children()
+            except StorageError as exc:
+                raise InputError(f"cannot list input folder {exc}") from None
+            files = tuple(
+                path
+                for path, file_info in inside
+                if path.name.endswith(".parquet")
+                and not path.name.startswith((".", "_"))
+                and _remote_file(path, file_info)
+            )
+            if files:
+                days.append(DailyPartition(day, files))
+        elif fmt == "csv" and info.type == FileType.File:
+            days.append(DailyPartition(day, (entry,)))
+    if not days:
+        layout = "date=YYYY-MM-DD/*.parquet folders" if fmt == "parquet" else "YYYY-MM-DD.csv files"
+        raise InputError(f"no daily partitions ({layout}) in {root.display()}")
+    return days
+
+
+def _remote_file(path: Location, info: object) -> bool:
+    from pyarrow.fs import FileType  # noqa: PLC0415
+
+    if getattr(info, "type", None) != FileType.File:
+        raise InputError(f"{path.display()}: not a file (a day folder holds Parquet files)")
+    return True
 
 
 def _entries(folder: Path) -> list[Path]:
@@ -97,21 +149,41 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     return text.splitlines()[0][:limit] if text else type(exc).__name__
 
 
-def read_bytes(path: str | Path) -> bytes:
+def read_bytes(path: str | Path | Location) -> bytes:
     """A whole input file; an unreadable one is an InputError naming it."""
+    where = Location.of(path)
+    if not where.is_local:
+        try:
+            return where.read_bytes()
+        except StorageError as exc:
+            raise InputError(f"cannot read {exc}") from None
     try:
-        with open(path, "rb") as handle:
+        with open(where.path, "rb") as handle:
             return handle.read()
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or type(exc).__name__}") from None
 
 
-def parquet_footer(path: str | Path) -> pa.Schema:
+def parquet_footer(path: str | Path | Location) -> pa.Schema:
     """A Parquet file's schema from its footer; an unreadable footer names the file."""
+    where = Location.of(path)
     try:
-        return pq.read_schema(path)
+        if where.is_local:
+            return pq.read_schema(where.path)
+        fs, inner = where.filesystem()
+        return pq.read_schema(inner, filesystem=fs)
     except (OSError, pa.ArrowException) as exc:
-        raise InputError(f"{path}: cannot read as parquet: {first_line(exc)}") from None
+        raise InputError(f"{where.display()}: cannot read as parquet: {first_line(exc)}") from None
+
+
+def file_stamp(path: Path | Location) -> tuple[int, int]:
+    """(size, modification time in ns) of an input file, for the release key's fingerprint."""
+    where = Location.of(path)
+    if where.is_local:
+        stat = where.path.stat()
+        return stat.st_size, stat.st_mtime_ns
+    info = where.info()
+    return int(info.size or 0), int(info.mtime_ns or 0)
 
 
 def select_days(
@@ -129,11 +201,12 @@ def select_days(
     return chosen
 
 
-def _parse_day(text: str, path: Path) -> dt.date:
+def _parse_day(text: str, path: Path | Location) -> dt.date:
     try:
         return dt.date.fromisoformat(text)
     except ValueError:
-        raise InputError(f"{path}: {text} is not a valid date") from None
+        where = path.display() if isinstance(path, Location) else path
+        raise InputError(f"{where}: {text} is not a valid date") from None
 
 
 def key_lines(path: str | Path, columns: Sequence[str]) -> list[tuple[int, list[str]]]:
@@ -143,8 +216,8 @@ def key_lines(path: str | Path, columns: Sequence[str]) -> list[tuple[int, list[
     as in any CSV), or, for a single key column, one key per line without a header. Blank
     lines are skipped; line numbers are physical (the header is line 1).
     """
-    path = Path(path)
     text = key_file_text(path)
+    path = Location.of(path).display()  # how errors name it
     lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
     if not lines:
         raise InputError(f"public partitions {path}: no keys")
@@ -176,7 +249,7 @@ def read_public_partitions(path: str | Path, key_column: str, dtype: str) -> pd.
     keys: list[object] = []
     for number, (text,) in key_lines(path, [key_column]):
         if dtype == "int64":
-            where = f"public partitions {Path(path)} line {number}"
+            where = f"public partitions {Location.of(path).display()} line {number}"
             keys.append(parse_int64_key(text, where, key_column))
         else:
             keys.append(text)
@@ -186,11 +259,15 @@ def read_public_partitions(path: str | Path, key_column: str, dtype: str) -> pd.
     return frame
 
 
-def key_file_text(path: Path) -> str:
+def key_file_text(path: str | Path) -> str:
     """A public key file's text: UTF-8 (a byte-order mark dropped); a binary file or bytes
     that are not UTF-8 are an error naming the file (and line)."""
+    where = Location.of(path)
+    path = where.display()
     try:
-        data = path.read_bytes()
+        data = where.path.read_bytes() if where.is_local else where.read_bytes()
+    except StorageError as exc:
+        raise InputError(f"cannot read public partitions {exc}") from None
     except OSError as exc:
         raise InputError(
             f"cannot read public partitions {path}: {exc.strerror or type(exc).__name__}"

@@ -546,7 +546,7 @@ class Ledger:
 
             if row.state == "reserved":
                 state, note = "aborted", f"repaired: lease of {who} expired before reading"
-            elif published_run_id(Path(row.output)) == row.run_id:
+            elif published_run_id(row.output) == row.run_id:
                 state, note = "committed", f"repaired: lease of {who} expired; release found"
             else:
                 state = "failed"

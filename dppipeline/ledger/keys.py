@@ -7,8 +7,12 @@ import datetime as dt
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from dppipeline.inputs.files import file_stamp
+from dppipeline.storage import Location
 
 
 @dataclass(frozen=True)
@@ -36,12 +40,19 @@ class ReleaseKey:
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def input_fingerprint(files: list[Path], root: Path) -> str:
-    """sha256 of each selected file's path (relative to the input root), size and mtime:
-    cheap on any size of data, and changes when a file is rewritten."""
+def input_fingerprint(files: Sequence[Path | Location], root: str | Path | Location) -> str:
+    """sha256 of each selected file's path (relative to the input root), size and mtime (an
+    object's last-modified time on a store): cheap on any size of data, and changes when a
+    file is rewritten."""
     digest = hashlib.sha256()
-    for path in sorted(files):
-        stat = path.stat()
-        rel = os.path.relpath(path, root)
-        digest.update(f"{rel}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    base = Location.of(root)
+    for path in sorted(files, key=str):
+        size, mtime_ns = file_stamp(path)
+        where = Location.of(path)
+        rel = (
+            os.path.relpath(where.path, base.path)
+            if where.is_local and base.is_local
+            else where.uri.removeprefix(base.uri).lstrip("/")
+        )
+        digest.update(f"{rel}\0{size}\0{mtime_ns}\n".encode())
     return digest.hexdigest()

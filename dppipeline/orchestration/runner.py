@@ -38,7 +38,7 @@ from dppipeline.core.manifest import (
     published_run_id,
     read_manifest,
 )
-from dppipeline.core.tasks import check_query_columns, plan_tasks
+from dppipeline.core.tasks import JobTasks, check_query_columns, plan_tasks
 from dppipeline.engines.base import Engine, ReleaseJob
 from dppipeline.errors import DPPipelineError, InputError, OutputError, UsageError
 from dppipeline.inputs.files import DailyPartition, discover_partitions, select_days
@@ -64,7 +64,17 @@ from dppipeline.orchestration.publication import (
     remove_release,
 )
 from dppipeline.orchestration.signals import signals_deferred
+from dppipeline.orchestration.store_publication import (
+    check_store_target,
+    heal_store,
+    make_store_staging,
+    publish_to_store,
+    refuse_unsafe_store_target,
+    store_lock,
+    upload_run,
+)
 from dppipeline.spec.model import JobSpec
+from dppipeline.storage import Location
 
 log = logging.getLogger(__name__)
 ENGINES = ("local", "spark", "beam")
@@ -72,7 +82,7 @@ ENGINES = ("local", "spark", "beam")
 
 @dataclass(frozen=True)
 class RunResult:
-    output: Path
+    output: Path | Location  # a local folder, or a URI (`store_publication`)
     run_id: str
     released_partitions: int
     manifest: Manifest
@@ -127,7 +137,9 @@ def load_engine(name: str, options: Sequence[str] = ()) -> Engine:
 def default_scope(spec: JobSpec) -> str:
     """What a cap protects unless the spec names it: the input dataset and the privacy unit."""
     assert spec.input.path is not None
-    return spec.budget.scope or f"{Path(spec.input.path).resolve().name}/{spec.privacy_unit}"
+    where = Location.of(spec.input.path)
+    name = where.path.resolve().name if where.is_local else where.name
+    return spec.budget.scope or f"{name}/{spec.privacy_unit}"
 
 
 def budget_policy(spec: JobSpec) -> BudgetPolicy:
@@ -159,7 +171,7 @@ def release_key(
     return ReleaseKey(
         scope=default_scope(spec),
         spec_hash=spec_hash or spec.spec_hash(),
-        input_fingerprint=input_fingerprint(files, Path(spec.input.path)),
+        input_fingerprint=input_fingerprint(files, spec.input.path),
         start_date=days[0].day,
         end_date=days[-1].day,
     )
@@ -254,6 +266,12 @@ def run_job(
     if spec.spec_hash() != spec_hash:
         raise InputError("a public key file changed while it was being read; run again")
     run_id = new_run_id()
+    if not Location.of(spec.output).is_local:
+        return _run_to_store(
+            spec, engine_impl, plan=plan, tasks=tasks, days=days, book=book,
+            spec_hash=spec_hash, run_id=run_id, quarantine=quarantine, overwrite=overwrite,
+            new_release=new_release, seed=seed, say=say,
+        )  # fmt: skip
     output = Path(spec.output)
     chosen = quarantine or spec.input.quarantine
     quarantine = (
@@ -309,6 +327,137 @@ def run_job(
     return RunResult(output, run_id, manifest.released_partitions, manifest)
 
 
+def _run_to_store(
+    spec: JobSpec,
+    engine_impl: Engine,
+    *,
+    plan: JobPlan,
+    tasks: JobTasks,
+    days: list[DailyPartition],
+    book: Ledger | None,
+    spec_hash: str,
+    run_id: str,
+    quarantine: Path | None,
+    overwrite: bool,
+    new_release: bool,
+    seed: int | None,
+    say: Callable[[str], None],
+) -> RunResult:
+    """`run_job` for an output on a store (`store_publication`): the same sequence, with
+    run-unique files and a pointer instead of a rename."""
+    assert spec.output is not None
+    output = Location.of(spec.output)
+    chosen = quarantine or spec.input.quarantine
+    quarantine = Path(chosen).resolve() / run_id if chosen else quarantine_root().resolve() / run_id
+    refuse_unsafe_store_target(output, input_path=spec.input.path)
+    key = release_key(spec, days, spec_hash) if book is not None else None
+    with store_lock(output):
+        if book is not None:
+            assert key is not None
+            settle_expired(book, key.scope, say)
+        for line in heal_store(output, _fate(book, output)):
+            say(f"[publish] {output.display()}: {line}")
+        if book is not None and not new_release:
+            existing = book.committed(key)  # type: ignore[arg-type]
+            if existing is not None:
+                if existing.output != output.uri or published_run_id(output) != existing.run_id:
+                    raise InputError(
+                        f"this release (run {existing.run_id}) was published to "
+                        f"{Location.of(existing.output).display()}, not {output.display()}; "
+                        "pass --new-release to draw new noise and spend the budget again"
+                    )
+                say(
+                    ledger_line(
+                        book,
+                        f"release already published by run {existing.run_id} "
+                        f"({existing.reserved_at}): {output.display()}; no new noise drawn, "
+                        "nothing spent (--new-release to draw again)",
+                    )
+                )
+                manifest = read_manifest(output)
+                return RunResult(output, existing.run_id, manifest.released_partitions, manifest)
+        check_store_target(output, overwrite, input_path=spec.input.path)
+        job = ReleaseJob(
+            spec=spec, plan=plan, tasks=tasks, days=days, quarantine=quarantine,
+            salt=ReleaseJob.sampling_salt(seed),
+            progress=lambda line: say(f"[{engine_impl.name}] {line}"),
+        )  # fmt: skip
+        spend = _reservation(book, key, job, run_id, output.uri)
+        with spend:
+            _reserved_line(spend, job, run_id, say)
+            failpoint("reserved")
+            staging = make_store_staging(run_id)
+            committed = False
+            try:
+                spend.reading()
+                failpoint("reading")
+                manifest = _stage(
+                    job, engine_impl, staging, run_id=run_id, spec_hash=spec_hash, book=book,
+                    say=say,
+                )  # fmt: skip
+                failpoint("staged")
+                names = upload_run(output, staging, run_id)
+                with signals_deferred():
+                    spend.commit()
+                    committed = True
+                    failpoint("committed")
+                    try:
+                        publish_to_store(output, staging, run_id, names)
+                    except OutputError as exc:
+                        raise OutputError(
+                            f"run {run_id} is committed but publishing it to "
+                            f"{output.display()} failed ({exc}); the next run to "
+                            f"{output.display()} publishes it"
+                        ) from None
+                    failpoint("published")
+            except BaseException:
+                if not committed:
+                    shutil.rmtree(staging, ignore_errors=True)
+                raise
+    if book is not None:
+        say(ledger_line(book, f"committed run {run_id}"))
+    for name, query in manifest.queries.items():
+        say(f"[{engine_impl.name}] {name}: released {query.released_partitions:,} partitions")
+    say(f"[{engine_impl.name}] release written to {output.display()}")
+    return RunResult(output, run_id, manifest.released_partitions, manifest)
+
+
+def _reservation(
+    book: Ledger | None, key: ReleaseKey | None, job: ReleaseJob, run_id: str, output: str
+) -> Reservation | _Unrecorded:
+    if book is None:
+        return _Unrecorded()
+    assert key is not None
+    eps_total, delta_total = job.plan.total_spent()
+    return Reservation(
+        book,
+        key,
+        run_id=run_id,
+        job=job.spec.name,
+        epsilon=eps_total,
+        delta=delta_total,
+        output=output,
+        policy=budget_policy(job.spec),
+        events=release_events(job.plan),
+    )
+
+
+def _reserved_line(
+    spend: Reservation | _Unrecorded, job: ReleaseJob, run_id: str, say: Callable[[str], None]
+) -> None:
+    if isinstance(spend, Reservation):
+        assert spend.policy is not None
+        book, key = spend.ledger, spend.key
+        eps_total, delta_total = job.plan.total_spent()
+        say(
+            ledger_line(
+                book,
+                f"reserved epsilon={eps_total:g} delta={delta_total:g} in scope "
+                f"{key.scope!r} ({spend.policy.describe()}), run {run_id}",
+            )
+        )
+
+
 class _Unrecorded:
     """The reservation of a run without a ledger: every step is a no-op."""
 
@@ -339,32 +488,9 @@ def _release(
     say: Callable[[str], None],
 ) -> Manifest:
     """Steps 2 to 6 of the run sequence; returns the published manifest."""
-    spec = job.spec
-    eps_total, delta_total = job.plan.total_spent()
-    spend: Reservation | _Unrecorded = _Unrecorded()
-    if book is not None:
-        assert key is not None
-        spend = Reservation(
-            book,
-            key,
-            run_id=run_id,
-            job=spec.name,
-            epsilon=eps_total,
-            delta=delta_total,
-            output=str(output.resolve()),
-            policy=budget_policy(spec),
-            events=release_events(job.plan),
-        )
+    spend = _reservation(book, key, job, run_id, str(output.resolve()))
     with spend:
-        if isinstance(spend, Reservation):
-            assert book is not None and key is not None and spend.policy is not None
-            say(
-                ledger_line(
-                    book,
-                    f"reserved epsilon={eps_total:g} delta={delta_total:g} in scope "
-                    f"{key.scope!r} ({spend.policy.describe()}), run {run_id}",
-                )
-            )
+        _reserved_line(spend, job, run_id, say)
         failpoint("reserved")
         staging = make_staging(output, run_id)
         committed = False
@@ -440,7 +566,7 @@ def _stage(
     return manifest
 
 
-def _fate(book: Ledger | None, output: Path) -> Callable[[str, dict | None], str]:
+def _fate(book: Ledger | None, output: Path | Location) -> Callable[[str, dict | None], str]:
     """How `heal` treats a crashed run's staging folder, by the ledger: a live reservation is
     left alone, a committed run is published, anything else is removed."""
 

@@ -33,6 +33,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from dppipeline.errors import InputError
+from dppipeline.storage import Location
 
 # (section, field) pairs left out: paths and ledger-only settings.
 EXCLUDED = {
@@ -110,10 +111,13 @@ def key_sources_by_content(sources: Any) -> Any:
 
 def file_sha256(path: str | Path) -> str:
     """sha256 of a public key file's bytes; a missing or unreadable file names itself."""
+    where = Location.of(path)
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        data = where.path.read_bytes() if where.is_local else where.read_bytes()
     except OSError as exc:
-        raise InputError(f"cannot read public partitions {path}: {exc.strerror}") from None
+        reason = exc.strerror if where.is_local else str(exc).split(": ", 1)[-1]
+        raise InputError(f"cannot read public partitions {where.display()}: {reason}") from None
+    return hashlib.sha256(data).hexdigest()
 
 
 def canonical_spec(spec: Any) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from dppipeline.errors import SpecError, UsageError, excerpt
+from dppipeline.storage import Location, is_uri
 
 METRICS = ("count", "sum", "mean", "variance", "privacy_id_count")
 # percentile(p), 0 <= p <= 100, is the parametrised metric; percentile(100) is a DP maximum.
@@ -882,12 +883,17 @@ def load_raw(path: str | Path) -> dict[str, Any]:
     expanded (a few hundred bytes of nested aliases can stand for billions), MAX_SPEC_DEPTH
     levels; a key given twice in one mapping is an error, not "the last one wins".
     """
-    path = Path(path)
+    source = Location.of(path)
+    path = source.display()  # how errors name it
     try:
-        with path.open("rb") as file:
-            data = file.read(MAX_SPEC_BYTES + 1)
+        if source.is_local:
+            with source.path.open("rb") as file:
+                data = file.read(MAX_SPEC_BYTES + 1)
+        else:
+            data = source.read_bytes()
     except OSError as exc:
-        raise UsageError(f"cannot read job spec {path}: {exc.strerror}") from None
+        reason = exc.strerror if source.is_local else str(exc).split(": ", 1)[-1]
+        raise UsageError(f"cannot read job spec {path}: {reason}") from None
     if len(data) > MAX_SPEC_BYTES:
         raise UsageError(
             f"{path}: a job spec may have at most {MAX_SPEC_BYTES:,} bytes; put long key "
@@ -909,7 +915,7 @@ def load_raw(path: str | Path) -> dict[str, Any]:
         return {}
     if not isinstance(raw, dict):
         raise UsageError(f"{path}: a job spec must be a mapping of fields")
-    return resolve_paths(raw, path.resolve().parent)
+    return resolve_paths(raw, source.parent)
 
 
 # What PyYAML's constructors raise for a value that does not fit its explicit tag.
@@ -1038,9 +1044,10 @@ _PATH_FIELDS = (
 )
 
 
-def resolve_paths(raw: Mapping[str, Any], base: Path) -> dict[str, Any]:
-    """Relative paths in a YAML spec are relative to the YAML file's folder, as in compose
-    files, so a job runs the same from any working directory (Airflow, spark-submit)."""
+def resolve_paths(raw: Mapping[str, Any], base: Path | Location) -> dict[str, Any]:
+    """Relative paths in a YAML spec are relative to the YAML file's folder (local or a URI),
+    as in compose files, so a job runs the same from any working directory (Airflow,
+    spark-submit); URIs are kept as written."""
     data = copy.deepcopy(dict(raw))
     for path in _PATH_FIELDS:
         target: Any = data
@@ -1068,10 +1075,11 @@ def is_file_source(source: str) -> bool:
     return source != INPUT_RANGE and not _RANGE.match(source)
 
 
-def _resolved(path: str, base: Path) -> str:
-    if not is_file_source(path) or Path(path).is_absolute():
+def _resolved(path: str, base: Path | Location) -> str:
+    if not is_file_source(path) or is_uri(path) or Path(path).is_absolute():
         return path
-    return str((base / path).resolve())
+    base = Location.of(base)
+    return str(base.path.joinpath(path).resolve()) if base.is_local else str(base.join(path))
 
 
 def build_spec(

@@ -31,6 +31,7 @@ from dppipeline.inputs.contract import (
 from dppipeline.inputs.csv_records import ROW, read_csv_records
 from dppipeline.inputs.files import DailyPartition, first_line, parquet_footer, read_bytes
 from dppipeline.spec.schema import Schema
+from dppipeline.storage import Location
 
 REASON = "_reason"
 SOURCE = "_source_file"
@@ -56,15 +57,33 @@ class FileRows:
     rules: tuple[Rule, ...]
 
 
-def parquet_rows(path: Path, day: dt.date, schema: Schema) -> FileRows:
-    sources = column_sources(str(path), parquet_footer(path), schema)
+def parquet_rows(path: Path | Location, day: dt.date, schema: Schema) -> FileRows:
+    where = Location.of(path)
+    sources = column_sources(where.display(), parquet_footer(where), schema)
     frame = (
-        pl.scan_parquet(path, glob=False)
-        .select(schema.names)
+        pl.scan_parquet(where.path, glob=False)
+        if where.is_local
+        else _remote_parquet(where, schema)
+    )
+    frame = (
+        frame.select(schema.names)
         .with_row_index(ROW, offset=1)
         .with_columns(pl.col(ROW).cast(pl.Int64), pl.lit(day).alias(DAY))
     )
-    return FileRows(str(path), frame, sources, rules_for(schema, sources, csv=False))
+    return FileRows(where.display(), frame, sources, rules_for(schema, sources, csv=False))
+
+
+def _remote_parquet(where: Location, schema: Schema) -> pl.LazyFrame:
+    """A Parquet file on a store, read through the same pyarrow file system that listed it
+    (whatever store pyarrow knows, credentials from its usual places)."""
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    fs, inner = where.filesystem()
+    try:
+        table = pq.read_table(inner, filesystem=fs, columns=list(schema.names))
+    except Exception as exc:  # pyarrow's OSError / ArrowInvalid: the file is named
+        raise InputError(f"{where.display()}: cannot read as parquet: {first_line(exc)}") from None
+    return pl.from_arrow(table).lazy()  # type: ignore[union-attr]
 
 
 def csv_rows(data: bytes, path: str, day: dt.date, schema: Schema) -> FileRows:
@@ -134,7 +153,9 @@ def read_validated(days: list[DailyPartition], fmt: str, schema: Schema) -> Vali
         with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
             files = list(
                 pool.map(
-                    lambda item: csv_rows(read_bytes(item[0]), str(item[0]), item[1], schema),
+                    lambda item: csv_rows(
+                        read_bytes(item[0]), Location.of(item[0]).display(), item[1], schema
+                    ),
                     listed,
                 )
             )
