@@ -143,3 +143,25 @@ def ledger_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     return request.getfixturevalue("postgres").new_database()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3-compatible server (moto) on 127.0.0.1, one per test process (see s3_server)."""
+    from s3_server import start
+
+    server = start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """The S3 server, with this test's environment (and the CLI processes it starts) pointed
+    at it the usual way: AWS_ENDPOINT_URL and AWS_* credentials."""
+    from dppipeline.storage import location as storage
+
+    for name, value in s3_server.environment.items():
+        monkeypatch.setenv(name, value)
+    storage._remote_fs.cache_clear()  # clients built for another endpoint are not reused
+    return s3_server

@@ -1,6 +1,7 @@
 """Is a published release what it claims to be? The check a scheduler runs before announcing it.
 
-A release passes when its manifest is there, each query's dataset has the schema
+A release passes when its manifest is there (on a store: in the run its `_RELEASE` pointer
+names, with every file the pointer lists), each query's dataset has the schema
 `schemas/terminal_stats.json` defines for that query's keys and metrics (names, types, order)
 and the row count the manifest states,
 and the ledger records its run as committed (the budget was charged for exactly this release).
@@ -12,21 +13,33 @@ from pathlib import Path
 
 import pyarrow.dataset as pads
 
-from dppipeline.core.manifest import QueryEntry, read_manifest
+from dppipeline.core.manifest import (
+    POINTER_NAME,
+    QueryEntry,
+    read_manifest,
+    release_folder,
+    release_pointer,
+)
 from dppipeline.core.release import release_arrow_schema
 from dppipeline.core.tasks import KeyColumn
 from dppipeline.errors import InputError
 from dppipeline.ledger import Ledger
 from dppipeline.spec.model import TIME_BUCKETS
+from dppipeline.storage import Location, StorageError
 
 
 def check_release(release: str | Path, ledger: str | None) -> str:
     """One line describing the valid release; raises InputError naming what is wrong."""
-    release = Path(release)
+    shown = Location.of(release).display()
     manifest = read_manifest(release)
+    folder = release_folder(release)
     rows = 0
-    for name, query in manifest.queries.items():
-        rows += _check_dataset(release, name, query)
+    try:
+        _check_pointer(release, folder, manifest.run_id)
+        for name, query in manifest.queries.items():
+            rows += _check_dataset(folder, name, query)
+    except StorageError as exc:
+        raise InputError(f"cannot read {exc}") from None
     run_id = manifest.run_id
     if ledger is not None:
         book = Ledger(ledger)
@@ -37,26 +50,44 @@ def check_release(release: str | Path, ledger: str | None) -> str:
         if row is None or row.state != "committed":
             state = row.state if row is not None else "not recorded"
             raise InputError(
-                f"{release}: run {run_id} is {state} in ledger {book.location}, not committed"
+                f"{shown}: run {run_id} is {state} in ledger {book.location}, not committed"
             )
     ledger_state = ", ledger committed" if ledger is not None else ""
     return (
-        f"{release}: valid release of run {run_id}, {len(manifest.queries)} "
+        f"{shown}: valid release of run {run_id}, {len(manifest.queries)} "
         f"dataset(s), {rows:,} partitions{ledger_state}"
     )
 
 
-def _check_dataset(release: Path, name: str, query: QueryEntry) -> int:
+def _check_pointer(release: str | Path, folder: Location, run_id: str) -> None:
+    """On a store: the pointer names the manifest's run, and every file it lists is there."""
+    pointer = release_pointer(release)
+    if pointer is None:
+        return
+    shown = Location.of(release).display()
+    if pointer["run_id"] != run_id:
+        raise InputError(f"{shown}: {POINTER_NAME} names run {pointer['run_id']}, its manifest "
+                         f"run {run_id}")  # fmt: skip
+    for name in pointer.get("files", []):
+        if not folder.join(name).is_file():
+            raise InputError(f"{shown}: {name}, listed in {POINTER_NAME}, is missing")
+
+
+def _check_dataset(release: Location, name: str, query: QueryEntry) -> int:
     """One query's dataset: present, the schema its keys and metrics imply, row count."""
-    dataset = release / query.dataset
-    if not dataset.is_dir():
-        raise InputError(f"{release}: dataset folder {query.dataset} of query {name} is missing")
+    where = release.join(query.dataset)
+    dataset = where.display()
+    if not where.is_dir():
+        raise InputError(
+            f"{release.display()}: dataset folder {query.dataset} of query {name} is missing"
+        )
+    fs, path = where.filesystem()
     keys = [KeyColumn(k, k if k in TIME_BUCKETS else None) for k in query.partition_by]
     intervals = any(m.confidence_interval is not None for m in query.metrics.values())
     expected = release_arrow_schema(
         [(k.name, k.arrow_type) for k in keys], list(query.metrics), intervals
     )
-    found = pads.dataset(dataset, format="parquet").schema
+    found = pads.dataset(path, format="parquet", filesystem=fs).schema
     for column in expected:
         if column.name not in found.names:
             raise InputError(f"{dataset}: column {column.name} is missing")
@@ -67,7 +98,7 @@ def _check_dataset(release: Path, name: str, query: QueryEntry) -> int:
             )
     if found.names != expected.names:
         raise InputError(f"{dataset}: columns {found.names}, expected {expected.names}")
-    rows = pads.dataset(dataset, format="parquet").count_rows()
+    rows = pads.dataset(path, format="parquet", filesystem=fs).count_rows()
     if rows != query.released_partitions:
         raise InputError(f"{dataset}: {rows} rows, the manifest says {query.released_partitions}")
     return rows

@@ -7,6 +7,8 @@ boundaries (tests only; unset, a check costs one dictionary lookup):
     reading    ledger says `reading`; the engine is about to read the first byte
     written    the engine wrote the release's data into staging; no manifest yet (mid-write)
     staged     the complete release (manifest included) is in staging, on disk; not committed
+    uploading  (an output on a store) one of the staged files is uploaded under the run's
+               prefix, the others not yet: mid-write on the store
     committed  the ledger row is committed; nothing published yet
     exchanged  mid-publication: the new release is in place (or, without RENAME_EXCHANGE, the
                old one has been moved aside and the new one not yet renamed in)
@@ -21,7 +23,9 @@ from __future__ import annotations
 import os
 import signal
 
-STAGES = ("reserved", "reading", "written", "staged", "committed", "exchanged", "published")
+STAGES = (
+    "reserved", "reading", "written", "staged", "uploading", "committed", "exchanged", "published",
+)  # fmt: skip
 _SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}
 
 

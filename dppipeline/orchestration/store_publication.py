@@ -180,7 +180,7 @@ def heal_store(output: Location, fate: Fate) -> list[str]:
             continue
         newer = current is None or run_id > current  # run ids start with their UTC time
         if decision == "publish" and complete is not None and newer:
-            names = [e.name for e, _ in entry.children()]
+            names = sorted(entry.files(), key=lambda name: (name == MANIFEST_NAME, name))
             _write_pointer(output, run_id, names, current)
             if current is not None:
                 _remove_run(output, current)

@@ -1101,11 +1101,37 @@ def build_spec(
             target = nested
         target[leaf] = value
     try:
+        _check_locations(data)
         return spec_from_dict(data)
     except SpecError as exc:
         if source is None:
             raise
         raise SpecError(f"{source}: {exc.field}", exc.rule) from None
+
+
+def _check_locations(data: Mapping[str, Any]) -> None:
+    """A location the spec names is a path or a URI the storage layer accepts (a known
+    scheme, no credentials in it): refused here, before anything is read or recorded."""
+    named: list[tuple[str, Any]] = []
+    for path in _PATH_FIELDS:
+        target: Any = data
+        for part in path:
+            target = target.get(part) if isinstance(target, dict) else None
+        named.append((".".join(path), target))
+    queries = data.get("queries")
+    for index, query in enumerate(queries if isinstance(queries, list) else []):
+        selection = query.get("partition_selection") if isinstance(query, dict) else None
+        sources = selection.get("public_partitions") if isinstance(selection, dict) else None
+        items = sources.items() if isinstance(sources, dict) else [("", sources)]
+        for column, source in items:
+            field = f"queries[{index}].partition_selection.public_partitions"
+            named.append((f"{field}.{column}" if column else field, source))
+    for field, value in named:
+        if isinstance(value, str) and is_uri(value):
+            try:
+                Location.of(value)
+            except ValueError as exc:
+                raise SpecError(field, str(exc)) from None
 
 
 def load_spec(path: str | Path) -> JobSpec:

@@ -4,8 +4,9 @@ A `Location` is a local path (plain, or `file://`) or a URI: `s3://`, `gs://`, `
 `abfs://` (and whatever else `pyarrow.fs.FileSystem.from_uri` knows). Credentials come from
 where each client library looks (AWS_* / instance roles for S3, application default
 credentials for GCS, the Hadoop configuration for HDFS, AZURE_* for ADLS); a location never
-holds one, and `display()` drops anything a URI might carry (`user:password@`, the query
-string), so a manifest, a log line or the ledger never shows it.
+holds one: a URI that carries a secret (`key:secret@bucket`, `?secret_key=...`) is refused,
+since the product writes the locations it used into the ledger and its logs. `display()` also
+drops the user and the query string, a second guard for what is shown.
 
 Local locations keep using the operating system directly where the product relies on POSIX
 (atomic rename, fsync, modes 0600/0700); this module gives everything else one vocabulary.
@@ -18,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -54,6 +55,7 @@ class Location:
                 f"{display(text)}: unknown storage scheme {scheme!r} (known: a local path, "
                 f"file://, {', '.join(s + '://' for s in REMOTE_SCHEMES)})"
             )
+        _refuse_secrets(text)
         return Location(text.rstrip("/") if text.rstrip("/") != f"{scheme}:/" else text)
 
     @property
@@ -134,6 +136,18 @@ class Location:
             ((self.join(info.base_name), info) for info in found), key=lambda e: e[0].name
         )
 
+    def files(self) -> list[str]:
+        """Every file under this folder, as paths relative to it, sorted."""
+        import pyarrow.fs as pafs  # noqa: PLC0415
+
+        fs, path = self.filesystem()
+        selector = pafs.FileSelector(path, recursive=True, allow_not_found=True)
+        found = _call(self, fs.get_file_info, selector)
+        prefix = path.rstrip("/") + "/"
+        return sorted(
+            info.path.removeprefix(prefix) for info in found if info.type == pafs.FileType.File
+        )
+
     def read_bytes(self) -> bytes:
         fs, path = self.filesystem()
         with _call(self, fs.open_input_stream, path) as stream:
@@ -158,10 +172,6 @@ class Location:
             _call(self, fs.delete_file, path)
 
 
-def location(where: str | os.PathLike[str] | Location) -> Location:
-    return Location.of(where)
-
-
 def is_remote(where: str | os.PathLike[str] | Location) -> bool:
     return not Location.of(where).is_local
 
@@ -180,6 +190,26 @@ def display(uri: str) -> str:
     if parts.port:
         host += f":{parts.port}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+_SECRET_WORDS = ("key", "secret", "token", "password", "credential", "sas", "sig")
+
+
+def _refuse_secrets(uri: str) -> None:
+    """Credentials belong in the environment, an instance role or the Hadoop configuration."""
+    parts = urlsplit(uri)
+    if parts.password is not None or (parts.username and parts.scheme != "hdfs"):
+        raise ValueError(
+            f"{display(uri)}: credentials in a URI are refused (they would be recorded with "
+            "the location); use the store's usual places: AWS_* variables, an instance role, "
+            "GOOGLE_APPLICATION_CREDENTIALS, AZURE_* variables or the Hadoop configuration"
+        )
+    for name, _ in parse_qsl(parts.query, keep_blank_values=True):
+        if any(word in name.lower() for word in _SECRET_WORDS):
+            raise ValueError(
+                f"{display(uri)}: option {name!r} in a URI is refused (it may hold a secret, "
+                "and locations are recorded); set it in the environment instead"
+            )
 
 
 def _scheme(text: str) -> str:

@@ -1,0 +1,236 @@
+"""Input and release on an object store (issue 19): a real S3-compatible server on 127.0.0.1
+(moto's server mode, `tests/s3_server.py`), the CLI run as a user runs it, in a subprocess
+that finds the server through AWS_ENDPOINT_URL and AWS_* credentials.
+
+A release on a store is published without rename (`orchestration/store_publication`): the run's
+files go under `OUT/_runs/<run_id>/`, then one small object `OUT/_RELEASE` names the run. The
+tests read it back the way the README tells a partner to (pandas over pyarrow's S3 client),
+and kill runs at every stage boundary to check that no partial release is ever visible and
+that the ledger's charge rules hold.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dppipeline.core.manifest import POINTER_NAME, RUNS_FOLDER
+from dppipeline.ledger import CHARGED_STATES, Ledger
+from dppipeline.ledger import schema as ledger_schema
+
+BOUNDS = ["--min-value", "0", "--max-value", "150", "--max-partitions-contributed", "50",
+          "--max-contributions-per-partition", "100"]  # fmt: skip
+JOB = [*BOUNDS, "--metrics", "count,sum,mean", "--public-partitions", "0..59"]
+PAST = "2000-01-01T00:00:00.000000+00:00"
+
+
+def run_cli(*args: object, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run(
+        [sys.executable, "-m", "dppipeline", *map(str, args)],
+        capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=300,
+        check=False,
+    )  # fmt: skip
+
+
+def read_release(uri: str, dataset: str = "terminal_stats") -> pd.DataFrame:
+    """The README's recipe: follow the pointer, read the run's dataset with pandas."""
+    import pyarrow.fs as pafs
+
+    s3, _ = pafs.FileSystem.from_uri(uri)
+    base = uri.removeprefix("s3://")
+    with s3.open_input_stream(f"{base}/_RELEASE") as pointer:
+        run_id = json.loads(pointer.read())["run_id"]
+    return pd.read_parquet(f"{base}/_runs/{run_id}/{dataset}", filesystem=s3)
+
+
+def pointer(s3, uri: str) -> dict | None:
+    keys = s3.keys(uri)
+    return json.loads(s3.read(f"{uri}/{POINTER_NAME}")) if POINTER_NAME in keys else None
+
+
+def run_folders(s3, uri: str) -> list[str]:
+    return sorted({k.split("/")[1] for k in s3.keys(uri) if k.startswith(RUNS_FOLDER + "/")})
+
+
+def expire(ledger: Ledger, run_id: str) -> None:
+    """The crashed run's lease runs out (as time would make it, without waiting)."""
+    table = ledger_schema.releases
+    with ledger._engine.begin() as conn:
+        conn.execute(table.update().where(table.c.run_id == run_id).values(lease_expires_at=PAST))
+
+
+@pytest.fixture
+def bucket(s3, small_inputs, request) -> str:
+    """A fresh bucket holding the small parquet input under `tx/`."""
+    name = "t-" + str(abs(hash(request.node.nodeid)) % 10**10)
+    uri = s3.new_bucket(name)
+    s3.upload(small_inputs["parquet"], f"{uri}/tx")
+    return uri
+
+
+def test_a_release_from_s3_to_s3_equals_the_same_jobs_local_release(
+    s3, bucket, tmp_path, small_inputs
+):
+    """At a huge epsilon the release read back from S3 with pandas equals the release of the
+    same job from local disk to local disk (the noise is below the tolerance, computed from
+    the manifest's noise standard deviation: 8 std, a failure rate under 1e-14 per cell)."""
+    huge = ["--epsilon", "1e7"]
+    remote = run_cli("run", "--input", f"{bucket}/tx", "--output", f"{bucket}/release", *JOB,
+                     *huge, "--ledger", f"sqlite:///{tmp_path / 'l.sqlite'}")  # fmt: skip
+    assert remote.returncode == 0, remote.stderr
+    assert remote.stdout.strip() == f"{bucket}/release"
+    local = run_cli("run", "--input", small_inputs["parquet"], "--output", tmp_path / "rel",
+                    *JOB, *huge, "--no-ledger")  # fmt: skip
+    assert local.returncode == 0, local.stderr
+
+    from_s3 = read_release(f"{bucket}/release").sort_values("TERMINAL_ID", ignore_index=True)
+    from_disk = pd.read_parquet(tmp_path / "rel" / "terminal_stats")
+    from_disk = from_disk.sort_values("TERMINAL_ID", ignore_index=True)
+    manifest = json.loads((tmp_path / "rel" / "manifest.json").read_text())
+    metrics = manifest["queries"]["terminal_stats"]["metrics"]
+    assert list(from_s3.columns) == list(from_disk.columns)
+    assert len(from_s3) == 60 and from_s3["TERMINAL_ID"].tolist() == list(range(60))
+    for metric in ("count", "sum"):
+        tolerance = 2 * 8 * metrics[metric]["noise_stddev"]
+        np.testing.assert_allclose(from_s3[metric], from_disk[metric], rtol=0, atol=tolerance)
+    assert from_disk["count"].sum() > 1000  # not two empty releases
+
+
+def test_the_store_layout_rerun_overwrite_and_check_release(s3, bucket, tmp_path):
+    """One pointer and one run folder; a rerun of the same release draws no new noise and
+    writes nothing; `--overwrite --new-release` publishes a new run and removes the old one;
+    `check-release` reads a release on the store and names a missing file."""
+    ledger = f"sqlite:///{tmp_path / 'l.sqlite'}"
+    out = f"{bucket}/release"
+    args = ["run", "--input", f"{bucket}/tx", "--output", out, *JOB, "--epsilon", "1",
+            "--ledger", ledger]  # fmt: skip
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr
+    (row,) = Ledger(ledger).rows()
+    assert pointer(s3, out) == {
+        "format": 1, "run_id": row.run_id, "replaces": None,
+        "files": ["terminal_stats/part-00000.parquet", "manifest.json"],
+    }  # fmt: skip
+    assert row.output == out and row.state == "committed"
+    before = {k: s3.read(f"{out}/{k}") for k in s3.keys(out)}
+
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr
+    assert "no new noise drawn, nothing spent" in again.stderr
+    assert {k: s3.read(f"{out}/{k}") for k in s3.keys(out)} == before
+    assert len(Ledger(ledger).rows()) == 1
+
+    refused = run_cli(*args, "--new-release")
+    assert refused.returncode != 0
+    assert "already exists; pass --overwrite" in refused.stderr.strip().splitlines()[-1]
+
+    replaced = run_cli(*args, "--new-release", "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    rows = Ledger(ledger).rows()
+    assert [r.state for r in rows] == ["committed", "committed"]
+    assert pointer(s3, out)["run_id"] == rows[1].run_id
+    assert pointer(s3, out)["replaces"] == row.run_id
+    assert run_folders(s3, out) == [rows[1].run_id]  # the replaced run's files are gone
+
+    checked = run_cli("check-release", out, "--ledger", ledger)
+    assert checked.returncode == 0, checked.stderr
+    assert f"{out}: valid release of run {rows[1].run_id}" in checked.stdout
+    s3.delete(f"{out}/_runs/{rows[1].run_id}/terminal_stats/part-00000.parquet")
+    broken = run_cli("check-release", out)
+    assert broken.returncode != 0 and "Traceback" not in broken.stderr
+    assert broken.stderr.strip() == (
+        f"dppipeline check-release: error: {out}: terminal_stats/part-00000.parquet, listed in "
+        "_RELEASE, is missing"
+    )
+
+
+def test_a_foreign_folder_and_secrets_in_uris_are_refused(s3, bucket, tmp_path):
+    """A run never writes into a store folder holding other objects, and a URI carrying
+    credentials is refused before anything is read: the location would be recorded."""
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "README.txt").write_text("someone else's")
+    s3.upload(tmp_path / "notes", f"{bucket}/busy")
+    busy = run_cli("run", "--input", f"{bucket}/tx", "--output", f"{bucket}/busy", *JOB,
+                   "--epsilon", "1", "--no-ledger")  # fmt: skip
+    assert busy.returncode == 1, busy.stderr
+    assert "holds README.txt, not part of a release" in busy.stderr
+    assert s3.keys(f"{bucket}/busy") == ["README.txt"]
+
+    secret = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
+    leaky = f"s3://AKIAEXAMPLE:{secret}@{bucket.removeprefix('s3://')}/tx"
+    refused = run_cli("run", "--input", leaky, "--output", f"{bucket}/out", *JOB,
+                      "--epsilon", "1", "--no-ledger")  # fmt: skip
+    assert refused.returncode != 0
+    assert "Traceback" not in refused.stderr
+    assert "credentials in a URI are refused" in refused.stderr
+    assert secret not in refused.stderr + refused.stdout
+    assert s3.keys(f"{bucket}/out") == []
+
+
+STAGES = ["reading", "staged", "uploading", "committed", "exchanged", "published"]
+CELLS = [(stage, True) for stage in STAGES] + [("uploading", False), ("committed", False)]
+
+
+@pytest.mark.parametrize(("stage", "replacing"), CELLS,
+                         ids=[f"{s}-{'replace' if r else 'first'}" for s, r in CELLS])  # fmt: skip
+def test_a_kill_at_every_stage_leaves_the_old_or_the_new_release_and_a_rerun_heals(
+    s3, bucket, tmp_path, stage, replacing
+):
+    """SIGKILL (no clean-up at all) at each stage boundary of a run publishing to S3. Then:
+    the pointer names the old release or, once the run committed and wrote it, the new one,
+    complete (`check-release` passes); never a partial one. The budget charged is never below
+    what was read. Once the dead run's lease runs out, the same command succeeds: it
+    publishes the committed run without drawing again, or returns the key's release, or
+    releases anew, and leaves exactly one run folder."""
+    ledger_url = f"sqlite:///{tmp_path / 'l.sqlite'}"
+    out = f"{bucket}/release"
+    args = ["run", "--input", f"{bucket}/tx", "--output", out, "--overwrite", *JOB,
+            "--epsilon", "1", "--ledger", ledger_url]  # fmt: skip
+    old_id = None
+    if replacing:
+        assert run_cli(*args).returncode == 0
+        old_id = pointer(s3, out)["run_id"]
+        args.append("--new-release")
+
+    crashed = run_cli(*args, env={"DPPIPELINE_FAILPOINT": f"{stage}:kill"})
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    ledger = Ledger(ledger_url)
+    row = ledger.rows()[-1]
+    new_id = row.run_id
+    assert new_id != old_id
+    committed = STAGES.index(stage) >= STAGES.index("committed")
+    assert row.state == ("committed" if committed else "reading")
+    assert row.state in CHARGED_STATES or row.state == "reading"  # reading: charged when settled
+    visible = pointer(s3, out)
+    if STAGES.index(stage) >= STAGES.index("exchanged"):
+        assert visible["run_id"] == new_id
+    else:
+        assert (visible or {}).get("run_id") == old_id
+    if visible is not None:
+        done = run_cli("check-release", out, "--ledger", ledger_url)
+        assert done.returncode == 0, done.stderr
+
+    expire(ledger, new_id)
+    rerun = run_cli(*[a for a in args if a != "--new-release"])
+    assert rerun.returncode == 0, rerun.stderr
+    rows = Ledger(ledger_url).rows()
+    final = pointer(s3, out)["run_id"]
+    if committed:
+        assert final == new_id  # rolled forward or already published: never drawn again
+        assert [r.state for r in rows][-1] == "committed" and rows[-1].run_id == new_id
+    elif replacing:  # the key's committed release is the old one: returned, not drawn again
+        assert (rows[-1].run_id, rows[-1].state) == (new_id, "failed")  # charged
+        assert final == old_id and "no new noise drawn" in rerun.stderr
+    else:
+        assert rows[-2].run_id == new_id and rows[-2].state == "failed"  # charged
+        assert rows[-1].state == "committed" and final == rows[-1].run_id
+    assert run_folders(s3, out) == [final]
+    assert run_cli("check-release", out, "--ledger", ledger_url).returncode == 0
