@@ -234,3 +234,37 @@ def test_a_kill_at_every_stage_leaves_the_old_or_the_new_release_and_a_rerun_hea
         assert rows[-1].state == "committed" and final == rows[-1].run_id
     assert run_folders(s3, out) == [final]
     assert run_cli("check-release", out, "--ledger", ledger_url).returncode == 0
+
+
+def test_rejected_rows_go_to_a_quarantine_on_the_store_never_into_the_release(
+    s3, small_inputs, tmp_path
+):
+    """A CSV input on S3 with one bad row and `--quarantine s3://.../quarantine`: the row is
+    counted, kept aside in `<quarantine>/<run_id>/rejected.parquet` on the store (nothing left
+    on local disk) and never published; a quarantine inside the release's folder is refused
+    before anything is read."""
+    from test_quarantine import with_one_bad_row
+
+    uri = s3.new_bucket("quarantined")
+    with_one_bad_row(small_inputs, tmp_path / "csv")
+    s3.upload(tmp_path / "csv", f"{uri}/tx")
+    args = ["run", "--input", f"{uri}/tx", "--format", "csv", "--output", f"{uri}/release",
+            *JOB, "--epsilon", "1", "--no-ledger"]  # fmt: skip
+
+    inside = run_cli(*args, "--quarantine", f"{uri}/release/q")
+    assert inside.returncode != 0 and "Traceback" not in inside.stderr
+    assert f"output {uri}/release holds the quarantine folder" in inside.stderr
+    assert s3.keys(uri + "/release") == []
+
+    done = run_cli(*args, "--quarantine", f"{uri}/ops/quarantine")
+    assert done.returncode == 0, done.stderr
+    run_id = pointer(s3, f"{uri}/release")["run_id"]
+    assert "rejected 1 (kept aside in " + f"{uri}/ops/quarantine/{run_id})" in done.stderr
+    assert s3.keys(f"{uri}/ops/quarantine") == [f"{run_id}/rejected.parquet"]
+    rejected = pd.read_parquet(
+        f"{uri.removeprefix('s3://')}/ops/quarantine/{run_id}/rejected.parquet",
+        filesystem=s3.filesystem(),
+    )
+    assert len(rejected) == 1 and "abc" in rejected.to_string()
+    assert not any("rejected" in k for k in s3.keys(f"{uri}/release"))
+    assert not list((tmp_path / "state").rglob("*.parquet"))  # shipped, not left behind

@@ -418,7 +418,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from pathlib import Path  # noqa: PLC0415
 
     spec = _spec_from_args(args)
     _skip_pld_unless_used(args, spec)
@@ -438,7 +437,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         spec,
         engine=load_engine(args.engine, args.engine_options),
         overwrite=args.overwrite,
-        quarantine=Path(args.quarantine) if args.quarantine else None,
+        quarantine=args.quarantine or None,
         ledger=None if args.no_ledger else (args.ledger or default_ledger()),
         new_release=args.new_release,
     )

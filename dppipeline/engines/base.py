@@ -23,6 +23,7 @@ from dppipeline.engines.shared.sampling import new_salt
 from dppipeline.inputs.contract import RejectSummary
 from dppipeline.inputs.files import DailyPartition
 from dppipeline.spec.model import JobSpec
+from dppipeline.storage import Location
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class ReleaseJob:
     # the manifest, not in this object's repr.
     salt: bytes = field(default_factory=new_salt, repr=False)
     progress: Callable[[str], None] = field(default=lambda _: None)
+    # A quarantine on a store: the runner uploads `quarantine` there after the engine ran.
+    quarantine_shipped_to: Location | None = None
 
     @staticmethod
     def sampling_salt(seed: int | None = None) -> bytes:

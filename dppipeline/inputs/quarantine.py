@@ -6,7 +6,9 @@ ledger. The default is `<state dir>/quarantine/<run_id>/` (the state dir is
 `--quarantine` choose another folder, which must not be the release's folder, inside it, its
 parent folder or a folder directly beside it (whoever reads the release's folder sees those).
 Folders are created with mode 0700 and files written with mode 0600. The manifest never names
-the quarantine.
+the quarantine. A quarantine on a store (`s3://ops-bucket/quarantine`) is written locally by
+the engine, under the state folder, then uploaded to `<uri>/<run_id>/` and removed locally;
+who may read it there is the bucket's access policy.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dppipeline.errors import UsageError
+from dppipeline.errors import OutputError, UsageError
+from dppipeline.storage import Location, StorageError
 
 FILE_NAME = "rejected.parquet"
 _FOLDER_MODE, _FILE_MODE = 0o700, 0o600
@@ -83,3 +86,24 @@ def seal(path: Path) -> None:
             inner.chmod(_FOLDER_MODE if inner.is_dir() else _FILE_MODE)
     elif path.exists():
         path.chmod(_FILE_MODE)
+
+
+def ship_quarantine(local: Path, remote: Location) -> None:
+    """Uploads what an engine kept aside in `local` to `remote`, then removes the local copy
+    (nothing when no row was rejected)."""
+    local = Path(local)
+    if not local.exists():
+        return
+    files = sorted(p for p in local.rglob("*") if p.is_file())
+    try:
+        for path in files:
+            remote.join(path.relative_to(local).as_posix()).write_bytes(path.read_bytes())
+    except StorageError as exc:
+        raise OutputError(
+            f"cannot write the quarantine: {exc}; the rejected rows stay in {local}"
+        ) from None
+    for path in files:
+        path.unlink()
+    for folder in sorted((p for p in local.rglob("*") if p.is_dir()), reverse=True):
+        folder.rmdir()
+    local.rmdir()

@@ -43,7 +43,7 @@ from dppipeline.engines.base import Engine, ReleaseJob
 from dppipeline.errors import DPPipelineError, InputError, OutputError, UsageError
 from dppipeline.inputs.files import DailyPartition, discover_partitions, select_days
 from dppipeline.inputs.quarantine import default_root as quarantine_root
-from dppipeline.inputs.quarantine import run_folder
+from dppipeline.inputs.quarantine import run_folder, ship_quarantine, state_dir
 from dppipeline.ledger import (
     BudgetPolicy,
     Ledger,
@@ -74,7 +74,7 @@ from dppipeline.orchestration.store_publication import (
     upload_run,
 )
 from dppipeline.spec.model import JobSpec
-from dppipeline.storage import Location
+from dppipeline.storage import Location, is_uri
 
 log = logging.getLogger(__name__)
 ENGINES = ("local", "spark", "beam")
@@ -106,6 +106,18 @@ def make_plan(spec: JobSpec) -> JobPlan:
         prefix_names=not spec.is_shorthand,
         accounting=spec.accounting,
     )
+
+
+def _remote_quarantine(chosen: str | Path | None, run_id: str) -> Location | None:
+    """A quarantine on a store: this run's folder there (rows are staged locally first)."""
+    if chosen is None or not is_uri(str(chosen)) or Location.of(str(chosen)).is_local:
+        return None
+    return Location.of(str(chosen)).join(run_id)
+
+
+def _quarantine_staging(run_id: str) -> Path:
+    """Where an engine writes the rejected rows of a quarantine on a store, before upload."""
+    return state_dir().resolve() / "staging" / f"quarantine-{run_id}"
 
 
 def default_quarantine(run_id: str, output: Path) -> Path:
@@ -238,7 +250,7 @@ def run_job(
     engine: str | Engine = "local",
     *,
     overwrite: bool = False,
-    quarantine: Path | None = None,
+    quarantine: str | Path | None = None,
     seed: int | None = None,
     echo: Callable[[str], None] | None = None,
     ledger: Ledger | str | Path | None = None,
@@ -274,8 +286,13 @@ def run_job(
         )  # fmt: skip
     output = Path(spec.output)
     chosen = quarantine or spec.input.quarantine
+    shipped_to = _remote_quarantine(chosen, run_id)
     quarantine = (
-        run_folder(Path(chosen), run_id, output) if chosen else default_quarantine(run_id, output)
+        _quarantine_staging(run_id)
+        if shipped_to is not None
+        else run_folder(Path(chosen), run_id, output)
+        if chosen
+        else default_quarantine(run_id, output)
     )
     guard = {
         "input_path": spec.input.path,
@@ -305,6 +322,7 @@ def run_job(
             quarantine=quarantine,
             salt=ReleaseJob.sampling_salt(seed),
             progress=lambda line: say(f"[{engine_impl.name}] {line}"),
+            quarantine_shipped_to=shipped_to,
         )
         manifest = _release(
             job,
@@ -348,8 +366,16 @@ def _run_to_store(
     assert spec.output is not None
     output = Location.of(spec.output)
     chosen = quarantine or spec.input.quarantine
-    quarantine = Path(chosen).resolve() / run_id if chosen else quarantine_root().resolve() / run_id
-    refuse_unsafe_store_target(output, input_path=spec.input.path)
+    shipped_to = _remote_quarantine(chosen, run_id)
+    where = (
+        _quarantine_staging(run_id)
+        if shipped_to is not None
+        else Path(chosen).resolve() / run_id
+        if chosen
+        else quarantine_root().resolve() / run_id
+    )
+    refuse_unsafe_store_target(output, input_path=spec.input.path,
+                               quarantine=Location.of(chosen) if chosen else None)  # fmt: skip
     key = release_key(spec, days, spec_hash) if book is not None else None
     with store_lock(output):
         if book is not None:
@@ -378,9 +404,10 @@ def _run_to_store(
                 return RunResult(output, existing.run_id, manifest.released_partitions, manifest)
         check_store_target(output, overwrite, input_path=spec.input.path)
         job = ReleaseJob(
-            spec=spec, plan=plan, tasks=tasks, days=days, quarantine=quarantine,
+            spec=spec, plan=plan, tasks=tasks, days=days, quarantine=where,
             salt=ReleaseJob.sampling_salt(seed),
             progress=lambda line: say(f"[{engine_impl.name}] {line}"),
+            quarantine_shipped_to=shipped_to,
         )  # fmt: skip
         spend = _reservation(book, key, job, run_id, output.uri)
         with spend:
@@ -538,13 +565,17 @@ def _stage(
         f"[{engine_impl.name}] reading {len(days)} daily partitions "
         f"({days[0].day} to {days[-1].day}) from {spec.input.path}"
     )
-    run = engine_impl.run(job, staging)
+    try:
+        run = engine_impl.run(job, staging)
+    finally:
+        if job.quarantine_shipped_to is not None:
+            ship_quarantine(job.quarantine, job.quarantine_shipped_to)
     failpoint("written")
     rejects = run.rejects
+    kept = job.quarantine_shipped_to.display() if job.quarantine_shipped_to else rejects.quarantine
     say(
         f"[{engine_impl.name}] read {rejects.rows_read:,} rows; rejected "
-        f"{rejects.rows_rejected:,}"
-        + (f" (kept aside in {rejects.quarantine})" if rejects.quarantine else "")
+        f"{rejects.rows_rejected:,}" + (f" (kept aside in {kept})" if rejects.quarantine else "")
     )
     manifest = build_manifest(
         spec,
