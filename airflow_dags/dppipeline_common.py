@@ -22,7 +22,9 @@ ask. Settings come in two kinds:
 
 Paths of a run come from its data interval (`ds`), never from the current time: the input is
 the day's partition `<input_root>/date=<ds>` (CSV: `<input_root>/<ds>.csv`) and the release is
-`<release_root>/<ds>`.
+`<release_root>/<ds>`. Both roots may be local paths or URIs (`s3://`, `gs://`, `hdfs://`,
+`abfs://`): the sensor and the marker go through `pyarrow.fs`, as the jobs do, with the
+credentials of the worker's environment.
 
 The privacy-budget ledger is the Airflow connection `dppipeline_ledger`, read inside the tasks
 when they run (never when the DAG file is parsed), so every worker on every host uses the one
@@ -163,13 +165,32 @@ def default_args(shape: DagShape) -> dict[str, Any]:
 # Paths of one data interval
 
 
-def input_partition(settings: RunSettings, ds: str) -> Path:
-    root = Path(settings.input_root)
-    return root / f"{ds}.csv" if settings.input_format == "csv" else root / f"date={ds}"
+def _join(root: str, name: str) -> str:
+    return f"{root.rstrip('/')}/{name}" if "://" in root else str(Path(root) / name)
 
 
-def release_dir(settings: Any, ds: str) -> Path:
-    return Path(settings.release_root) / ds
+def input_partition(settings: RunSettings, ds: str) -> str:
+    name = f"{ds}.csv" if settings.input_format == "csv" else f"date={ds}"
+    return _join(settings.input_root, name)
+
+
+def release_dir(settings: Any, ds: str) -> str:
+    return _join(settings.release_root, ds)
+
+
+def _filesystem(where: str) -> tuple[Any, str]:
+    """pyarrow's file system for a local path or a URI, and the path within it."""
+    import pyarrow.fs as pafs
+
+    if "://" not in where:
+        return pafs.LocalFileSystem(), str(Path(where).absolute())
+    return pafs.FileSystem.from_uri(where)
+
+
+def _read_text(where: str) -> str:
+    fs, path = _filesystem(where)
+    with fs.open_input_stream(path) as stream:
+        return bytes(stream.read()).decode()
 
 
 def job_args(settings: Any, ds: str) -> list[str]:
@@ -249,11 +270,19 @@ def ledger_url() -> str:
 
 def input_is_ready(settings: RunSettings, ds: str) -> bool:
     """The day's partition exists and holds at least one non-empty data file."""
-    path = input_partition(settings, ds)
-    if path.is_file():
-        return path.stat().st_size > 0
-    return path.is_dir() and any(
-        p.stat().st_size > 0 for p in path.iterdir() if not p.name.startswith((".", "_"))
+    import pyarrow.fs as pafs
+
+    fs, path = _filesystem(input_partition(settings, ds))
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.File:
+        return bool(info.size)
+    if info.type != pafs.FileType.Directory:
+        return False
+    return any(
+        entry.type == pafs.FileType.File
+        and entry.size
+        and not entry.base_name.startswith((".", "_"))
+        for entry in fs.get_file_info(pafs.FileSelector(path))
     )
 
 
@@ -327,7 +356,7 @@ def validate_release(settings: RunSettings, ds: str) -> str:
     """Manifest present, schema as schemas/terminal_stats.json says, ledger committed."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    done = dppipeline(settings, "check-release", str(release_dir(settings, ds)))
+    done = dppipeline(settings, "check-release", release_dir(settings, ds))
     if done.returncode != 0:
         raise AirflowFailException(done.last_error or f"exit code {done.returncode}")
     return last_line(done.stdout)
@@ -335,16 +364,31 @@ def validate_release(settings: RunSettings, ds: str) -> str:
 
 def mark_published(settings: RunSettings, ds: str) -> str:
     """Writes `_PUBLISHED` (the run id of the validated release) into the release folder, for
-    partners' readers to wait on. Idempotent: an unchanged release keeps its marker untouched."""
+    partners' readers to wait on. Idempotent: an unchanged release keeps its marker untouched.
+    On a store the run is the one `_RELEASE` names and the marker is one PUT (whole or absent);
+    on local disk it is renamed into place."""
     release = release_dir(settings, ds)
-    run_id = json.loads((release / "manifest.json").read_text())["run_id"]
-    marker = release / PUBLISHED_MARKER
+    if "://" in release:
+        run_id = json.loads(_read_text(_join(release, "_RELEASE")))["run_id"]
+    else:
+        run_id = json.loads((Path(release) / "manifest.json").read_text())["run_id"]
     content = json.dumps({"run_id": run_id}) + "\n"
-    if not marker.is_file() or marker.read_text() != content:
-        temporary = release / f".{PUBLISHED_MARKER}.tmp"
+    marker = _join(release, PUBLISHED_MARKER)
+    try:
+        unchanged = _read_text(marker) == content
+    except (FileNotFoundError, OSError):
+        unchanged = False
+    if unchanged:
+        return release
+    if "://" in release:
+        fs, path = _filesystem(marker)
+        with fs.open_output_stream(path) as stream:
+            stream.write(content.encode())
+    else:
+        temporary = Path(release) / f".{PUBLISHED_MARKER}.tmp"
         temporary.write_text(content)
         temporary.replace(marker)
-    return str(release)
+    return release
 
 
 def shape_doc(shape: DagShape) -> str:

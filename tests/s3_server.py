@@ -47,10 +47,16 @@ class S3Server:
 
     def new_bucket(self, name: str) -> str:
         """An empty bucket; returns `s3://name`."""
-        import boto3
+        import pyarrow.fs as pafs
 
-        client = boto3.client("s3", endpoint_url=self.endpoint, **_credentials())
-        client.create_bucket(Bucket=name)
+        creator = pafs.S3FileSystem(
+            access_key=ENVIRONMENT["AWS_ACCESS_KEY_ID"],
+            secret_key=ENVIRONMENT["AWS_SECRET_ACCESS_KEY"],
+            region=ENVIRONMENT["AWS_DEFAULT_REGION"],
+            endpoint_override=self.endpoint,
+            allow_bucket_creation=True,
+        )
+        creator.create_dir(name)
         return f"s3://{name}"
 
     def filesystem(self):  # -> pyarrow.fs.S3FileSystem
@@ -96,18 +102,12 @@ class S3Server:
             self.process.wait()
 
 
-def _credentials() -> dict[str, str]:
-    return {
-        "aws_access_key_id": ENVIRONMENT["AWS_ACCESS_KEY_ID"],
-        "aws_secret_access_key": ENVIRONMENT["AWS_SECRET_ACCESS_KEY"],
-        "region_name": ENVIRONMENT["AWS_DEFAULT_REGION"],
-    }
-
-
-def start(timeout: float = 60.0) -> S3Server:
+def start(timeout: float = 60.0, python: str = sys.executable) -> S3Server:
+    """The server, run by `python` (a virtualenv with moto: the Airflow tests pass the
+    project's)."""
     port = _free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        [python, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ, **ENVIRONMENT},

@@ -76,17 +76,24 @@ def bucket(s3, small_inputs, request) -> str:
     return uri
 
 
+@pytest.mark.parametrize("engine", ["local", "beam"])
 def test_a_release_from_s3_to_s3_equals_the_same_jobs_local_release(
-    s3, bucket, tmp_path, small_inputs
+    s3, bucket, tmp_path, small_inputs, engine
 ):
     """At a huge epsilon the release read back from S3 with pandas equals the release of the
     same job from local disk to local disk (the noise is below the tolerance, computed from
-    the manifest's noise standard deviation: 8 std, a failure rate under 1e-14 per cell)."""
+    the manifest's noise standard deviation: 8 std, a failure rate under 1e-14 per cell).
+    The local engine reads through pyarrow.fs, Beam's workers through Beam's file systems
+    (its S3 client finds the server as boto3 does)."""
     huge = ["--epsilon", "1e7"]
-    remote = run_cli("run", "--input", f"{bucket}/tx", "--output", f"{bucket}/release", *JOB,
-                     *huge, "--ledger", f"sqlite:///{tmp_path / 'l.sqlite'}")  # fmt: skip
+    remote = run_cli("run", "--engine", engine, "--input", f"{bucket}/tx", "--output",
+                     f"{bucket}/release", *JOB, *huge,
+                     "--ledger", f"sqlite:///{tmp_path / 'l.sqlite'}")  # fmt: skip
     assert remote.returncode == 0, remote.stderr
     assert remote.stdout.strip() == f"{bucket}/release"
+    run_id = pointer(s3, f"{bucket}/release")["run_id"]
+    written = json.loads(s3.read(f"{bucket}/release/_runs/{run_id}/manifest.json"))
+    assert written["engine"] == engine
     local = run_cli("run", "--input", small_inputs["parquet"], "--output", tmp_path / "rel",
                     *JOB, *huge, "--no-ledger")  # fmt: skip
     assert local.returncode == 0, local.stderr
@@ -268,3 +275,27 @@ def test_rejected_rows_go_to_a_quarantine_on_the_store_never_into_the_release(
     assert len(rejected) == 1 and "abc" in rejected.to_string()
     assert not any("rejected" in k for k in s3.keys(f"{uri}/release"))
     assert not list((tmp_path / "state").rglob("*.parquet"))  # shipped, not left behind
+
+
+@pytest.mark.parametrize("engine", ["local", "spark", "beam"])
+def test_file_uris_are_local_paths_on_every_engine(small_inputs, tmp_path, engine, request):
+    """`file://` input, output and key file: the same release as plain paths (Spark reads them
+    through Hadoop's `file:` FileSystem, Beam through its local file system)."""
+    from conftest import release_small
+    from test_quarantine import engine_named
+
+    keys = tmp_path / "keys.csv"
+    keys.write_text("TERMINAL_ID\n" + "\n".join(map(str, range(60))) + "\n")
+    released, manifest = release_small(
+        {"parquet": f"file://{small_inputs['parquet']}"}, tmp_path / "out",
+        engine_named(engine, request), **{
+            "output": f"file://{tmp_path / 'out' / 'release'}",
+            "partition_selection.public_partitions": f"file://{keys}",
+            "budget.epsilon": 1e7,
+        },
+    )  # fmt: skip
+    assert released["TERMINAL_ID"].tolist() == list(range(60))
+    assert manifest["queries"]["terminal_stats"]["released_partitions"] == 60
+    assert (tmp_path / "out" / "release" / "manifest.json").is_file()  # published by rename
+    rows = len(pd.read_parquet(small_inputs["parquet"]))  # bounds keep every row
+    assert abs(released["count"].sum() - rows) < 1, (released["count"].sum(), rows)

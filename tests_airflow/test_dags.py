@@ -6,6 +6,7 @@ import datetime as dt
 import hashlib
 import itertools
 import json
+import os
 import re
 import sqlite3
 import subprocess
@@ -437,3 +438,59 @@ def test_spark_dag_records_in_the_postgresql_ledger_of_the_connection(
     assert manifest["ledger"] == postgres_ledger  # no password in this URL to mask
     assert manifest["run_id"] in row
     assert ledger_rows() == before
+
+
+# -------------------------------------------------------------------------------------------------
+# Roots on an object store: the sensor and the marker through pyarrow.fs
+
+
+def test_the_sensor_and_the_marker_work_on_s3_roots(airflow_db, monkeypatch, tmp_path):
+    """With `input_root` and `release_root` on S3 (a real S3-compatible server, moto, on
+    127.0.0.1): the sensor waits until the day's partition has a non-empty file, the release
+    the CLI publishes there passes `check-release`, and `_PUBLISHED` names the run its
+    `_RELEASE` pointer names, written once."""
+    sys.path.insert(0, str(PROJECT / "tests"))
+    try:
+        from s3_server import start
+    finally:
+        sys.path.pop(0)
+    server = start(python=str(MAIN_PYTHON))
+    try:
+        for name, value in server.environment.items():
+            monkeypatch.setenv(name, value)
+        bucket = server.new_bucket("nightly")
+        shared = common()
+        settings = shared.run_settings({
+            "input_root": f"{bucket}/tx", "release_root": f"{bucket}/releases",
+        })  # fmt: skip
+        assert shared.input_partition(settings, "2026-01-02") == f"{bucket}/tx/date=2026-01-02"
+        assert not shared.input_is_ready(settings, "2026-01-02")
+        generated = tmp_path / "tx"
+        subprocess.run(
+            [str(MAIN_PYTHON), "-m", "dppipeline", "generate", "--output", str(generated),
+             "--customers", "50", "--terminals", "10", "--days", "2", "--tx-per-day", "100",
+             "--start-date", "2026-01-01"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        server.upload(generated / "date=2026-01-01", f"{bucket}/tx/date=2026-01-01")
+        assert not shared.input_is_ready(settings, "2026-01-02")  # another day only
+        server.upload(generated / "date=2026-01-02", f"{bucket}/tx/date=2026-01-02")
+        assert shared.input_is_ready(settings, "2026-01-02")
+
+        release = shared.release_dir(settings, "2026-01-02")
+        done = subprocess.run(
+            [str(MAIN_PYTHON), "-m", "dppipeline", "run", "--input", f"{bucket}/tx",
+             "--output", release, "--metrics", "count", "--min-value", "0",
+             "--max-value", "100", "--public-partitions", "0..9", "--no-ledger"],
+            check=False, capture_output=True, text=True,
+            env={**os.environ, "DPPIPELINE_STATE_DIR": str(tmp_path / "state")},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        run_id = json.loads(server.read(f"{release}/_RELEASE"))["run_id"]
+        assert shared.mark_published(settings, "2026-01-02") == release
+        marker = f"{release}/_PUBLISHED"
+        assert json.loads(server.read(marker)) == {"run_id": run_id}
+        assert shared.mark_published(settings, "2026-01-02") == release  # unchanged: kept
+        assert server.keys(release)[0] == "_PUBLISHED"
+    finally:
+        server.stop()

@@ -29,6 +29,7 @@ import polars as pl
 from dppipeline.errors import InputError
 from dppipeline.inputs.contract import missing_column
 from dppipeline.spec.schema import Schema
+from dppipeline.storage import Location, StorageError
 
 ROW = "_row"  # the physical line a record starts on (header = 1)
 FIELDS = "_fields"  # the record's number of fields
@@ -61,9 +62,15 @@ def header_of(data: bytes, source: str) -> list[str]:
 def check_header(path: str, schema: Schema, head_bytes: int = 1 << 16) -> None:
     """Reads only a file's first bytes: the header must name every schema column. Lets a
     driver or launcher fail before any job for a file its workers would refuse."""
+    where = Location.of(path)
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(head_bytes)
+        if where.is_local:
+            with open(where.path, "rb") as handle:
+                head = handle.read(head_bytes)
+        else:
+            head = where.read_head(head_bytes)
+    except StorageError as exc:
+        raise InputError(f"cannot read {exc}") from None
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or type(exc).__name__}") from None
     if b"\n" not in head and len(head) == head_bytes:

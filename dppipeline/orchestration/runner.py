@@ -108,6 +108,13 @@ def make_plan(spec: JobSpec) -> JobPlan:
     )
 
 
+def _as_path_or_uri(where: str | Path | None) -> str | Path | None:
+    """A `file://` URI as the local path it names; other URIs and paths as given."""
+    if isinstance(where, str) and is_uri(where) and Location.of(where).is_local:
+        return Location.of(where).path
+    return where
+
+
 def _remote_quarantine(chosen: str | Path | None, run_id: str) -> Location | None:
     """A quarantine on a store: this run's folder there (rows are staged locally first)."""
     if chosen is None or not is_uri(str(chosen)) or Location.of(str(chosen)).is_local:
@@ -285,7 +292,7 @@ def run_job(
             new_release=new_release, seed=seed, say=say,
         )  # fmt: skip
     output = Path(spec.output)
-    chosen = quarantine or spec.input.quarantine
+    chosen = _as_path_or_uri(quarantine or spec.input.quarantine)
     shipped_to = _remote_quarantine(chosen, run_id)
     quarantine = (
         _quarantine_staging(run_id)
@@ -365,7 +372,7 @@ def _run_to_store(
     run-unique files and a pointer instead of a rename."""
     assert spec.output is not None
     output = Location.of(spec.output)
-    chosen = quarantine or spec.input.quarantine
+    chosen = _as_path_or_uri(quarantine or spec.input.quarantine)
     shipped_to = _remote_quarantine(chosen, run_id)
     where = (
         _quarantine_staging(run_id)

@@ -43,6 +43,9 @@ from dppipeline.orchestration.publication import RUN_ID, output_lock
 from dppipeline.storage import Location, StorageError
 
 POINTER_FORMAT = 1
+# What a release folder on a store may hold: the pointer, the runs, and the `_PUBLISHED`
+# marker a scheduler writes once it validated the release (the Airflow DAGs do).
+RELEASE_ENTRIES = frozenset({POINTER_NAME, RUNS_FOLDER, "_PUBLISHED"})
 
 
 def refuse_unsafe_store_target(
@@ -73,7 +76,7 @@ def check_store_target(output: Location, overwrite: bool, **guard: Any) -> None:
         entries = output.children() if output.is_dir() else []
     except StorageError as exc:
         raise OutputError(f"cannot list output {exc}") from None
-    strangers = sorted(e.name for e, _ in entries if e.name not in (POINTER_NAME, RUNS_FOLDER))
+    strangers = sorted(e.name for e, _ in entries if e.name not in RELEASE_ENTRIES)
     if strangers:
         raise OutputError(
             f"output {output.display()} holds {', '.join(strangers[:3])}"

@@ -1109,29 +1109,37 @@ def build_spec(
         raise SpecError(f"{source}: {exc.field}", exc.rule) from None
 
 
-def _check_locations(data: Mapping[str, Any]) -> None:
+def _check_locations(data: dict[str, Any]) -> None:
     """A location the spec names is a path or a URI the storage layer accepts (a known
-    scheme, no credentials in it): refused here, before anything is read or recorded."""
-    named: list[tuple[str, Any]] = []
+    scheme, no credentials in it): refused here, before anything is read or recorded. A
+    `file://` URI becomes the local path it names, so the rest of the product sees a path."""
+    named: list[tuple[str, dict[str, Any], str]] = []  # (field, holder, key)
     for path in _PATH_FIELDS:
-        target: Any = data
-        for part in path:
-            target = target.get(part) if isinstance(target, dict) else None
-        named.append((".".join(path), target))
+        holder: Any = data
+        for part in path[:-1]:
+            holder = holder.get(part) if isinstance(holder, dict) else None
+        if isinstance(holder, dict):
+            named.append((".".join(path), holder, path[-1]))
     queries = data.get("queries")
     for index, query in enumerate(queries if isinstance(queries, list) else []):
         selection = query.get("partition_selection") if isinstance(query, dict) else None
-        sources = selection.get("public_partitions") if isinstance(selection, dict) else None
-        items = sources.items() if isinstance(sources, dict) else [("", sources)]
-        for column, source in items:
-            field = f"queries[{index}].partition_selection.public_partitions"
-            named.append((f"{field}.{column}" if column else field, source))
-    for field, value in named:
+        if not isinstance(selection, dict):
+            continue
+        field = f"queries[{index}].partition_selection.public_partitions"
+        sources = selection.get("public_partitions")
+        if isinstance(sources, dict):
+            named += [(f"{field}.{column}", sources, column) for column in sources]
+        else:
+            named.append((field, selection, "public_partitions"))
+    for field, holder, key in named:
+        value = holder.get(key)
         if isinstance(value, str) and is_uri(value):
             try:
-                Location.of(value)
+                where = Location.of(value)
             except ValueError as exc:
                 raise SpecError(field, str(exc)) from None
+            if where.is_local:
+                holder[key] = where.uri
 
 
 def load_spec(path: str | Path) -> JobSpec:

@@ -153,6 +153,12 @@ class Location:
         with _call(self, fs.open_input_stream, path) as stream:
             return bytes(_call(self, stream.read))
 
+    def read_head(self, size: int) -> bytes:
+        """The first `size` bytes (fewer for a shorter file): a header, without the rest."""
+        fs, path = self.filesystem()
+        with _call(self, fs.open_input_stream, path) as stream:
+            return bytes(_call(self, stream.read, size))
+
     def write_bytes(self, data: bytes) -> None:
         """One object written whole: on an object store a single PUT, visible all at once or
         not at all (the publication protocol's commit relies on it)."""

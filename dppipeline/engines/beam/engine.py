@@ -82,6 +82,7 @@ from dppipeline.inputs.contract import (
     RejectSummary,
     check_rejected_fraction,
 )
+from dppipeline.inputs.files import file_stamp
 from dppipeline.inputs.quarantine import private_folder, write_rejected
 from dppipeline.logs import statistic
 
@@ -143,7 +144,7 @@ class BeamEngine:
         spec = job.spec
         schema = input_schema(spec.privacy_unit, job.tasks.tasks)
         parts = input_parts(job.days, spec.input.format, schema)
-        input_bytes = sum(path.stat().st_size for day in job.days for path in day.files)
+        input_bytes = sum(file_stamp(path)[0] for day in job.days for path in day.files)
         unit_shards = self._unit_shards or default_shards(input_bytes)
         partition_shards = self._partition_shards or unit_shards
         # Rejected rows and unreadable-file reports go through Beam's file systems to a

@@ -32,6 +32,7 @@ from dppipeline.inputs.contract import (
 from dppipeline.inputs.csv_records import ROW, check_header
 from dppipeline.inputs.files import DailyPartition, first_line
 from dppipeline.spec.schema import Schema
+from dppipeline.storage import Location
 
 
 @dataclass(frozen=True)
@@ -77,11 +78,14 @@ def input_parts(days: Sequence[DailyPartition], fmt: str, schema: Schema) -> lis
     return parts
 
 
-def _parquet_metadata(path: Path) -> pq.FileMetaData:
+def _parquet_metadata(path: Path | Location) -> pq.FileMetaData:
+    """The footer, read by the launcher through `dppipeline.storage` (pyarrow.fs)."""
+    where = Location.of(path)
     try:
-        return pq.read_metadata(path)
+        fs, inner = where.filesystem()
+        return pq.read_metadata(inner, filesystem=fs)
     except (OSError, pa.ArrowException) as exc:
-        raise InputError(f"{path}: cannot read as parquet: {first_line(exc)}") from None
+        raise InputError(f"{where.display()}: cannot read as parquet: {first_line(exc)}") from None
 
 
 def read_part(part: InputPart, schema: Schema) -> RawBatch:

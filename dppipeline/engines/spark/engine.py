@@ -33,6 +33,7 @@ from dppipeline.engines.spark.session import (
 )
 from dppipeline.errors import InputError, UsageError
 from dppipeline.inputs.contract import RejectedRow, RejectSummary, check_rejected_fraction
+from dppipeline.inputs.files import file_stamp
 from dppipeline.inputs.quarantine import FILE_NAME, private_folder, seal
 from dppipeline.logs import statistic
 
@@ -82,7 +83,7 @@ class SparkEngine:
         spark, spec, tasks = self.spark, job.spec, job.tasks.tasks
         progress(f"Spark {spark.version} on {spark.sparkContext.master}")
         schema = input_schema(spec.privacy_unit, tasks)
-        input_bytes = sum(p.stat().st_size for day in job.days for p in day.files)
+        input_bytes = sum(file_stamp(p)[0] for day in job.days for p in day.files)
         if not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
             parallelism = spark.sparkContext.defaultParallelism
             partitions = shuffle_partitions(input_bytes, parallelism)

@@ -21,7 +21,6 @@ row's identity for sampling. No Python runs per row.
 from __future__ import annotations
 
 import datetime as dt
-import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from dppipeline.inputs.contract import Rule, Source, column_sources, rules_for
 from dppipeline.inputs.csv_records import FIELDS, HEADER_FIELDS, ROW, check_header, read_csv_records
 from dppipeline.inputs.files import DailyPartition, first_line, parquet_footer
 from dppipeline.spec.schema import Schema
+from dppipeline.storage import Location
 
 SOURCE = "_source_file"
 REASON = "_reason"
@@ -64,9 +64,20 @@ class _Group:
     rules: tuple[Rule, ...]
 
 
-def hadoop_path(path: Path | str) -> str:
-    """A local file as a Hadoop path that matches only itself (glob characters escaped)."""
-    return "file:" + _GLOB_CHARACTERS.sub(r"\\\1", os.path.abspath(path))
+def hadoop_path(path: Path | str | Location) -> str:
+    """A file as a Hadoop path that matches only itself (glob characters escaped): a local
+    file as `file:/...`; a URI as written, for the cluster's Hadoop FileSystem of its scheme
+    (`s3a://` with hadoop-aws, `gs://` with the GCS connector, `hdfs://`)."""
+    where = Location.of(path)
+    if not where.is_local:
+        return _GLOB_CHARACTERS.sub(r"\\\1", where.uri)
+    return "file:" + _GLOB_CHARACTERS.sub(r"\\\1", str(where.path))
+
+
+def _file_key(path: Path | str | Location) -> str:
+    """How `_decoded(_metadata.file_path)` names a file Spark read."""
+    where = Location.of(path)
+    return where.path.as_posix() if where.is_local else where.uri
 
 
 def read_validated(
@@ -180,14 +191,14 @@ def _parquet_group(
             spark.conf.set(_NANOS_AS_LONG, "true")
         frame = reader.parquet(*paths)
     except Exception as exc:  # AnalysisException and friends: name the input
-        raise InputError(f"cannot read parquet input: {first_line(exc)}") from None
+        raise InputError(f"cannot read parquet input: {_reason(exc)}") from None
     finally:
         if nanos and previous is None:
             spark.conf.unset(_NANOS_AS_LONG)
         elif nanos:
             spark.conf.set(_NANOS_AS_LONG, previous)
     file_path = _decoded(F.col("_metadata.file_path"))
-    listed = {os.path.abspath(path): (str(path), day) for path, day in files}
+    listed = {_file_key(path): (str(path), day) for path, day in files}
     names = F.create_map(*[F.lit(x) for key, (text, _) in listed.items() for x in (key, text)])
     days_ = F.create_map(*[F.lit(x) for key, (_, day) in listed.items() for x in (key, day)])
     frame = frame.select(
@@ -197,6 +208,18 @@ def _parquet_group(
         F.element_at(days_, file_path).alias(DAY),
     )
     return _Group(frame, sources, rules_for(schema, sources, csv=False))
+
+
+def _reason(exc: BaseException) -> str:
+    """Why Spark could not open the input; a scheme the cluster has no FileSystem for says
+    which jars it needs."""
+    text = first_line(exc)
+    if "No FileSystem for scheme" in text or "UNSUPPORTED_FILE_SYSTEM" in text:
+        return (
+            f"{text}; this Spark has no Hadoop FileSystem for that scheme (S3: use s3a:// with "
+            "hadoop-aws and the AWS SDK bundle on the classpath; GCS: the gcs-connector jar)"
+        )
+    return text
 
 
 def _decoded(uri: Column) -> Column:
@@ -307,7 +330,7 @@ def read_failure(exc: BaseException, files: Sequence[Path]) -> InputError | None
         return None
     text = " ".join(messages)
     decoded = _decode_uris(text)
-    named = next((p for p in files if os.path.abspath(p) in decoded), None)
+    named = next((p for p in files if _file_key(p) in decoded), None)
     where = str(named) if named is not None else "an input file"
     if any("FileNotFoundException" in m or "FILE_NOT_EXIST" in m for m in messages):
         return InputError(f"{where}: disappeared while the run read it")
