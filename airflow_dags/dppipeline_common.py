@@ -365,11 +365,11 @@ def validate_release(settings: RunSettings, ds: str) -> str:
 def mark_published(settings: RunSettings, ds: str) -> str:
     """Writes `_PUBLISHED` (the run id of the validated release) into the release folder, for
     partners' readers to wait on. Idempotent: an unchanged release keeps its marker untouched.
-    On a store the run is the one `_RELEASE` names and the marker is one PUT (whole or absent);
+    On a store the run is the one `RELEASE.json` names and the marker is one PUT (whole or absent);
     on local disk it is renamed into place."""
     release = release_dir(settings, ds)
     if "://" in release:
-        run_id = json.loads(_read_text(_join(release, "_RELEASE")))["run_id"]
+        run_id = json.loads(_read_text(_join(release, "RELEASE.json")))["run_id"]
     else:
         run_id = json.loads((Path(release) / "manifest.json").read_text())["run_id"]
     content = json.dumps({"run_id": run_id}) + "\n"

@@ -3,7 +3,7 @@
 that finds the server through AWS_ENDPOINT_URL and AWS_* credentials.
 
 A release on a store is published without rename (`orchestration/store_publication`): the run's
-files go under `OUT/_runs/<run_id>/`, then one small object `OUT/_RELEASE` names the run. The
+files go under `OUT/_runs/<run_id>/`, then one small object `OUT/RELEASE.json` names the run. The
 tests read it back the way the README tells a partner to (pandas over pyarrow's S3 client),
 and kill runs at every stage boundary to check that no partial release is ever visible and
 that the ledger's charge rules hold.
@@ -12,6 +12,7 @@ that the ledger's charge rules hold.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -46,7 +47,7 @@ def read_release(uri: str, dataset: str = "terminal_stats") -> pd.DataFrame:
 
     s3, _ = pafs.FileSystem.from_uri(uri)
     base = uri.removeprefix("s3://")
-    with s3.open_input_stream(f"{base}/_RELEASE") as pointer:
+    with s3.open_input_stream(f"{base}/RELEASE.json") as pointer:
         run_id = json.loads(pointer.read())["run_id"]
     return pd.read_parquet(f"{base}/_runs/{run_id}/{dataset}", filesystem=s3)
 
@@ -150,12 +151,15 @@ def test_the_store_layout_rerun_overwrite_and_check_release(s3, bucket, tmp_path
     checked = run_cli("check-release", out, "--ledger", ledger)
     assert checked.returncode == 0, checked.stderr
     assert f"{out}: valid release of run {rows[1].run_id}" in checked.stdout
+    reported = run_cli("report", out, "--ledger", ledger, "--output", tmp_path / "report")
+    assert reported.returncode == 0, reported.stderr
+    assert rows[1].run_id in (tmp_path / "report" / "index.html").read_text()
     s3.delete(f"{out}/_runs/{rows[1].run_id}/terminal_stats/part-00000.parquet")
     broken = run_cli("check-release", out)
     assert broken.returncode != 0 and "Traceback" not in broken.stderr
     assert broken.stderr.strip() == (
         f"dppipeline check-release: error: {out}: terminal_stats/part-00000.parquet, listed in "
-        "_RELEASE, is missing"
+        "RELEASE.json, is missing"
     )
 
 
@@ -299,3 +303,78 @@ def test_file_uris_are_local_paths_on_every_engine(small_inputs, tmp_path, engin
     assert (tmp_path / "out" / "release" / "manifest.json").is_file()  # published by rename
     rows = len(pd.read_parquet(small_inputs["parquet"]))  # bounds keep every row
     assert abs(released["count"].sum() - rows) < 1, (released["count"].sum(), rows)
+
+
+def test_beam_workers_in_other_processes_write_the_release_and_rejects_to_the_store(
+    s3, small_inputs, tmp_path
+):
+    """Beam with its workers in separate processes (DirectRunner multi_processing), CSV input
+    with one bad row on S3, release and quarantine on S3: the workers write the run's files
+    and their rejected rows under `OUT/_runs/<run_id>/` through Beam's file systems (the
+    launcher stages nothing on its disk), the launcher reads the rejects back from there,
+    and the published run holds the release and manifest only (no scratch files)."""
+    from test_quarantine import with_one_bad_row
+
+    uri = s3.new_bucket("workers")
+    with_one_bad_row(small_inputs, tmp_path / "csv")
+    s3.upload(tmp_path / "csv", f"{uri}/tx")
+    done = run_cli(
+        "run", "--engine", "beam", "--input", f"{uri}/tx", "--format", "csv",
+        "--output", f"{uri}/release", "--quarantine", f"{uri}/ops/q", *JOB, "--epsilon", "1",
+        "--no-ledger", "--direct_running_mode=multi_processing", "--direct_num_workers=2",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    run_id = pointer(s3, f"{uri}/release")["run_id"]
+    published = s3.keys(f"{uri}/release/_runs/{run_id}")
+    assert published[0] == "manifest.json" and len(published) > 1
+    assert all(re.fullmatch(r"terminal_stats/part-\d{5}\.parquet", k) for k in published[1:])
+    assert pointer(s3, f"{uri}/release")["files"] == [*published[1:], "manifest.json"]
+    assert s3.keys(f"{uri}/ops/q") == [f"{run_id}/rejected.parquet"]
+    assert "rejected 1 (kept aside in" in done.stderr
+    assert not [p for p in (tmp_path / "state").rglob("*") if p.is_file()]  # nothing staged
+
+
+def test_beam_scratch_with_raw_rows_is_never_under_a_store_release(tmp_path):
+    """Workers' raw rejected rows go to an operator-only place: for an output on a store, the
+    quarantine's run folder (on a store) or a private local folder, never the run's folder
+    under the release prefix, where a crash would leave them beside published files."""
+    from dppipeline.engines.base import ReleaseJob
+    from dppipeline.engines.beam.engine import _scratch_folder
+    from dppipeline.storage import Location
+
+    run = Location.of("s3://bank/release/_runs/20260101T000000Z-0badc0de")
+    quarantine = tmp_path / "state" / "quarantine" / "20260101T000000Z-0badc0de"
+    shipped = Location.of("s3://ops/quarantine/20260101T000000Z-0badc0de")
+    job = ReleaseJob.__new__(ReleaseJob)  # only the two quarantine fields are read
+    object.__setattr__(job, "quarantine", quarantine)
+    object.__setattr__(job, "quarantine_shipped_to", shipped)
+    assert _scratch_folder(job, run) == "s3://ops/quarantine/20260101T000000Z-0badc0de/_scratch"
+    object.__setattr__(job, "quarantine_shipped_to", None)
+    local = _scratch_folder(job, run)
+    assert local == str(quarantine.parent / "_scratch-20260101T000000Z-0badc0de")
+    assert not local.startswith("s3://bank/release")
+    assert _scratch_folder(job, tmp_path / "staging") == str(tmp_path / "staging" / "_scratch")
+
+
+def test_the_readmes_spark_reader_follows_the_pointer(s3, bucket, tmp_path, spark):
+    """The README's Spark snippet, run on a copy of a store release on local disk (this
+    Spark has no s3a connector): the pointer's run, read by Spark, equals what pandas reads
+    from the store."""
+    import pyarrow.fs as pafs
+
+    out = f"{bucket}/release"
+    done = run_cli("run", "--input", f"{bucket}/tx", "--output", out, *JOB, "--epsilon", "1",
+                   "--no-ledger")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    copy = tmp_path / "copy"
+    pafs.copy_files(out.removeprefix("s3://"), str(copy), source_filesystem=s3.filesystem(),
+                    destination_filesystem=pafs.LocalFileSystem())  # fmt: skip
+
+    release = f"file://{copy}"
+    run_id = spark.read.json(f"{release}/RELEASE.json", multiLine=True).first()["run_id"]
+    released = spark.read.parquet(f"{release}/_runs/{run_id}/terminal_stats")
+
+    assert run_id == pointer(s3, out)["run_id"]
+    by_spark = released.toPandas().sort_values("TERMINAL_ID", ignore_index=True)
+    by_pandas = read_release(out).sort_values("TERMINAL_ID", ignore_index=True)
+    pd.testing.assert_frame_equal(by_spark, by_pandas, check_dtype=False)

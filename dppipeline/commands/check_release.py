@@ -1,6 +1,6 @@
 """Is a published release what it claims to be? The check a scheduler runs before announcing it.
 
-A release passes when its manifest is there (on a store: in the run its `_RELEASE` pointer
+A release passes when its manifest is there (on a store: in the run its `RELEASE.json` pointer
 names, with every file the pointer lists), each query's dataset has the schema
 `schemas/terminal_stats.json` defines for that query's keys and metrics (names, types, order)
 and the row count the manifest states,

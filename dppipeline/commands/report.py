@@ -19,9 +19,16 @@ import pandas as pd
 
 from dppipeline.commands.budget import spend_curve
 from dppipeline.commands.charts import day_axis, pyplot
-from dppipeline.core.manifest import Manifest, MetricEntry, QueryEntry, read_manifest
+from dppipeline.core.manifest import (
+    Manifest,
+    MetricEntry,
+    QueryEntry,
+    read_manifest,
+    release_folder,
+)
 from dppipeline.errors import UsageError
 from dppipeline.ledger import BudgetPolicy, Ledger, LedgerRow
+from dppipeline.storage import Location
 
 PREVIEW_ROWS = 10  # released rows shown per dataset
 METRIC_COLUMNS = ("count", "sum", "mean", "variance", "privacy_id_count")
@@ -40,12 +47,15 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
-def load_release(release: Path) -> tuple[Manifest, dict[str, pd.DataFrame]]:
-    """The manifest and every query's released rows."""
+def load_release(release: str | Path) -> tuple[Manifest, dict[str, pd.DataFrame]]:
+    """The manifest and every query's released rows (on a store: of the run `RELEASE.json`
+    names)."""
     manifest = read_manifest(release)
-    datasets = {
-        name: pd.read_parquet(release / query.dataset) for name, query in manifest.queries.items()
-    }
+    folder = release_folder(release)
+    datasets = {}
+    for name, query in manifest.queries.items():
+        fs, path = folder.join(query.dataset).filesystem()
+        datasets[name] = pd.read_parquet(path, filesystem=fs)
     return manifest, datasets
 
 
@@ -237,11 +247,17 @@ margin:0.5em 0}.note{color:#555;font-size:13px}
 
 def build_report(release: str | Path, ledger: str | None, output: str | Path | None) -> Path:
     """Writes `index.html` (charts embedded) and the PNG charts; returns the page's path."""
-    release = Path(release)
+    where = Location.of(release)
     manifest, datasets = load_release(release)
-    target = Path(output) if output else release.parent / f"{release.name}_report"
-    if target.resolve() == release.resolve() or release.resolve() in target.resolve().parents:
-        raise UsageError(f"--output: {target} is inside the release; write the report beside it")
+    if where.is_local:
+        local = where.path
+        target = Path(output) if output else local.parent / f"{local.name}_report"
+        if target.resolve() == local.resolve() or local.resolve() in target.resolve().parents:
+            raise UsageError(
+                f"--output: {target} is inside the release; write the report beside it"
+            )
+    else:  # a release on a store: the report is written on local disk
+        target = Path(output) if output else Path(f"{where.name}_report")
     target.mkdir(parents=True, exist_ok=True)
     scope, rows, policy = ledger_rows(ledger, manifest.run_id)
     budget_png = budget_chart(manifest, target / "budget_split.png")

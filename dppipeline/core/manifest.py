@@ -139,10 +139,10 @@ class Manifest(_Entry):
 
 
 # The publication protocol on stores without an atomic rename (object stores): a release's
-# files live under `<release>/_runs/<run_id>/`, and `<release>/_RELEASE`, written last in one
-# PUT, names the run that is the release. Readers follow it; without it the folder itself is
+# files live under `<release>/_runs/<run_id>/`, and `<release>/RELEASE.json`, written last in
+# one PUT, names the run that is the release. Readers follow it; without it the folder itself is
 # the release (local disks publish by rename).
-POINTER_NAME = "_RELEASE"
+POINTER_NAME = "RELEASE.json"
 RUNS_FOLDER = "_runs"
 
 

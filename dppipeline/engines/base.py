@@ -93,13 +93,17 @@ def release_to_datasets(
 
 class Engine(Protocol):
     name: str
+    # True when the engine's workers write the release themselves through the file systems of
+    # their ecosystem: for an output on a store, `run` then gets the run's folder there (a
+    # URI, `OUT/_runs/<run_id>`) as its staging area instead of a local folder to upload.
+    writes_to_stores: bool
 
     def prepare(self) -> None:
         """Starts slow resources (a JVM, a runner) before planning; reads no data."""
         ...
 
-    def run(self, job: ReleaseJob, staging: Path) -> EngineRun:
+    def run(self, job: ReleaseJob, staging: Path | Location) -> EngineRun:
         """Reads, validates, bounds, aggregates and releases one dataset per query into
-        `staging/<query>/` (the runner's staging area); raises DPPipelineError on bad
-        input."""
+        `staging/<query>/` (the runner's staging area: a local folder, or a store's run
+        folder when `writes_to_stores`); raises DPPipelineError on bad input."""
         ...

@@ -33,6 +33,7 @@ from dppipeline.core.budget import AggregationParams, JobPlan, plan_job
 from dppipeline.core.events import release_events
 from dppipeline.core.manifest import (
     MANIFEST_NAME,
+    RUNS_FOLDER,
     Manifest,
     build_manifest,
     published_run_id,
@@ -66,12 +67,15 @@ from dppipeline.orchestration.publication import (
 from dppipeline.orchestration.signals import signals_deferred
 from dppipeline.orchestration.store_publication import (
     check_store_target,
+    discard_staging,
     heal_store,
     make_store_staging,
     publish_to_store,
     refuse_unsafe_store_target,
+    run_files,
     store_lock,
     upload_run,
+    write_store_manifest,
 )
 from dppipeline.spec.model import JobSpec
 from dppipeline.storage import Location, is_uri
@@ -420,7 +424,12 @@ def _run_to_store(
         with spend:
             _reserved_line(spend, job, run_id, say)
             failpoint("reserved")
-            staging = make_store_staging(run_id)
+            # Beam's workers write the run's folder on the store themselves; the others stage
+            # on local disk and the runner uploads.
+            direct = getattr(engine_impl, "writes_to_stores", False)
+            staging: Path | Location = (
+                output.join(RUNS_FOLDER, run_id) if direct else make_store_staging(run_id)
+            )
             committed = False
             try:
                 spend.reading()
@@ -430,7 +439,11 @@ def _run_to_store(
                     say=say,
                 )  # fmt: skip
                 failpoint("staged")
-                names = upload_run(output, staging, run_id)
+                names = (
+                    run_files(staging)
+                    if isinstance(staging, Location)
+                    else upload_run(output, staging, run_id)
+                )
                 with signals_deferred():
                     spend.commit()
                     committed = True
@@ -446,7 +459,7 @@ def _run_to_store(
                     failpoint("published")
             except BaseException:
                 if not committed:
-                    shutil.rmtree(staging, ignore_errors=True)
+                    discard_staging(staging)
                 raise
     if book is not None:
         say(ledger_line(book, f"committed run {run_id}"))
@@ -559,14 +572,15 @@ def _release(
 def _stage(
     job: ReleaseJob,
     engine_impl: Engine,
-    staging: Path,
+    staging: Path | Location,
     *,
     run_id: str,
     spec_hash: str,
     book: Ledger | None,
     say: Callable[[str], None],
 ) -> Manifest:
-    """The engine's run + the manifest (written last), all on disk in `staging`."""
+    """The engine's run + the manifest (written last), all on disk in `staging` (or, for an
+    engine that writes to stores, all in the run's folder on the store)."""
     spec, days = job.spec, job.days
     say(
         f"[{engine_impl.name}] reading {len(days)} daily partitions "
@@ -599,6 +613,9 @@ def _stage(
         spec_hash=spec_hash,
         ledger=str(book.location) if book is not None else None,
     )
+    if isinstance(staging, Location):
+        write_store_manifest(staging, manifest.to_json())
+        return manifest
     (staging / MANIFEST_NAME).write_text(manifest.to_json())
     fsync_tree(staging)
     return manifest

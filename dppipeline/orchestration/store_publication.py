@@ -4,15 +4,17 @@
 Layout under an output `OUT` (a URI):
 
     OUT/_runs/<run_id>/...    a run's release: its datasets, then its manifest (written last)
-    OUT/_RELEASE              the pointer: {"run_id", "files", "replaces"}, one PUT, written
-                              after the ledger commit; what readers follow
+    OUT/RELEASE.json          the pointer: {"run_id", "files", "replaces"}, one PUT, written
+                              after the ledger commit; what readers follow (no leading `_`:
+                              Spark and Hadoop skip such files even when named)
 
-A run stages the release on local disk (the engines write there as for a local output), then:
+A run stages the release on local disk (the local and Spark engines write there as for a
+local output; Beam's workers write `OUT/_runs/<run_id>/` themselves), then:
 
 1. uploads the staged files to `OUT/_runs/<run_id>/`, manifest last. Crash: files that no
    pointer names, invisible; removed by the next run (or published by it if committed);
 2. commits in the ledger;
-3. writes `OUT/_RELEASE` naming the run (and the run it replaces). Object stores make a PUT
+3. writes `OUT/RELEASE.json` naming the run (and the run it replaces). Object stores make a PUT
    visible whole or not at all: readers see the old release or the new one. Crash before: the
    next run rolls the committed run forward (writes the pointer);
 4. removes the replaced run's files. Crash before: the next run removes them (the pointer
@@ -26,6 +28,7 @@ the pointer's single write decide (last writer wins).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -70,7 +73,7 @@ def refuse_unsafe_store_target(
 
 def check_store_target(output: Location, overwrite: bool, **guard: Any) -> None:
     """`refuse_unsafe_store_target`, then: an output holding a release needs `overwrite`;
-    one holding anything but a release (`_RELEASE` and `_runs/`) is never written."""
+    one holding anything but a release (`RELEASE.json` and `_runs/`) is never written."""
     refuse_unsafe_store_target(output, **guard)
     try:
         entries = output.children() if output.is_dir() else []
@@ -123,7 +126,36 @@ def upload_run(output: Location, staging: Path, run_id: str) -> list[str]:
     return names
 
 
-def publish_to_store(output: Location, staging: Path, run_id: str, names: list[str]) -> None:
+def run_files(folder: Location) -> list[str]:
+    """Step 1 for an engine whose workers wrote `OUT/_runs/<run_id>/` themselves (Beam): the
+    files there, manifest last."""
+    try:
+        return sorted(folder.files(), key=lambda name: (name == MANIFEST_NAME, name))
+    except StorageError as exc:
+        raise OutputError(f"cannot list the release: {exc}") from None
+
+
+def write_store_manifest(folder: Location, text: str) -> None:
+    """The manifest, written last into a run's folder on the store."""
+    try:
+        folder.join(MANIFEST_NAME).write_bytes(text.encode())
+    except StorageError as exc:
+        raise OutputError(f"cannot write the release: {exc}") from None
+
+
+def discard_staging(staging: Path | Location) -> None:
+    """An uncommitted run's files: a local staging folder, or its folder on the store (a
+    crash leaves the latter to the next run's `heal_store`)."""
+    if isinstance(staging, Location):
+        with contextlib.suppress(StorageError):  # else the next run removes it
+            staging.delete_tree()
+        return
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def publish_to_store(
+    output: Location, staging: Path | Location, run_id: str, names: list[str]
+) -> None:
     """Steps 3 and 4: the pointer, then the replaced run's files away."""
     previous = release_pointer(output)
     replaced = previous["run_id"] if previous is not None else None
@@ -133,7 +165,8 @@ def publish_to_store(output: Location, staging: Path, run_id: str, names: list[s
     failpoint("exchanged")
     if replaced is not None and replaced != run_id:
         _remove_run(output, replaced)
-    shutil.rmtree(staging, ignore_errors=True)
+    if not isinstance(staging, Location):
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _write_pointer(output: Location, run_id: str, names: list[str], replaces: str | None) -> None:

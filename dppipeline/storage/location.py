@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 LOCAL_SCHEMES = ("", "file")
 # Schemes pyarrow.fs reads; `gcs` and `gs` are the same store, as are `abfs` and `abfss`.
-REMOTE_SCHEMES = ("s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "az")
+# `s3a` is Hadoop's name for S3 (Spark clusters use it): the same store to pyarrow.
+REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "az")
 
 
 class StorageError(OSError):
@@ -238,6 +239,8 @@ def _remote(uri: str) -> tuple[pafs.FileSystem, str]:
     the region and credentials."""
     import pyarrow.fs as pafs  # noqa: PLC0415
 
+    if uri.startswith("s3a://"):
+        uri = "s3://" + uri.removeprefix("s3a://")
     parts = urlsplit(uri)
     if parts.query or "@" in parts.netloc or parts.scheme not in ("s3", "gs", "gcs", "hdfs"):
         found: tuple[pafs.FileSystem, str] = pafs.FileSystem.from_uri(uri)

@@ -77,7 +77,7 @@ from dppipeline.engines.beam.release import (
 from dppipeline.engines.shared.polars_read import (
     first_rejected,
 )
-from dppipeline.errors import InputError, UsageError
+from dppipeline.errors import InputError, OutputError, UsageError
 from dppipeline.inputs.contract import (
     RejectSummary,
     check_rejected_fraction,
@@ -85,6 +85,7 @@ from dppipeline.inputs.contract import (
 from dppipeline.inputs.files import file_stamp
 from dppipeline.inputs.quarantine import private_folder, write_rejected
 from dppipeline.logs import statistic
+from dppipeline.storage import Location
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,7 @@ class BeamEngine:
     """Beam engine: DirectRunner by default; any runner through standard pipeline options."""
 
     name = "beam"
+    writes_to_stores = True  # workers write through Beam's file systems (s3, gs, hdfs)
 
     def __init__(
         self,
@@ -135,8 +137,9 @@ class BeamEngine:
     def prepare(self) -> None:
         """Nothing to start: the runner starts when the pipeline runs."""
 
-    def run(self, job: ReleaseJob, staging: Path) -> EngineRun:
+    def run(self, job: ReleaseJob, staging: Path | Location) -> EngineRun:
         started = time.monotonic()
+        folder = str(staging)  # a local folder, or the run's folder on a store
 
         def progress(step: str) -> None:
             job.progress(f"{time.monotonic() - started:6.1f}s {step}")
@@ -148,9 +151,9 @@ class BeamEngine:
         unit_shards = self._unit_shards or default_shards(input_bytes)
         partition_shards = self._partition_shards or unit_shards
         # Rejected rows and unreadable-file reports go through Beam's file systems to a
-        # folder in the staging area (which every worker can reach where the release can be
-        # written), are read back here, and the folder is removed before this returns.
-        scratch = Scratch(FileSystems.join(str(staging), SCRATCH), len(parts))
+        # scratch folder every worker can reach (`_scratch_folder`), are read back here, and
+        # the folder is removed before this returns.
+        scratch = Scratch(_scratch_folder(job, staging), len(parts))
         try:
             scratch.create()
             pipeline = beam.Pipeline(options=self._options)
@@ -158,7 +161,7 @@ class BeamEngine:
                 pipeline,
                 job,
                 parts=parts,
-                staging=staging,
+                staging=folder,
                 scratch=scratch,
                 unit_shards=unit_shards,
                 partition_shards=partition_shards,
@@ -181,11 +184,12 @@ class BeamEngine:
             scratch.remove()
         released = {}
         for query in job.plan.queries:
-            files = sorted((staging / query.name).glob("*.parquet"))
+            dataset = Location.of(staging).join(query.name)
+            files = [name for name in dataset.files() if name.endswith(".parquet")]
             if not files:  # nothing released: the dataset still has its schema
                 empty = job.release_schema(query.name).empty_table()
-                write_parquet(parquet_name(str(staging / query.name), "part", 0), empty)
-            released[query.name] = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
+                write_parquet(parquet_name(str(dataset), "part", 0), empty)
+            released[query.name] = sum(_rows_in(dataset.join(name)) for name in files)
         return EngineRun(rejects=rejects, released_partitions=released)
 
     def _build(
@@ -194,7 +198,7 @@ class BeamEngine:
         job: ReleaseJob,
         *,
         parts: Sequence[InputPart],
-        staging: Path,
+        staging: str,
         scratch: Scratch,
         unit_shards: int,
         partition_shards: int,
@@ -223,7 +227,7 @@ class BeamEngine:
         released = aggregates | "ReleaseDP" >> ReleaseDP(job, partition_shards)
         for query in job.plan.queries:
             _ = released[query.name] | f"WriteRelease[{query.name}]" >> WriteRelease(
-                staging / query.name,
+                FileSystems.join(staging, query.name),
                 job.release_schema(query.name),
             )
 
@@ -248,6 +252,27 @@ class BeamEngine:
 
 
 SCRATCH = "_scratch"
+
+
+def _scratch_folder(job: ReleaseJob, staging: Path | Location) -> str:
+    """Where workers leave raw rejected rows: an operator-only place, never under a store's
+    release prefix (a crashed run's files there stay until the next run removes them). A
+    local output: its private staging folder. A store output: the quarantine's run folder
+    when the quarantine is on a store (what a distributed runner needs), else a private
+    folder beside the local quarantine."""
+    if not isinstance(staging, Location) or staging.is_local:
+        return FileSystems.join(str(staging), SCRATCH)
+    if job.quarantine_shipped_to is not None:
+        return str(job.quarantine_shipped_to.join(SCRATCH))
+    quarantine = Path(job.quarantine)
+    return str(quarantine.parent / f"{SCRATCH}-{quarantine.name}")
+
+
+def _rows_in(path: Location) -> int:
+    """A released file's row count, from its footer."""
+    fs, inner = path.filesystem()
+    with fs.open_input_file(inner) as handle:
+        return int(pq.ParquetFile(handle).metadata.num_rows)
 
 
 @dataclass(frozen=True)
@@ -290,10 +315,16 @@ class Scratch:
         return pa.concat_tables(tables)
 
     def remove(self) -> None:
-        if self.is_local:  # Beam's local delete matches its argument as a pattern
+        """Raw rejected rows must not stay beside the release: removed, and checked gone
+        (Beam's local delete matches its argument as a pattern, its S3 delete of a prefix
+        removes nothing, so the storage layer removes the folder)."""
+        if self.is_local:
             shutil.rmtree(self.folder, ignore_errors=True)
-        elif FileSystems.exists(self.folder):
-            FileSystems.delete([self.folder])
+            return
+        where = Location.of(self.folder)
+        where.delete_tree()
+        if where.files():
+            raise OutputError(f"could not remove the scratch folder {where.display()}")
 
 
 class _WriteText(beam.DoFn):

@@ -190,13 +190,13 @@ class WriteRelease(beam.PTransform):
     that released nothing). The folder is in the runner's staging area, published only on
     success."""
 
-    def __init__(self, dataset_dir: Path, schema: pa.Schema):
+    def __init__(self, dataset_dir: str | Path, schema: pa.Schema):
         super().__init__()
-        self._dir, self._schema = dataset_dir, schema
+        self._dir, self._schema = str(dataset_dir), schema
 
     def expand(self, tables):
         return tables | "WriteParquet" >> beam.ParDo(
-            WriteParquetFile(str(self._dir), "part", self._schema)
+            WriteParquetFile(self._dir, "part", self._schema)
         )
 
 

@@ -62,6 +62,7 @@ class LocalEngine:
     """In-process engine: one machine, multi-threaded where Polars and numpy are."""
 
     name = "local"
+    writes_to_stores = False  # the runner uploads what it staged locally
 
     def prepare(self) -> None:
         """Nothing to start: the local engine runs in this process."""

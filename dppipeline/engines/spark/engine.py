@@ -58,6 +58,7 @@ class SparkEngine:
     """Spark engine: the same job on `local[*]`, a standalone cluster, YARN or Kubernetes."""
 
     name = "spark"
+    writes_to_stores = False  # the runner uploads what the driver staged locally
 
     def __init__(self, spark: SparkSession | None = None):
         self._spark = spark

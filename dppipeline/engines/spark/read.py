@@ -214,11 +214,14 @@ def _reason(exc: BaseException) -> str:
     """Why Spark could not open the input; a scheme the cluster has no FileSystem for says
     which jars it needs."""
     text = first_line(exc)
-    if "No FileSystem for scheme" in text or "UNSUPPORTED_FILE_SYSTEM" in text:
-        return (
-            f"{text}; this Spark has no Hadoop FileSystem for that scheme (S3: use s3a:// with "
-            "hadoop-aws and the AWS SDK bundle on the classpath; GCS: the gcs-connector jar)"
-        )
+    for message in [text, *_java_messages(exc)]:
+        if "No FileSystem for scheme" in message or "UnsupportedFileSystem" in message:
+            scheme = message.rsplit("scheme", 1)[-1].strip(' "')
+            return (
+                f"this Spark has no Hadoop FileSystem for scheme {scheme!r} (S3: s3a:// with "
+                "hadoop-aws and the AWS SDK bundle on the classpath; GCS: gs:// with the "
+                "gcs-connector jar)"
+            )
     return text
 
 
