@@ -378,3 +378,24 @@ def test_the_readmes_spark_reader_follows_the_pointer(s3, bucket, tmp_path, spar
     by_spark = released.toPandas().sort_values("TERMINAL_ID", ignore_index=True)
     by_pandas = read_release(out).sort_values("TERMINAL_ID", ignore_index=True)
     pd.testing.assert_frame_equal(by_spark, by_pandas, check_dtype=False)
+
+
+@pytest.mark.parametrize("engine", ["local", "beam"])
+def test_a_corrupt_file_on_the_store_fails_the_run_naming_it(s3, small_inputs, tmp_path, engine):
+    """A truncated Parquet file on S3: one line naming the file, a non-zero exit, nothing
+    published and no run folder left under the output."""
+    import shutil
+
+    uri = s3.new_bucket(f"corrupt-{engine}")
+    shutil.copytree(small_inputs["parquet"], tmp_path / "tx")
+    bad = sorted((tmp_path / "tx").rglob("*.parquet"))[1]
+    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    s3.upload(tmp_path / "tx", f"{uri}/tx")
+    failed = run_cli("run", "--engine", engine, "--input", f"{uri}/tx", "--output",
+                     f"{uri}/release", *JOB, "--epsilon", "1", "--no-ledger")  # fmt: skip
+    assert failed.returncode == 1, failed.stderr
+    last = failed.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in failed.stderr
+    name = bad.relative_to(tmp_path / "tx").as_posix()
+    assert last.startswith(f"dppipeline run: error: {uri}/tx/{name}: cannot read as parquet"), last
+    assert s3.keys(f"{uri}/release") == []
