@@ -529,7 +529,11 @@ def _metric_budget(
         kind=kind,
         epsilon=spec.eps,
         delta=spec.delta or 0.0,
-        l0_sensitivity=params.max_partitions_contributed,
+        l0_sensitivity=(
+            params.quantile_tree_bounds[0]
+            if name == "percentile"
+            else params.max_partitions_contributed
+        ),
         linf_sensitivity=linf,
         noise_stddev=None,
         noise_multiplier=multiplier,
