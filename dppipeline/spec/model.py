@@ -1138,7 +1138,7 @@ def build_spec(
             other = PER_PARTITION_BOUNDS if leaf in TOTAL_BOUNDS else TOTAL_BOUNDS
             if leaf in (*PER_PARTITION_BOUNDS, *TOTAL_BOUNDS):
                 for name in other:
-                    if f"bounds.{name}" not in (overrides or {}):
+                    if (overrides or {}).get(f"bounds.{name}") is None:
                         target.pop(name, None)
         target[leaf] = value
     try:
