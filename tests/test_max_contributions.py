@@ -278,9 +278,9 @@ def test_selection_percentiles_and_global_totals():
     assert total.mechanism("count").l1_sensitivity == 4.0
 
 
-def test_the_spec_reaches_the_plan_the_tasks_and_the_manifest_fields():
-    spec = spec_of({}, **{"bounds.max_contributions": 5, "bounds.min_value": 0,
-                          "bounds.max_value": 10, "partition_selection.public_partitions": "1..3"})  # fmt: skip
+def test_the_spec_reaches_the_plan_and_the_tasks():
+    bounds = {"max_contributions": 5, "min_value": 0, "max_value": 10}
+    spec = spec_of({"bounds": bounds}, **{"partition_selection.public_partitions": "1..3"})
     plan = make_plan(spec)
     params = plan.queries[0].plan.params
     assert (params.max_contributions, params.max_partitions_contributed) == (5, 5)
@@ -467,11 +467,13 @@ def test_exact_tier_of_a_release_at_huge_epsilon(small_inputs, tmp_path, engine,
         request.getfixturevalue("spark")
     rows = pl.read_parquet(sorted(small_inputs["parquet"].glob("*/*.parquet")))
     most = int(rows.group_by(UNIT).len().get_column("len").max())
-    released, manifest = release_small(
-        small_inputs, tmp_path, engine,
-        **{"bounds.max_partitions_contributed": None, "bounds.max_contributions_per_partition": None,
-           "bounds.max_contributions": most, "budget.epsilon": 1e7},
-    )  # fmt: skip
+    overrides = {
+        "bounds.max_partitions_contributed": None,  # release_small's pair, unset
+        "bounds.max_contributions_per_partition": None,
+        "bounds.max_contributions": most,
+        "budget.epsilon": 1e7,
+    }
+    released, manifest = release_small(small_inputs, tmp_path, engine, **overrides)
     query = manifest["queries"]["terminal_stats"]
     assert query["bounds"]["max_contributions"] == most
     assert query["budget_split"]["count"]["l2_sensitivity"] == most
@@ -482,3 +484,22 @@ def test_exact_tier_of_a_release_at_huge_epsilon(small_inputs, tmp_path, engine,
         std = query["metrics"][metric]["noise_stddev"]
         assert std < (1.0 if metric != "sum" else 200.0), (metric, std)
         assert np.all(np.abs(merged[metric] - merged[f"{metric}_true"]) <= z * std), metric
+
+
+def test_on_generated_data_the_share_kept_is_max_rows_per_ids(small_inputs):
+    """The generated transactions (conftest's small set): the local engine's bounded count
+    with K = 6 is sum_u min(n_u, K) from the customers' known row counts, Tumult's
+    MaxRowsPerID(6) share, and above every L0 x Linf pair of product 6."""
+    rows = pl.read_parquet(sorted(small_inputs["parquet"].glob("*/*.parquet")))
+    n_u = rows.group_by(UNIT).len().get_column("len").to_numpy()
+    keys = SamplingKeys.from_salt(SALT)
+
+    def kept(**bounds) -> int:
+        spec = spec_of({}, **{f"bounds.{k}": v for k, v in bounds.items()})
+        task = plan_tasks(spec, make_plan(spec), []).tasks[0]
+        return int(aggregate_task(rows, task, UNIT, keys)["count"].sum())
+
+    total = kept(max_contributions=6)
+    assert total == int(np.minimum(n_u, 6).sum()) and total < rows.height
+    for l0, linf in [(1, 6), (2, 3), (3, 2), (6, 1)]:
+        assert kept(max_partitions_contributed=l0, max_contributions_per_partition=linf) < total
