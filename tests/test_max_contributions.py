@@ -462,7 +462,9 @@ def test_every_engine_keeps_the_rule_and_bounds_a_unit_to_its_sensitivity(
 @pytest.mark.parametrize("engine", ["local", "spark", "beam"])
 def test_exact_tier_of_a_release_at_huge_epsilon(small_inputs, tmp_path, engine, request):
     """The whole run on each engine, K at least every customer's rows, epsilon 1e7: the
-    release equals the truth (within Z(1e-6) noise stds, which are tiny)."""
+    release equals the truth (within Z(1e-6) noise stds, which are tiny); the mean is the
+    true mean, and the median from the quantile trees (calibrated for L0 = 1, Linf = K) lies
+    between each terminal's 30th and 70th percentiles."""
     if engine == "spark":
         request.getfixturevalue("spark")
     rows = pl.read_parquet(sorted(small_inputs["parquet"].glob("*/*.parquet")))
@@ -472,6 +474,7 @@ def test_exact_tier_of_a_release_at_huge_epsilon(small_inputs, tmp_path, engine,
         "bounds.max_contributions_per_partition": None,
         "bounds.max_contributions": most,
         "budget.epsilon": 1e7,
+        "metrics": ["count", "sum", "mean", "privacy_id_count", "percentile(50)"],
     }
     released, manifest = release_small(small_inputs, tmp_path, engine, **overrides)
     query = manifest["queries"]["terminal_stats"]
@@ -484,6 +487,18 @@ def test_exact_tier_of_a_release_at_huge_epsilon(small_inputs, tmp_path, engine,
         std = query["metrics"][metric]["noise_stddev"]
         assert std < (1.0 if metric != "sum" else 200.0), (metric, std)
         assert np.all(np.abs(merged[metric] - merged[f"{metric}_true"]) <= z * std), metric
+    np.testing.assert_allclose(merged["mean"], merged["sum_true"] / merged["count_true"], rtol=1e-3)
+    clipped = rows.with_columns(pl.col("TX_AMOUNT").clip(0.0, 150.0))
+    spread = clipped.group_by(KEY).agg(
+        pl.col("TX_AMOUNT").quantile(0.3).alias("low"),
+        pl.col("TX_AMOUNT").quantile(0.7).alias("high"),
+    )
+    medians = merged.merge(spread.to_pandas(), on=KEY)
+    assert len(medians) == len(merged) > 0
+    column = next(c for c in released.columns if c.startswith("percentile"))
+    leaf = 150.0 / 16**4  # the tree's resolution: height 4, branching 16
+    outside = ~medians[column].between(medians["low"] - 2 * leaf, medians["high"] + 2 * leaf)
+    assert not outside.any(), medians[outside]
 
 
 def test_on_generated_data_the_share_kept_is_max_rows_per_ids(small_inputs):
