@@ -20,6 +20,8 @@ import pandas as pd
 import polars as pl
 import pytest
 from conftest import release_small, terminal_truth
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import norm
 
 from dppipeline.core.budget import AggregationParams, gaussian_delta, plan_budget
@@ -181,6 +183,31 @@ def test_keeps_exactly_min_rows_k_per_unit_more_than_any_pair_of_that_product():
         assert pair_kept < max_rows_per_id, (l0, linf)
         shares[(l0, linf)] = pair_kept / len(unit)
     assert max(shares.values()) < max_rows_per_id / len(unit)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 4)), max_size=80),
+    st.integers(1, 6),
+    st.integers(0, 2**32),
+)
+def test_property_each_unit_keeps_its_k_lowest_priority_rows(rows, k, seed):
+    """Whatever the rows: each unit keeps exactly its min(n_u, K) rows of lowest priority, and
+    the kept pairs are exactly the (unit, partition) pairs of kept rows."""
+    unit = np.array([r[0] for r in rows], dtype=np.int64)
+    key = np.array([r[1] for r in rows], dtype=np.int64)
+    salt = new_salt(seed)
+    kept = sample(unit, key, n_keys=5, salt=salt, k=k)
+    priority = row_priorities(
+        SamplingKeys.from_salt(salt), [""], np.zeros(len(unit), np.int64), np.arange(len(unit))
+    )
+    expected = set()
+    for u in np.unique(unit):
+        mine = np.flatnonzero(unit == u)
+        expected |= set(mine[np.argsort(priority[mine], kind="stable")][:k].tolist())
+    assert set(kept.rows.tolist()) == expected
+    pairs = Counter(k for _, k in {(unit[i], key[i]) for i in expected})
+    assert Counter(kept.pair_key_codes.tolist()) == pairs
 
 
 def test_the_sample_is_uniform_over_a_units_rows_whatever_their_partitions():
