@@ -50,6 +50,7 @@ FLAG_FIELDS: dict[str, str] = {
     "confidence_intervals": "confidence_intervals",
     "max_partitions_contributed": "bounds.max_partitions_contributed",
     "max_contributions_per_partition": "bounds.max_contributions_per_partition",
+    "max_contributions": "bounds.max_contributions",
     "min_value": "bounds.min_value",
     "max_value": "bounds.max_value",
     "public_partitions": "partition_selection.public_partitions",
@@ -128,6 +129,11 @@ def _add_privacy_flags(parser: argparse.ArgumentParser) -> None:
         "--max-contributions-per-partition",
         type=int,
         help="Linf: rows kept per privacy unit and partition",
+    )
+    add(
+        "--max-contributions",
+        type=int,
+        help="rows kept per privacy unit across all partitions (instead of L0 and Linf)",
     )
     add("--min-value", type=float, help="lower clipping bound (sum, mean)")
     add("--max-value", type=float, help="upper clipping bound (sum, mean)")

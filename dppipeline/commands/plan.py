@@ -79,8 +79,13 @@ def _render_query(
         + (f" where {query.filter}" if query.filter else ""),
         f"  share: epsilon={_num(eps)} delta={_num(delta)} (weight {query.budget_weight:g})"
         + (" + its partition selection" if query_plan.selection_group else ""),
-        f"  bounds: L0 (max_partitions_contributed)={params.max_partitions_contributed}, "
-        f"Linf (max_contributions_per_partition)={params.max_contributions_per_partition}"
+        (
+            f"  bounds: max_contributions={params.max_contributions} rows per privacy unit in "
+            f"all (at most {params.max_partitions_contributed} partitions)"
+            if params.max_contributions is not None
+            else f"  bounds: L0 (max_partitions_contributed)={params.max_partitions_contributed}, "
+            f"Linf (max_contributions_per_partition)={params.max_contributions_per_partition}"
+        )
         + (
             f", values clipped to [{_num(params.min_value)}, {_num(params.max_value)}]"
             if params.min_value is not None
@@ -95,6 +100,15 @@ def _render_query(
         lines.append(
             f"  {m.name:24} {m.kind:22} {_num(m.epsilon):>10} {_num(m.delta):>10} "
             f"{_num(m.noise_stddev):>12}" + (f" {_num(was):>12}" if before is not None else "")
+        )
+    if params.max_contributions is not None:
+        lines.append(
+            "  sensitivities (K rows may all fall in one partition): "
+            + ", ".join(
+                f"{m.name} L1={_num(m.l1_sensitivity)} L2={_num(m.l2_sensitivity)}"
+                for m in plan.mechanisms
+                if m.l1 is not None
+            )
         )
     lines.append("  released metrics (noise on each released value):")
     for metric in params.metrics:

@@ -191,8 +191,14 @@ def _query_section(name: str, query: QueryEntry, rows: pd.DataFrame, chart: Path
         ["partition_by", ", ".join(query.partition_by) or "(global total)"],
         ["filter", query.filter or "(all rows)"],
         ["value", query.value],
-        ["max_partitions_contributed (L0)", bounds.max_partitions_contributed],
-        ["max_contributions_per_partition (Linf)", bounds.max_contributions_per_partition],
+        *(
+            [["max_contributions (rows per privacy unit)", bounds.max_contributions]]
+            if bounds.max_contributions is not None
+            else [
+                ["max_partitions_contributed (L0)", bounds.max_partitions_contributed],
+                ["max_contributions_per_partition (Linf)", bounds.max_contributions_per_partition],
+            ]
+        ),
         ["min_value", bounds.min_value],
         ["max_value", bounds.max_value],
         ["partition selection", selection.type],

@@ -391,7 +391,7 @@ def _measure(spec, query, task, days, *, eps, partitions, progress) -> Tuning:
 def _count_noise(spec: JobSpec, query: QuerySpec, bounds: dict) -> float:
     """Noise std of the count with these bounds under the job's own budget split."""
     tuned = query.model_copy(update={
-        "bounds": query.bounds.model_copy(update=bounds),
+        "bounds": query.bounds.model_copy(update={**bounds, "max_contributions": None}),
         "metrics": ("count", *[m for m in query.metrics if m != "count"]),
     })  # fmt: skip
     # PLD's search takes ~0.3 s a plan and tune scores up to 256 candidates: RDP (zCDP) gives
@@ -423,6 +423,7 @@ def render(result: Tuning, top: int = 12) -> str:
     lines += [
         "",
         "bounds:  # paste into the job spec (from DP statistics; error of the count per partition)",
+        "  # L0 x Linf (tune does not tune max_contributions; these replace it)",
         f"  max_partitions_contributed: {result.best.l0}",
         f"  max_contributions_per_partition: {result.best.linf}",
         f"  min_value: {result.min_value:g}",

@@ -73,19 +73,26 @@ class AggregationParams:
     pre_threshold: int | None = None
     key_columns: tuple[str, ...] = ()
     confidence_intervals: bool = False
+    # K: rows per unit across all partitions (`bounds.max_contributions`). Then L0 holds the
+    # partitions a unit can reach (K; 1 for a global total) and Linf holds K, so code that
+    # reads only L0 x Linf stays sound; the noise uses `contribution_sensitivities`.
+    max_contributions: int | None = None
 
     @classmethod
     def from_query(
         cls, query: QuerySpec, noise: str, confidence_intervals: bool = False
     ) -> AggregationParams:
         """A global total (no key) has one partition: each unit contributes to it alone."""
+        total = query.bounds.max_contributions
+        l0 = query.bounds.max_partitions_contributed if total is None else total
         return cls(
             metrics=query.metrics,
             noise=noise,
-            max_partitions_contributed=(
-                query.bounds.max_partitions_contributed if query.partition_by else 1
+            max_partitions_contributed=l0 if query.partition_by else 1,
+            max_contributions_per_partition=(
+                query.bounds.max_contributions_per_partition if total is None else total
             ),
-            max_contributions_per_partition=query.bounds.max_contributions_per_partition,
+            max_contributions=total,
             min_value=query.bounds.min_value,
             max_value=query.bounds.max_value,
             public_partitions=query.is_public,
@@ -94,6 +101,16 @@ class AggregationParams:
             key_columns=query.partition_by,
             confidence_intervals=confidence_intervals,
         )
+
+    @property
+    def quantile_tree_bounds(self) -> tuple[int, int]:
+        """(L0, Linf) PyDP's per-partition quantile trees are calibrated for. Under
+        max_contributions K: (1, K), sound because every tree's nodes get noise of the same
+        scale and a unit's rows change all trees together by at most what one partition of K
+        rows would (docs/max_contributions.md)."""
+        if self.max_contributions is not None:
+            return 1, self.max_contributions
+        return self.max_partitions_contributed, self.max_contributions_per_partition
 
     @property
     def midpoint(self) -> float:
@@ -131,13 +148,21 @@ class MechanismBudget:
     # define it; epsilon and delta are then the mechanism's attributed share of the pool, not
     # its own guarantee. None under basic composition.
     noise_multiplier: float | None = None
+    # Explicit L1 / L2 sensitivities where L0 x Linf does not describe the bound (under
+    # `max_contributions`); None: derived from L0 and Linf.
+    l1: float | None = None
+    l2: float | None = None
 
     @property
     def l1_sensitivity(self) -> float:
+        if self.l1 is not None:
+            return self.l1
         return self.l0_sensitivity * self.linf_sensitivity
 
     @property
     def l2_sensitivity(self) -> float:
+        if self.l2 is not None:
+            return self.l2
         return math.sqrt(self.l0_sensitivity) * self.linf_sensitivity
 
     def build_spec(self) -> budget_accounting.MechanismSpec:
@@ -157,8 +182,10 @@ class MechanismBudget:
                 math.sqrt(2) * self.noise_multiplier, self.l1_sensitivity
             )
         spec = self.build_spec()
-        sensitivities = dp_computations.Sensitivities(
-            l0=self.l0_sensitivity, linf=self.linf_sensitivity
+        sensitivities = (
+            dp_computations.Sensitivities(l0=self.l0_sensitivity, linf=self.linf_sensitivity)
+            if self.l1 is None and self.l2 is None
+            else dp_computations.Sensitivities(l1=self.l1_sensitivity, l2=self.l2_sensitivity)
         )
         return dp_computations.create_additive_mechanism(spec, sensitivities)
 
@@ -174,6 +201,8 @@ class MechanismBudget:
 
     def to_dict(self) -> dict[str, object]:
         tight = {} if self.noise_multiplier is None else {"noise_multiplier": self.noise_multiplier}
+        if self.l1 is not None or self.l2 is not None:
+            tight |= {"l1_sensitivity": self.l1_sensitivity, "l2_sensitivity": self.l2_sensitivity}
         return {
             "mechanism": self.kind,
             "epsilon": self.epsilon,
@@ -227,6 +256,23 @@ class BudgetPlan:
 
 # Mechanisms whose output is not value + additive noise (no noise_stddev).
 NOT_ADDITIVE = ("partition_selection", "percentile")
+
+
+def contribution_sensitivities(
+    params: AggregationParams, mechanism: str, linf: float
+) -> dict[str, float]:
+    """{"l1", "l2"} of a noise mechanism under max_contributions K (else {}: L0 and Linf).
+
+    `linf` is the mechanism's sensitivity at Linf = K, i.e. K x its per-row sensitivity c.
+    A unit's K rows may all land in one partition, so for count and the sums L1 = L2 = K c
+    (sqrt(L0) x Linf would overstate L2 K^1.5 c). privacy_id_count: a unit adds 1 to each of
+    at most L0 partitions (K, or 1 for a global total): L1 = L0, L2 = sqrt(L0)."""
+    if params.max_contributions is None or mechanism in NOT_ADDITIVE:
+        return {}
+    if mechanism == "privacy_id_count":
+        l0 = params.max_partitions_contributed
+        return {"l1": float(l0), "l2": math.sqrt(l0)}
+    return {"l1": linf, "l2": linf}
 
 
 def _metric_mechanisms(params: AggregationParams) -> list[tuple[str, float]]:
@@ -483,10 +529,15 @@ def _metric_budget(
         kind=kind,
         epsilon=spec.eps,
         delta=spec.delta or 0.0,
-        l0_sensitivity=params.max_partitions_contributed,
+        l0_sensitivity=(
+            params.quantile_tree_bounds[0]
+            if name == "percentile"
+            else params.max_partitions_contributed
+        ),
         linf_sensitivity=linf,
         noise_stddev=None,
         noise_multiplier=multiplier,
+        **contribution_sensitivities(params, name, linf),
     )
     if multiplier is not None:
         return MechanismBudget(**{**budget.__dict__, "noise_stddev": _tight_std(budget, where)})
@@ -563,7 +614,7 @@ def _checked_std(budget: MechanismBudget, where: _Where) -> float:
             "noise: change budget.epsilon or the bounds",
         )
     if budget.kind == "gaussian":
-        l2 = math.sqrt(budget.l0_sensitivity) * budget.linf_sensitivity
+        l2 = budget.l2_sensitivity
         actual = gaussian_delta(std, budget.epsilon, l2)
         if not actual <= budget.delta * (1 + 1e-6):
             advice = (
@@ -618,7 +669,8 @@ def _check_percentile(params: AggregationParams, budget: MechanismBudget, where:
     from dppipeline.core.release import BRANCHING_FACTOR, TREE_HEIGHT  # noqa: PLC0415 (cycle)
 
     limit = (2**31 - 1) // TREE_HEIGHT
-    if params.max_partitions_contributed > limit:
+    tree_l0, tree_linf = params.quantile_tree_bounds
+    if tree_l0 > limit:
         raise SpecError(
             where.field("bounds.max_partitions_contributed"),
             f"must be at most {limit:,} with percentile metrics (PyDP's quantile tree "
@@ -632,8 +684,8 @@ def _check_percentile(params: AggregationParams, budget: MechanismBudget, where:
             tree,
             budget.build_spec(),
             [0.5],
-            params.max_partitions_contributed,
-            params.max_contributions_per_partition,
+            tree_l0,
+            tree_linf,
         )
     except (RuntimeError, TypeError, ValueError, OverflowError):
         found = [math.nan]

@@ -46,10 +46,14 @@ class _Entry(BaseModel):
 
 
 class BoundsEntry(_Entry):
+    """Under `max_contributions` K, L0 and Linf hold K (what K rows imply); each noise
+    mechanism's `budget_split` entry then gives its explicit L1 and L2 sensitivities."""
+
     max_partitions_contributed: int
     max_contributions_per_partition: int
     min_value: float | None
     max_value: float | None
+    max_contributions: int | None = None
 
 
 class SelectionEntry(_Entry):
@@ -366,6 +370,11 @@ def _query_entry(
             "max_contributions_per_partition": params.max_contributions_per_partition,
             "min_value": params.min_value,
             "max_value": params.max_value,
+            **(
+                {}
+                if params.max_contributions is None
+                else {"max_contributions": params.max_contributions}
+            ),
         },
         "partition_selection": selection,
         "metrics": {

@@ -143,8 +143,7 @@ def _percentiles(plan: BudgetPlan, values: Sequence[np.ndarray]) -> np.ndarray:
             tree,
             spec,
             quantiles,
-            params.max_partitions_contributed,
-            params.max_contributions_per_partition,
+            *params.quantile_tree_bounds,
         )
     return out
 

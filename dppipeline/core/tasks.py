@@ -85,7 +85,8 @@ class KeyColumn:
 class AggregationTask:
     """Exact bounded aggregates one engine pass computes: per key, privacy_id_count, count,
     sum (and sum of squares, kept values) of the rows passing `filter`, after clipping to
-    `clip` and bounding each privacy unit to L0 partitions and Linf rows per partition."""
+    `clip` and bounding each privacy unit to L0 partitions and Linf rows per partition, or,
+    with `max_contributions` K, to K rows in all (then L0 = Linf = K, which K rows imply)."""
 
     name: str
     filter: FilterExpr | None
@@ -97,6 +98,7 @@ class AggregationTask:
     sum_squares: bool = False
     values: bool = False
     public_keys: pd.DataFrame | None = None  # drop unlisted keys before bounding
+    max_contributions: int | None = None
 
     @property
     def key_names(self) -> list[str]:
@@ -177,6 +179,7 @@ def check_query_columns(spec: JobSpec) -> None:
 def task_for(query: QuerySpec) -> AggregationTask:
     keys = key_columns(query)
     bounds = query.bounds
+    total = bounds.max_contributions
     metrics = query.metrics
     return AggregationTask(
         name=query.name,
@@ -184,8 +187,13 @@ def task_for(query: QuerySpec) -> AggregationTask:
         keys=keys,
         value=query.value,
         clip=_clip(query),
-        max_partitions_contributed=bounds.max_partitions_contributed if keys else 1,
-        max_contributions_per_partition=bounds.max_contributions_per_partition,
+        max_partitions_contributed=(
+            (bounds.max_partitions_contributed if total is None else total) if keys else 1
+        ),
+        max_contributions_per_partition=(
+            bounds.max_contributions_per_partition if total is None else total
+        ),
+        max_contributions=total,
         sum_squares="variance" in metrics,
         values=any(percentile_of(m) is not None for m in metrics),
     )

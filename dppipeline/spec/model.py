@@ -377,6 +377,11 @@ def _bound_value(value: Any) -> float | None:
 BoundValue = Annotated[float | None, BeforeValidator(_bound_value)]
 
 
+# The L0 x Linf pair; `max_contributions` replaces both (a query takes one kind, never a mix).
+PER_PARTITION_BOUNDS = ("max_partitions_contributed", "max_contributions_per_partition")
+TOTAL_BOUNDS = ("max_contributions",)
+
+
 class BoundsSpec(_Section):
     """Contribution bounds: what one privacy unit may change, hence the noise scale."""
 
@@ -393,6 +398,14 @@ class BoundsSpec(_Section):
         description=(
             "Linf: rows kept per privacy unit and partition (sampled uniformly); an integer "
             f"from 1 to {MAX_INT_PARAM:,} (PyDP's C++ int)."
+        ),
+    )
+    max_contributions: Bound | None = Field(
+        None,
+        description=(
+            "Rows kept per privacy unit across all partitions (sampled uniformly), instead of "
+            "L0 and Linf (setting it with either is an error); an integer from 1 to "
+            f"{MAX_INT_PARAM:,}. Unset: L0 and Linf bound."
         ),
     )
     min_value: BoundValue = Field(
@@ -414,6 +427,14 @@ class BoundsSpec(_Section):
 
     @model_validator(mode="after")
     def _a_range(self) -> BoundsSpec:
+        if self.max_contributions is not None:
+            pair = [f for f in PER_PARTITION_BOUNDS if f in self.model_fields_set]
+            if pair:
+                raise _broken(
+                    f"must not be set with bounds.{pair[0]}: max_contributions bounds a unit's "
+                    "total rows instead of L0 x Linf (use one kind)",
+                    at="max_contributions",
+                )
         low, high = self.min_value, self.max_value
         if low is None or high is None:
             if low is not high:
@@ -800,9 +821,23 @@ def _queries(raw_queries: Any, job: Mapping[str, Any]) -> list[Any]:
         if isinstance(job_bounds, Mapping) and (
             own_bounds is None or isinstance(own_bounds, Mapping)
         ):
-            query["bounds"] = {**job_bounds, **(own_bounds or {})}
+            query["bounds"] = {**_inherited_bounds(job_bounds, own_bounds), **(own_bounds or {})}
         queries.append(query)
     return queries
+
+
+def _inherited_bounds(
+    job_bounds: Mapping[str, Any], own_bounds: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The job's bounds a query takes: all of them, except that a query which sets one kind
+    of contribution bound (L0/Linf, or max_contributions) takes none of the other kind."""
+    own = set(own_bounds or {})
+    drop: set[str] = set()
+    if own & set(TOTAL_BOUNDS):
+        drop |= set(PER_PARTITION_BOUNDS)
+    if own & set(PER_PARTITION_BOUNDS):
+        drop |= set(TOTAL_BOUNDS)
+    return {k: v for k, v in job_bounds.items() if k not in drop}
 
 
 def _is_query_name(name: Any) -> bool:
@@ -1099,6 +1134,12 @@ def build_spec(
                 nested = {}
                 target[part] = nested
             target = nested
+        if parents == ["bounds"]:  # a flag of one bound kind replaces the file's other kind
+            other = PER_PARTITION_BOUNDS if leaf in TOTAL_BOUNDS else TOTAL_BOUNDS
+            if leaf in (*PER_PARTITION_BOUNDS, *TOTAL_BOUNDS):
+                for name in other:
+                    if (overrides or {}).get(f"bounds.{name}") is None:
+                        target.pop(name, None)
         target[leaf] = value
     try:
         _check_locations(data)

@@ -118,13 +118,17 @@ class _ClipAndShard(beam.DoFn):
 
 
 class _SampleRowsPerPair(CompactingCombineFn):
-    """Linf: the lowest-priority `k` rows of each (privacy unit, partition) pair (uniform)."""
+    """Linf: the lowest-priority `k` rows of each (privacy unit, partition) pair (uniform);
+    with `per_unit`, of each privacy unit across its partitions (`max_contributions`)."""
 
-    def __init__(self, k: int):
-        self._k = k
+    def __init__(self, k: int, per_unit: bool = False):
+        self._k, self._per_unit = k, per_unit
 
     def _merge(self, blocks: list[ContributionBlock]) -> ContributionBlock:
-        return ContributionBlock.concat(blocks).bottom_k_per_pair(self._k)
+        block = ContributionBlock.concat(blocks)
+        return (
+            block.bottom_k_per_unit(self._k) if self._per_unit else block.bottom_k_per_pair(self._k)
+        )
 
     def _compact(self, blocks: list[ContributionBlock]) -> list[ContributionBlock]:
         # Even one block is cut to k per pair: a single bundle may hold a whole heavy pair.
@@ -156,7 +160,8 @@ class _SamplePartitionsPerUnit(beam.DoFn):
         unit_codes, unit_values, key_codes, key_values, _ = block.pair_codes()
         pairs = self._pairs
         # The rows are already <= Linf per pair; the sample keeps them all and keeps the L0
-        # pairs of lowest priority per unit, with the local engine's code.
+        # pairs of lowest priority per unit, with the local engine's code (under
+        # max_contributions: already <= K per unit, which the same code keeps whole).
         bounded = bound_and_aggregate(
             self._task,
             self._keys,
@@ -201,8 +206,16 @@ class BoundContributions(beam.PTransform):
             >> beam.ParDo(
                 _ClipAndShard(task, self._unit, self._unit_shards, self._salt)
             ).with_output_types(KV[int, Any])
-            | "SampleRowsPerPartition"
-            >> beam.CombinePerKey(_SampleRowsPerPair(task.max_contributions_per_partition))
+            | (
+                "SampleRowsPerPartition"
+                if task.max_contributions is None
+                else "SampleRowsPerPrivacyUnit"
+            )
+            >> beam.CombinePerKey(
+                _SampleRowsPerPair(task.max_contributions_per_partition)
+                if task.max_contributions is None
+                else _SampleRowsPerPair(task.max_contributions, per_unit=True)
+            )
             | "SamplePartitionsPerUnit"
             >> beam.ParDo(
                 _SamplePartitionsPerUnit(task, self._unit, self._partition_shards, self._salt)

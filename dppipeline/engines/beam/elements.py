@@ -75,6 +75,13 @@ class ContributionBlock:
         *_, pair = self.pair_codes()
         return self.take(bottom_k_per_group(pair, self.priority, k, self.value))
 
+    def bottom_k_per_unit(self, k: int) -> ContributionBlock:
+        """The k lowest-priority rows of each privacy unit, across its partitions
+        (`max_contributions`; ties settled by value as in `bottom_k_per_pair`)."""
+        if len(self) <= k:
+            return self
+        return self.take(bottom_k_per_group(self.unit, self.priority, k, self.value))
+
 
 _BLOCK_FIELDS = ("unit", "key", "priority", "value")
 

@@ -10,6 +10,11 @@ uniform, so each subset of min(n, limit) entries of a group is equally likely. B
 composes (the bottom k of a union is the bottom k of the parts' bottom k), which lets Beam sample
 before its shuffle. Only groups with more entries than their limit are sorted.
 
+`max_contributions` K (a bound on a unit's total rows, Tumult's MaxRowsPerID) keeps instead,
+per privacy unit, the K rows of lowest Linf priority across all its partitions: a uniform
+sample of min(n_u, K) of its n_u rows, by the same keyed hash; its partitions are those its
+kept rows fall in (at most K).
+
 Why this is sound: the sensitivity analysis needs each unit's kept rows to depend only on that
 unit's own rows and on randomness independent of the data (here the salt). L0 priorities depend
 on (salt, key, unit) alone, exactly so. A row's `_row` can shift when another unit's rows leave
@@ -135,15 +140,20 @@ def sample_contributions(
     row_priority: np.ndarray,
     pair_priority: PairPriority,
     values: np.ndarray | None = None,
+    max_contributions: int | None = None,
 ) -> ContributionSample:
     """Keeps <= Linf rows per (privacy unit, partition) and <= L0 partitions per privacy unit,
     those of lowest priority; a partition counts once for L0 whatever its number of rows.
+    With `max_contributions` K: the K rows of lowest priority per privacy unit instead.
 
     Args: dense int64 codes of the privacy unit and of the partition key (0..n_keys-1); each
     row's Linf priority; `pair_priority(unit codes, key codes)`, the L0 priority of pairs;
     `values` break priority ties (rows with equal value are interchangeable).
     """
     pair = privacy_codes.astype(np.int64) * n_keys + key_codes.astype(np.int64)
+    if max_contributions is not None:
+        rows = _bottom_k(privacy_codes.astype(np.int64), row_priority, max_contributions, values)
+        return ContributionSample(rows=rows, pair_key_codes=np.unique(pair[rows]) % n_keys)
     pair_of_row, pair_ids = pd.factorize(pair)
     # Linf: rows per (privacy unit, partition) pair.
     rows = _bottom_k(pair_of_row, row_priority, max_contributions_per_partition, values)

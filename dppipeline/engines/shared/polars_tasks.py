@@ -157,6 +157,7 @@ def bound_and_aggregate(
             seeds[codes], unit_values[units], unit_kind
         ),
         values=values,
+        max_contributions=task.max_contributions,
     )
     if on_sample is not None:
         on_sample(sample)

@@ -8,7 +8,9 @@ holds whole units, so both bounding steps run without another exchange. Linf: Sp
 aggregate (`min_by` with k) keeps each (privacy unit, partition) pair's Linf values of lowest
 (priority, value); L0: `row_number()` over each unit's pairs ordered by xxhash64(secret, key,
 unit). Both are deterministic given the salt, so a retried task or a recomputed stage keeps the
-same rows (measurements: docs/engines.md).
+same rows (measurements: docs/engines.md). With `max_contributions` K, one step instead:
+`row_number()` over each unit's rows ordered by (priority, value) keeps its K lowest, in the
+same shuffle; the pairs they fall in are then at most K per unit, with nothing to rank.
 """
 
 from __future__ import annotations
@@ -134,6 +136,14 @@ def bounded_pairs(rows: DataFrame, task: AggregationTask, unit: str, salt: bytes
     # unit is then whole in one task, so Spark samples each pair's rows and ranks a unit's
     # pairs without another exchange.
     rows = rows.repartition(unit)
+    if task.max_contributions is not None:
+        # Total rows per unit: the K of lowest (priority, value), whatever their partitions.
+        per_unit_rows = Window.partitionBy(unit).orderBy(PRIORITY, VALUE)
+        rows = (
+            rows.withColumn("_rank", F.row_number().over(per_unit_rows))
+            .where(F.col("_rank") <= task.max_contributions)
+            .drop("_rank")
+        )
     # Linf: per pair, Spark's bottom-k aggregate (`min_by` with k) keeps the values of the Linf
     # lowest (priority, value) entries, in that order: the same values and the same
     # floating-point sums whatever order the rows arrive in.
@@ -162,7 +172,7 @@ def bounded_pairs(rows: DataFrame, task: AggregationTask, unit: str, salt: bytes
     )
     # L0: per privacy unit, the pairs of lowest xxhash64(secret, key..., unit) (a global total
     # has one pair per unit: nothing to rank).
-    if not task.keys:
+    if not task.keys or task.max_contributions is not None:
         return pairs
     rank = F.xxhash64(L0_SECRET, *task.key_names, unit)
     per_unit = Window.partitionBy(unit).orderBy(rank, *task.key_names)
