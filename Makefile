@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 DEMO   ?= demo
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test lint bench clean check-java spark-cluster spark-cluster-stop pack-env airflow-setup airflow-demo airflow-test
+.PHONY: help setup demo test lint bench clean check-java spark-cluster spark-cluster-stop pack-env airflow-setup airflow-demo airflow-test locks
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -82,3 +82,6 @@ spark-cluster-stop:  ## stop the cluster of make spark-cluster
 
 pack-env: setup  ## pack dppipeline + its runtime deps for executors: build/executor-env.tar.gz
 	@scripts/pack_executor_env.sh build/executor-env.tar.gz
+
+locks:  ## rewrite requirements-runtime.lock and requirements-beam-worker.lock from requirements.lock
+	@scripts/lock_roles.sh

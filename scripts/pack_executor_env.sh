@@ -5,8 +5,8 @@
 #
 # It holds dppipeline (a wheel built from this tree) and its runtime dependencies: pipeline-dp,
 # python-dp, dp-accounting, numpy, pandas, pyarrow, polars, pyyaml, whatever else pyproject.toml's
-# [project.dependencies] lists, and what they need, all at the versions pinned in
-# requirements.lock. Not pyspark (Spark puts its own pyspark.zip on the executors' PYTHONPATH),
+# [project.dependencies] lists, and what they need: exactly requirements-runtime.lock (the
+# runtime role's lock, `make locks`). Not pyspark (Spark puts its own pyspark.zip on the executors' PYTHONPATH),
 # apache-beam or airflow. Ship it with
 #
 #   spark-submit --archives OUT.tar.gz#env --conf spark.pyspark.python=./env/bin/python \
@@ -17,7 +17,7 @@
 # interpreter .venv was made from, which every node needs at the same path
 # (PYTHON_PREFIX=/prefix/of/python3.11 when the nodes have it elsewhere, e.g. /usr).
 #
-# The archive is rebuilt only when its inputs change: requirements.lock, pyproject.toml, the
+# The archive is rebuilt only when its inputs change: requirements-runtime.lock, pyproject.toml, the
 # package sources and schemas/, this script, the Python version and PYTHON_PREFIX (their SHA-256
 # is kept in OUT.sha256). FORCE=1 rebuilds anyway. PYTHON picks the interpreter (default
 # .venv/bin/python).
@@ -48,10 +48,10 @@ esac
 
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 [[ -x "$PY" ]] || die "$PY not found: run \`make setup\` first (or set PYTHON to a Python 3.11 with pip)"
-LOCK="$ROOT/requirements.lock"
+LOCK="$ROOT/requirements-runtime.lock"
 [[ -f "$LOCK" ]] || die "$LOCK not found"
 for dep in "${RUNTIME_DEPS[@]}"; do
-    grep -qi -E "^${dep//-/[-_]}==" "$LOCK" || die "requirements.lock pins no version of $dep"
+    grep -qi -E "^${dep//-/[-_]}==" "$LOCK" || die "requirements-runtime.lock pins no version of $dep"
 done
 
 # --- Cache: a hash of everything the archive is made from.
@@ -61,7 +61,7 @@ inputs_hash() {
         {
             "$PY" -c 'import sys; print(sys.version)'
             echo "PYTHON_PREFIX=${PYTHON_PREFIX:-}"
-            find requirements.lock pyproject.toml scripts/pack_executor_env.sh dppipeline schemas \
+            find requirements-runtime.lock pyproject.toml scripts/pack_executor_env.sh dppipeline schemas \
                 -type f ! -name '*.pyc' ! -path '*/__pycache__/*' -print0 |
                 LC_ALL=C sort -z | xargs -0 sha256sum
         } | sha256sum | cut -d' ' -f1
@@ -86,12 +86,13 @@ cp "$ROOT/pyproject.toml" "$ROOT/README.md" "$WORK/src/"
 "$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$WORK/wheels" "$WORK/src"
 WHEEL="$(ls "$WORK"/wheels/dppipeline-*.whl)"
 
-echo "creating a virtualenv with the runtime dependencies (pinned by requirements.lock)"
+echo "creating a virtualenv with the runtime lock (requirements-runtime.lock)"
 "$PY" -m venv "$WORK/env"
 ENV_PY="$WORK/env/bin/python"
-# -c: every package, also the transitive ones, at its locked version.
-"$ENV_PY" -m pip install --quiet --disable-pip-version-check \
-    -c "$LOCK" "${RUNTIME_DEPS[@]}" "$WHEEL"
+# Exactly the lock, then the wheel without resolving anything more.
+"$ENV_PY" -m pip install --quiet --disable-pip-version-check --no-deps -r "$LOCK"
+"$ENV_PY" -m pip install --quiet --disable-pip-version-check --no-deps "$WHEEL"
+"$ENV_PY" -m pip check >/dev/null || die "the runtime lock misses a dependency: run make locks"
 
 # The wheel carries dppipeline/spec/schemas/ (pyproject.toml's package-data); check it did.
 SITE="$("$ENV_PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
