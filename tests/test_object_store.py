@@ -399,3 +399,52 @@ def test_a_corrupt_file_on_the_store_fails_the_run_naming_it(s3, small_inputs, t
     name = bad.relative_to(tmp_path / "tx").as_posix()
     assert last.startswith(f"dppipeline run: error: {uri}/tx/{name}: cannot read as parquet"), last
     assert s3.keys(f"{uri}/release") == []
+
+
+def test_spark_reaches_a_store_through_hadoops_filesystem_api(spark, small_inputs, tmp_path):
+    """`viewfs://`, a Hadoop scheme pyarrow cannot open, mounted on local folders by the
+    session's Hadoop configuration: the Spark engine lists the input, reads footers, uploads
+    the release and writes the pointer through Hadoop's FileSystem API (what a cluster's
+    `s3a://` or `gs://` connector plugs into), and releases what the same job releases from
+    plain paths; the local engine, which has no Hadoop, fails with one line."""
+    import uuid
+
+    from dppipeline.errors import DPPipelineError
+    from dppipeline.orchestration.runner import run_job
+    from dppipeline.spec.model import build_spec
+
+    cluster = f"bank{uuid.uuid4().hex[:8]}"
+    (tmp_path / "out").mkdir()
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    conf.set(f"fs.viewfs.mounttable.{cluster}.link./tx", f"file://{small_inputs['parquet']}")
+    conf.set(f"fs.viewfs.mounttable.{cluster}.link./out", f"file://{tmp_path / 'out'}")
+    values = {
+        "input.path": f"viewfs://{cluster}/tx", "output": f"viewfs://{cluster}/out/release",
+        "metrics": ["count", "sum"], "bounds.max_partitions_contributed": 50,
+        "bounds.max_contributions_per_partition": 100, "bounds.min_value": 0.0,
+        "bounds.max_value": 150.0, "partition_selection.public_partitions": "0..59",
+        "budget.epsilon": 1e7,
+    }  # fmt: skip
+    result = run_job(build_spec({}, values), "spark", echo=lambda _: None)
+
+    pointer_file = json.loads((tmp_path / "out" / "release" / "RELEASE.json").read_text())
+    assert pointer_file["run_id"] == result.run_id
+    run = tmp_path / "out" / "release" / "_runs" / result.run_id
+    released = pd.read_parquet(run / "terminal_stats").sort_values("TERMINAL_ID")
+    rows = pd.read_parquet(small_inputs["parquet"])
+    truth = rows.groupby("TERMINAL_ID").size().reindex(range(60), fill_value=0)
+    np.testing.assert_allclose(released["count"], truth.to_numpy(), atol=0.01)
+
+    with pytest.raises(DPPipelineError) as refused:
+        run_job(build_spec({}, {**values, "output": str(tmp_path / "local")}), "local",
+                echo=lambda _: None)  # fmt: skip
+    assert f"viewfs://{cluster}/tx" in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+    other = f"{cluster}csv"  # a new mount table: Hadoop caches a file system per authority
+    conf.set(f"fs.viewfs.mounttable.{other}.link./csv", f"file://{small_inputs['csv']}")
+    csv = {**values, "input.path": f"viewfs://{other}/csv", "input.format": "csv",
+           "output": str(tmp_path / "csv-release")}  # fmt: skip
+    with pytest.raises(DPPipelineError, match="reads CSV input from local or mounted paths"):
+        run_job(build_spec({}, csv), "spark", echo=lambda _: None)
+    assert not (tmp_path / "csv-release").exists()

@@ -24,6 +24,7 @@ from dppipeline.inputs.contract import RejectSummary
 from dppipeline.inputs.files import DailyPartition
 from dppipeline.spec.model import JobSpec
 from dppipeline.storage import Location
+from dppipeline.storage.location import Resolver
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,11 @@ class Engine(Protocol):
 
     def prepare(self) -> None:
         """Starts slow resources (a JVM, a runner) before planning; reads no data."""
+        ...
+
+    def file_systems(self) -> Resolver | None:
+        """How the run reaches remote locations (`dppipeline.storage.remote_filesystems`):
+        None for pyarrow's clients; the Spark engine answers with Hadoop's FileSystem API."""
         ...
 
     def run(self, job: ReleaseJob, staging: Path | Location) -> EngineRun:

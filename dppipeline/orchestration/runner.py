@@ -78,7 +78,7 @@ from dppipeline.orchestration.store_publication import (
     write_store_manifest,
 )
 from dppipeline.spec.model import JobSpec
-from dppipeline.storage import Location, is_uri
+from dppipeline.storage import Location, is_uri, remote_filesystems
 
 log = logging.getLogger(__name__)
 ENGINES = ("local", "spark", "beam")
@@ -281,6 +281,28 @@ def run_job(
     if spec.output is None:
         raise UsageError("--output: required (or output in the job spec)")
     engine_impl.prepare()  # e.g. start the JVM while pipeline-dp plans the budget
+    # The engine's own access to stores (Spark: Hadoop's FileSystem API) for every remote
+    # location of the run, from listing the input to writing the pointer.
+    with remote_filesystems(engine_impl.file_systems()):
+        return _planned_run(
+            spec, engine_impl, overwrite=overwrite, quarantine=quarantine, seed=seed, say=say,
+            ledger=ledger, new_release=new_release,
+        )  # fmt: skip
+
+
+def _planned_run(
+    spec: JobSpec,
+    engine_impl: Engine,
+    *,
+    overwrite: bool,
+    quarantine: str | Path | None,
+    seed: int | None,
+    say: Callable[[str], None],
+    ledger: Ledger | str | Path | None,
+    new_release: bool,
+) -> RunResult:
+    """`run_job` from the plan on."""
+    assert spec.output is not None
     plan = make_plan(spec)  # before any data is read
     days = input_days(spec)
     book = open_ledger(ledger)

@@ -6,6 +6,7 @@ from dppipeline.storage.location import (
     display,
     is_remote,
     is_uri,
+    remote_filesystems,
 )
 
-__all__ = ["Location", "StorageError", "display", "is_remote", "is_uri"]
+__all__ = ["Location", "StorageError", "display", "is_remote", "is_uri", "remote_filesystems"]

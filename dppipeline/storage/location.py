@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +35,22 @@ REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "
 
 class StorageError(OSError):
     """A store refused or failed an operation; the message names the location."""
+
+
+# An engine's own access to remote stores for the duration of a run (the Spark engine: Hadoop's
+# FileSystem API), instead of pyarrow's clients: URI -> (file system, path within it).
+Resolver = Callable[[str], "tuple[pafs.FileSystem, str]"]
+_resolver: ContextVar[Resolver | None] = ContextVar("dppipeline_storage_resolver", default=None)
+
+
+@contextmanager
+def remote_filesystems(resolver: Resolver | None) -> Iterator[None]:
+    """Within the block, remote locations resolve through `resolver` (None: pyarrow's)."""
+    token = _resolver.set(resolver)
+    try:
+        yield
+    finally:
+        _resolver.reset(token)
 
 
 @dataclass(frozen=True)
@@ -103,8 +122,9 @@ class Location:
 
         if self.is_local:
             return pafs.LocalFileSystem(), self.uri
+        resolver = _resolver.get()
         try:
-            return _remote(self.uri)
+            return resolver(self.uri) if resolver is not None else _remote(self.uri)
         except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ValueError ...
             raise StorageError(f"{self.display()}: {_first_line(exc)}") from None
 

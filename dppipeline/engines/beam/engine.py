@@ -137,6 +137,10 @@ class BeamEngine:
     def prepare(self) -> None:
         """Nothing to start: the runner starts when the pipeline runs."""
 
+    def file_systems(self) -> None:
+        """pyarrow's clients (Beam's workers use Beam's own file systems)."""
+        return None
+
     def run(self, job: ReleaseJob, staging: Path | Location) -> EngineRun:
         started = time.monotonic()
         folder = str(staging)  # a local folder, or the run's folder on a store

@@ -67,6 +67,10 @@ class LocalEngine:
     def prepare(self) -> None:
         """Nothing to start: the local engine runs in this process."""
 
+    def file_systems(self) -> None:
+        """pyarrow's clients."""
+        return None
+
     def run(self, job: ReleaseJob, staging: Path) -> EngineRun:
         spec = job.spec
         result = compute_aggregates(

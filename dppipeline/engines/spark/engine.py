@@ -26,6 +26,7 @@ from dppipeline.engines.spark.aggregate import (
     release_on_executors,
     to_aggregates_frame,
 )
+from dppipeline.engines.spark.hadoop_fs import hadoop_resolver
 from dppipeline.engines.spark.session import (
     shuffle_partitions,
     start_spark_early,
@@ -36,6 +37,7 @@ from dppipeline.inputs.contract import RejectedRow, RejectSummary, check_rejecte
 from dppipeline.inputs.files import file_stamp
 from dppipeline.inputs.quarantine import FILE_NAME, private_folder, seal
 from dppipeline.logs import statistic
+from dppipeline.storage.location import Resolver
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,11 @@ class SparkEngine:
         and pipeline-dp's imports each take seconds; nothing here reads data)."""
         if self._spark is None:
             start_spark_early()
+
+    def file_systems(self) -> Resolver:
+        """Every remote location through the session's Hadoop FileSystem API: whatever the
+        cluster's Hadoop configuration reaches, with its credentials."""
+        return hadoop_resolver(lambda: self.spark)
 
     @property
     def spark(self) -> SparkSession:

@@ -241,6 +241,12 @@ FILES_PER_TASK_TARGET = 4  # CSV tasks per core: whole files each, a few per tas
 
 def _csv_groups(spark: SparkSession, days: list[DailyPartition], schema: Schema) -> list[_Group]:
     listed = [(str(path), day.day) for day in days for path in day.files]
+    remote = next((path for path, _ in listed if not Location.of(path).is_local), None)
+    if remote is not None:  # the CSV tasks open files with Python on the executors
+        raise InputError(
+            f"{Location.of(remote).display()}: the Spark engine reads CSV input from local or "
+            "mounted paths only; on a store use Parquet input, or the local or Beam engine"
+        )
     for path, _ in listed:  # the driver reads only the headers, to fail before any job
         check_header(path, schema)
     arrow_schema = csv_arrow_schema(schema)
