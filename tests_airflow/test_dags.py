@@ -444,6 +444,37 @@ def test_spark_dag_records_in_the_postgresql_ledger_of_the_connection(
 # Roots on an object store: the sensor and the marker through pyarrow.fs
 
 
+def test_the_beam_dag_runs_a_night_from_s3_to_s3(dagbag, transactions, monkeypatch, task_log):
+    """The Beam DAG with `input_root` and `release_root` on S3 (moto's server on 127.0.0.1,
+    found through AWS_ENDPOINT_URL as on a worker with credentials in its environment): the
+    sensor, the budget check, the pipeline, `check-release` and the marker all reach the
+    store; the release is published by its pointer."""
+    sys.path.insert(0, str(PROJECT / "tests"))
+    try:
+        from s3_server import start
+    finally:
+        sys.path.pop(0)
+    server = start(python=str(MAIN_PYTHON))
+    try:
+        for name, value in server.environment.items():
+            monkeypatch.setenv(name, value)
+        bucket = server.new_bucket("dag-nightly")
+        server.upload(transactions, f"{bucket}/tx")
+        run = dagbag.get_dag("dp_terminal_stats_beam").test(
+            logical_date=day("2026-01-03"),
+            run_conf={"input_root": f"{bucket}/tx", "release_root": f"{bucket}/releases"},
+        )
+        assert set(states(run).values()) == {"success"}, states(run)
+        release = f"{bucket}/releases/2026-01-03"
+        run_id = json.loads(server.read(f"{release}/RELEASE.json"))["run_id"]
+        assert json.loads(server.read(f"{release}/_PUBLISHED")) == {"run_id": run_id}
+        manifest = json.loads(server.read(f"{release}/_runs/{run_id}/manifest.json"))
+        assert manifest["engine"] == "beam"
+        assert task_log.lines("dppipeline_common", rf"{release}: valid release of run {run_id}")
+    finally:
+        server.stop()
+
+
 def test_the_sensor_and_the_marker_work_on_s3_roots(airflow_db, monkeypatch, tmp_path):
     """With `input_root` and `release_root` on S3 (a real S3-compatible server, moto, on
     127.0.0.1): the sensor waits until the day's partition has a non-empty file, the release
