@@ -26,7 +26,7 @@ def check_release(release: str | Path, ledger: str | None) -> str:
     manifest = read_manifest(release)
     rows = 0
     for name, query in manifest.queries.items():
-        rows += _check_dataset(release, name, query)
+        rows += _check_dataset(release, name, query, manifest.count_noise == "discrete")
     run_id = manifest.run_id
     if ledger is not None:
         book = Ledger(ledger)
@@ -46,7 +46,7 @@ def check_release(release: str | Path, ledger: str | None) -> str:
     )
 
 
-def _check_dataset(release: Path, name: str, query: QueryEntry) -> int:
+def _check_dataset(release: Path, name: str, query: QueryEntry, integer_counts: bool) -> int:
     """One query's dataset: present, the schema its keys and metrics imply, row count."""
     dataset = release / query.dataset
     if not dataset.is_dir():
@@ -54,7 +54,10 @@ def _check_dataset(release: Path, name: str, query: QueryEntry) -> int:
     keys = [KeyColumn(k, k if k in TIME_BUCKETS else None) for k in query.partition_by]
     intervals = any(m.confidence_interval is not None for m in query.metrics.values())
     expected = release_arrow_schema(
-        [(k.name, k.arrow_type) for k in keys], list(query.metrics), intervals
+        [(k.name, k.arrow_type) for k in keys],
+        list(query.metrics),
+        intervals,
+        integer_counts=integer_counts,
     )
     found = pads.dataset(dataset, format="parquet").schema
     for column in expected:

@@ -18,6 +18,9 @@ Mechanisms, following pipeline-dp's own layout so that its DPEngine is a faithfu
   by 100, half the noise needed; for ranges away from zero it over-calibrates instead.)
 - `percentile`: one PyDP QuantileTree per partition answers all of a query's percentiles.
 - `privacy_id_count`: noisy number of distinct privacy units.
+  With `count_noise: discrete` (the spec's default) `count` and `privacy_id_count` draw
+  integer noise from OpenDP's discrete Laplace or Gaussian (`core.discrete`), mean's
+  denominator included: the same mechanism, the same budget.
 - `partition_selection`: private selection only (public partitions spend nothing on it).
 
 A job of several queries (`plan_job`) splits its one budget across every query's mechanisms
@@ -27,7 +30,7 @@ and one selection per group of queries that share partition keys and selection s
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pipeline_dp
@@ -38,7 +41,8 @@ from pydp.algorithms.partition_selection import PartitionSelectionStrategy
 from pydp.algorithms.quantile_tree import QuantileTree
 from scipy.special import log_ndtr
 
-from dppipeline.core.accounting import certified_multiplier
+from dppipeline.core import discrete
+from dppipeline.core.accounting import certified_multiplier, discrete_pool_fits
 from dppipeline.errors import SpecError, UsageError
 from dppipeline.spec.model import MIN_EPSILON, QuerySpec, percentile_of
 
@@ -73,10 +77,15 @@ class AggregationParams:
     pre_threshold: int | None = None
     key_columns: tuple[str, ...] = ()
     confidence_intervals: bool = False
+    count_noise: str = "continuous"  # discrete: integer noise on counts (`core.discrete`)
 
     @classmethod
     def from_query(
-        cls, query: QuerySpec, noise: str, confidence_intervals: bool = False
+        cls,
+        query: QuerySpec,
+        noise: str,
+        confidence_intervals: bool = False,
+        count_noise: str = "continuous",
     ) -> AggregationParams:
         """A global total (no key) has one partition: each unit contributes to it alone."""
         return cls(
@@ -93,6 +102,7 @@ class AggregationParams:
             pre_threshold=query.partition_selection.pre_threshold,
             key_columns=query.partition_by,
             confidence_intervals=confidence_intervals,
+            count_noise=count_noise,
         )
 
     @property
@@ -131,6 +141,15 @@ class MechanismBudget:
     # define it; epsilon and delta are then the mechanism's attributed share of the pool, not
     # its own guarantee. None under basic composition.
     noise_multiplier: float | None = None
+    # Discrete noise (`core.discrete`): `kind` stays the family (laplace | gaussian) and
+    # noise_scale is the discrete Laplace's scale t or the discrete Gaussian's sigma.
+    discrete: bool = False
+    noise_scale: float | None = None
+
+    @property
+    def mechanism(self) -> str:
+        """The mechanism's name in plans and manifests: kind, or discrete_<kind>."""
+        return f"discrete_{self.kind}" if self.discrete else self.kind
 
     @property
     def l1_sensitivity(self) -> float:
@@ -174,14 +193,16 @@ class MechanismBudget:
 
     def to_dict(self) -> dict[str, object]:
         tight = {} if self.noise_multiplier is None else {"noise_multiplier": self.noise_multiplier}
+        scale = {} if self.noise_scale is None else {"noise_scale": self.noise_scale}
         return {
-            "mechanism": self.kind,
+            "mechanism": self.mechanism,
             "epsilon": self.epsilon,
             "delta": self.delta,
             "l0_sensitivity": self.l0_sensitivity,
             "linf_sensitivity": self.linf_sensitivity,
             "noise_stddev": self.noise_stddev,
             **tight,
+            **scale,
         }
 
 
@@ -227,6 +248,8 @@ class BudgetPlan:
 
 # Mechanisms whose output is not value + additive noise (no noise_stddev).
 NOT_ADDITIVE = ("partition_selection", "percentile")
+# Integer-valued mechanisms that `count_noise: discrete` noises with integers.
+DISCRETE_METRICS = ("count", "privacy_id_count")
 
 
 def _metric_mechanisms(params: AggregationParams) -> list[tuple[str, float]]:
@@ -416,17 +439,28 @@ def plan_job(
         for member in members:
             selection_of[member] = (group_name, mechanism)
 
+    def metric_budgets(m: float | None) -> dict[str, list[MechanismBudget]]:
+        return {
+            name: [
+                _metric_budget(
+                    params, mechanism, kind, linf, spec,
+                    where=_Where(name if prefix_names else None),
+                    multiplier=None if m is None or mechanism in NOT_ADDITIVE
+                    else m / unit_weight[name],
+                )
+                for mechanism, kind, linf, spec in requested[name]
+            ]
+            for name, params, _ in queries
+        }  # fmt: skip
+
+    budgets_of = metric_budgets(multiplier)
+    if multiplier is not None and any(b.discrete for bs in budgets_of.values() for b in bs):
+        multiplier, budgets_of = _discrete_pool(accounting, multiplier, metric_budgets)
+
     plans = []
     for name, params, weight in queries:
         where = _Where(name if prefix_names else None)
-        budgets = [
-            _metric_budget(
-                params, mechanism, kind, linf, spec, where=where,
-                multiplier=None if multiplier is None or mechanism in NOT_ADDITIVE
-                else multiplier / unit_weight[name],
-            )
-            for mechanism, kind, linf, spec in requested[name]
-        ]  # fmt: skip
+        budgets = budgets_of[name]
         group = selection_of.get(name)
         if group is not None:
             budgets.append(group[1])
@@ -468,6 +502,31 @@ def _pool_multiplier(
         ) from None
 
 
+def _discrete_pool(
+    accounting: str,
+    multiplier: float,
+    metric_budgets: Callable[[float | None], dict[str, list[MechanismBudget]]],
+) -> tuple[float, dict[str, list[MechanismBudget]]]:
+    """The pool's multiplier, raised until its discrete mechanisms, composed as what they are
+    (`accounting.discrete_pool_fits`), meet the pool's budget: the search chose it for
+    continuous noise, whose privacy loss is not the same."""
+    budgets_of = metric_budgets(multiplier)
+    pool = [b for bs in budgets_of.values() for b in bs if b.name not in NOT_ADDITIVE]
+    epsilon = math.fsum(b.epsilon for b in pool)
+    delta = math.fsum(b.delta for b in pool)
+    for _ in range(200):  # up to 1.02^200 ~ 50x
+        if discrete_pool_fits(accounting, pool, epsilon, delta):
+            return multiplier, budgets_of
+        multiplier *= 1.02
+        budgets_of = metric_budgets(multiplier)
+        pool = [b for bs in budgets_of.values() for b in bs if b.name not in NOT_ADDITIVE]
+    raise SpecError(
+        "count_noise",
+        f"no discrete noise meets epsilon {epsilon:.3g}, delta {delta:.3g} under "
+        f"{accounting} accounting; use count_noise: continuous",
+    )
+
+
 def _metric_budget(
     params: AggregationParams,
     name: str,
@@ -488,6 +547,8 @@ def _metric_budget(
         noise_stddev=None,
         noise_multiplier=multiplier,
     )
+    if params.count_noise == "discrete" and name in DISCRETE_METRICS:
+        return _discrete_budget(budget, where)
     if multiplier is not None:
         return MechanismBudget(**{**budget.__dict__, "noise_stddev": _tight_std(budget, where)})
     _check_epsilon_share(budget, where)
@@ -600,6 +661,39 @@ def _tight_std(budget: MechanismBudget, where: _Where) -> float:
             f"{budget.linf_sensitivity:g}); narrow the bounds or lower L0 or Linf",
         )
     return std
+
+
+def _discrete_budget(budget: MechanismBudget, where: _Where) -> MechanismBudget:
+    """The discrete mechanism's scale: under tight accounting the pool's multiplier times the
+    sensitivity (its privacy checked by `_discrete_pool`); under basic composition discrete
+    Laplace t = L1 / epsilon (epsilon-DP for an integer L1) and the smallest discrete Gaussian
+    sigma whose zCDP (CKS20) converts to the mechanism's (epsilon, delta)."""
+    l1, l2 = budget.l1_sensitivity, budget.l2_sensitivity
+    if not float(l1).is_integer():
+        raise SpecError(
+            where.field("bounds"),
+            f"{where.mechanism(budget)} has L1 sensitivity {l1:g}; discrete noise needs an "
+            "integer one",
+        )
+    if budget.noise_multiplier is not None:
+        scale = budget.noise_multiplier * (l2 if budget.kind == "gaussian" else l1)
+    else:
+        _check_epsilon_share(budget, where)
+        if budget.kind == "laplace":
+            scale = l1 / budget.epsilon
+        else:
+            scale = discrete.gaussian_sigma(budget.epsilon, budget.delta, l2)
+    kind = f"discrete_{budget.kind}"
+    if not (math.isfinite(scale) and 0 < scale <= discrete.MAX_SCALE):
+        raise SpecError(
+            "budget.epsilon",
+            f"gives {where.mechanism(budget)} a discrete noise scale of {scale:.3g}, outside "
+            f"(0, {discrete.MAX_SCALE:.0e}]; change budget.epsilon or the bounds",
+        )
+    std = math.sqrt(discrete.discrete_variance(kind, scale))
+    return MechanismBudget(
+        **{**budget.__dict__, "discrete": True, "noise_scale": scale, "noise_stddev": std}
+    )
 
 
 def gaussian_delta(sigma: float, epsilon: float, l2_sensitivity: float) -> float:
