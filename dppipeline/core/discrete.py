@@ -101,6 +101,8 @@ def discrete_half_width(kind: str, scale: float, alpha: float) -> int:
     if kind == "discrete_laplace":
         # P(|X| > w) = 2 p^(w+1) / (1 + p)
         p = math.exp(-1 / scale)
+        if 2 * p / (1 + p) <= alpha:  # P(|X| > 0) (also p = 0: a scale below ~1/745)
+            return 0
         w = math.log(alpha * (1 + p) / 2) / math.log(p) - 1
         return max(0, math.ceil(w - 1e-9))
     if kind != "discrete_gaussian":
