@@ -144,9 +144,22 @@ def discrete_pool_fits(
     loss distributions (`core.events`: discrete Laplace and discrete Gaussian exactly), or
     Rényi DP (a discrete Gaussian as a Gaussian of the same sigma: the same RDP curve, CKS20
     Theorem 14; a discrete Laplace by its pure epsilon, epsilon^2 / 2-zCDP, loose). pld tries
-    PLD first; zcdp tries RDP first, then PLD (a discrete Laplace has no tight RDP here)."""
+    PLD first; zcdp tries RDP first, then PLD (a discrete Laplace has no tight RDP here).
+    Last, for a pool of Laplace noise only, basic composition of their pure epsilons (what
+    remains at epsilons PLD cannot grid)."""
     order = (_pld_fits, _rdp_fits) if accounting == "pld" else (_rdp_fits, _pld_fits)
-    return any(fits(pool, epsilon, delta) for fits in order)
+    return any(fits(pool, epsilon, delta) for fits in (*order, _pure_fits))
+
+
+def _pure_fits(pool: Sequence[MechanismBudget], epsilon: float, delta: float) -> bool:
+    if any(b.kind != "laplace" for b in pool):
+        return False
+    own = []
+    for b in pool:
+        scale = b.noise_scale if b.discrete else (b.noise_multiplier or 0.0) * b.l1_sensitivity
+        assert scale is not None and scale > 0
+        own.append(b.l1_sensitivity / scale)
+    return math.fsum(own) <= epsilon
 
 
 def _pld_fits(pool: Sequence[MechanismBudget], epsilon: float, delta: float) -> bool:

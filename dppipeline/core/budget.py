@@ -507,24 +507,33 @@ def _discrete_pool(
     multiplier: float,
     metric_budgets: Callable[[float | None], dict[str, list[MechanismBudget]]],
 ) -> tuple[float, dict[str, list[MechanismBudget]]]:
-    """The pool's multiplier, raised until its discrete mechanisms, composed as what they are
-    (`accounting.discrete_pool_fits`), meet the pool's budget: the search chose it for
-    continuous noise, whose privacy loss is not the same."""
-    budgets_of = metric_budgets(multiplier)
-    pool = [b for bs in budgets_of.values() for b in bs if b.name not in NOT_ADDITIVE]
-    epsilon = math.fsum(b.epsilon for b in pool)
-    delta = math.fsum(b.delta for b in pool)
-    for _ in range(200):  # up to 1.02^200 ~ 50x
-        if discrete_pool_fits(accounting, pool, epsilon, delta):
-            return multiplier, budgets_of
-        multiplier *= 1.02
-        budgets_of = metric_budgets(multiplier)
-        pool = [b for bs in budgets_of.values() for b in bs if b.name not in NOT_ADDITIVE]
-    raise SpecError(
-        "count_noise",
-        f"no discrete noise meets epsilon {epsilon:.3g}, delta {delta:.3g} under "
-        f"{accounting} accounting; use count_noise: continuous",
-    )
+    """The pool's multiplier, raised (geometric bisection to 0.1%) until its discrete
+    mechanisms, composed as what they are (`accounting.discrete_pool_fits`), meet the pool's
+    budget: the search chose it for continuous noise, whose privacy loss is not the same."""
+
+    def pool(m: float) -> list[MechanismBudget]:
+        return [b for bs in metric_budgets(m).values() for b in bs if b.name not in NOT_ADDITIVE]
+
+    first = pool(multiplier)
+    epsilon = math.fsum(b.epsilon for b in first)
+    delta = math.fsum(b.delta for b in first)
+
+    def fits(m: float) -> bool:
+        return discrete_pool_fits(accounting, pool(m), epsilon, delta)
+
+    low, high = multiplier, multiplier
+    while not fits(high):
+        low, high = high, high * 1.25
+        if high > 64 * multiplier:
+            raise SpecError(
+                "count_noise",
+                f"no discrete noise meets epsilon {epsilon:.3g}, delta {delta:.3g} under "
+                f"{accounting} accounting; use count_noise: continuous",
+            )
+    while high / low > 1.001:
+        mid = math.sqrt(low * high)
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return high, metric_budgets(high)
 
 
 def _metric_budget(
