@@ -13,7 +13,8 @@ Tumult Analytics and OpenDP release them. Both distributions live on the integer
 
 The samplers are OpenDP's (exact, in Rust, no floating-point arithmetic on the noise: the
 attack on naive floating-point Laplace noise, Mironov 2012, does not apply). OpenDP is imported
-when noise is drawn, not when a plan is made (its import costs tens of milliseconds).
+when noise is drawn, not when a plan is made (its core modules take 0.1-0.2 s to import on the
+development machine; `opendp.prelude` twice that).
 Variance and quantiles here are exact for `plan` and confidence intervals.
 """
 
@@ -42,15 +43,16 @@ _QUANTILE_SUM_SIGMA = 1e5
 def _sampler(kind: str, scale: float) -> Callable[[list[int]], list[int]]:
     """OpenDP's vector sampler: discrete Laplace (scale t) or discrete Gaussian (sigma) on
     64-bit integers."""
-    import opendp.prelude as dp  # noqa: PLC0415 (lazy: see the module docstring)
+    # The modules themselves, not opendp.prelude (which also loads its numpy/sklearn extras).
+    from opendp import domains, measurements, metrics, mod  # noqa: PLC0415 (lazy: see above)
 
-    dp.enable_features("contrib")
-    domain = dp.vector_domain(dp.atom_domain(T="i64"))
+    mod.enable_features("contrib")
+    domain = domains.vector_domain(domains.atom_domain(T="i64"))
     make: Any
     if kind == "discrete_laplace":
-        make = dp.m.make_laplace(domain, dp.l1_distance(T="i64"), scale)
+        make = measurements.make_laplace(domain, metrics.l1_distance(T="i64"), scale)
     elif kind == "discrete_gaussian":
-        make = dp.m.make_gaussian(domain, dp.l2_distance(T="i64"), scale)
+        make = measurements.make_gaussian(domain, metrics.l2_distance(T="i64"), scale)
     else:
         raise ValueError(f"no discrete sampler {kind!r}")
     sample: Callable[[list[int]], list[int]] = make
