@@ -147,6 +147,18 @@ def test_tight_accounting_at_a_huge_epsilon_plans_discrete_laplace(accounting):
     assert plan.mechanism("count").noise_stddev < 1e-3
 
 
+def test_a_scale_past_int64_reach_is_refused_at_plan_time():
+    """Noise of scale above 1e15 could leave int64 (L0 = Linf = 2^31 - 1 at a tiny epsilon):
+    refused before any data is read, naming budget.epsilon; 1e15 itself is sampled."""
+    from dppipeline.errors import SpecError
+
+    with pytest.raises(SpecError) as info:
+        count_plan("laplace", 2.0**-40, l0=2**31 - 1, linf=2**31 - 1)
+    assert info.value.field == "budget.epsilon" and "discrete noise scale" in info.value.rule
+    drawn = discrete.add_discrete_noise("discrete_laplace", discrete.MAX_SCALE, np.zeros(50))
+    assert drawn.dtype == np.int64 and np.abs(drawn).max() > 1e12
+
+
 # ------------------------------------------------------------------ noise present, sampler
 
 
