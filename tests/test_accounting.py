@@ -26,7 +26,14 @@ Z_1E6 = float(norm.isf(0.5e-6))  # two-sided normal quantile, failure rate 1e-6
 
 
 def bank_plan(accounting: str, noise: str = "gaussian") -> JobPlan:
-    overrides = {"accounting": accounting, "noise": noise, "budget.epsilon": 4.0}
+    # continuous counts: the independent check below composes continuous mechanisms
+    # (discrete ones: tests/test_discrete_noise.py)
+    overrides = {
+        "accounting": accounting,
+        "noise": noise,
+        "budget.epsilon": 4.0,
+        "count_noise": "continuous",
+    }
     return make_plan(build_spec(load_raw(BANK), overrides))
 
 
@@ -165,7 +172,8 @@ def test_exact_tier_and_noise_present(small_inputs, tmp_path, accounting, engine
     manifest names the accounting and the multiplier."""
     if engine == "spark":
         request.getfixturevalue("spark")
-    tight = {"accounting": accounting, "noise": "gaussian"}
+    # continuous counts: the tolerance is a normal tail (discrete: tests/test_discrete_noise.py)
+    tight = {"accounting": accounting, "noise": "gaussian", "count_noise": "continuous"}
     exact, manifest = release_small(
         small_inputs, tmp_path / "exact", engine, **tight, **{"budget.epsilon": 1e7}
     )

@@ -417,7 +417,8 @@ def test_date_range_selects_days(tmp_path, small_inputs, flags, first, last):
 # --------------------------------------------------------------------------- plan
 
 _MECHANISM_ROW = re.compile(
-    r"^\s+(\w+)\s+(?:laplace|gaussian|truncated_geometric|\w+_thresholding)\s+(\S+)\s+(\S+)"
+    r"^\s+(\w+)\s+(?:(?:discrete_)?laplace|(?:discrete_)?gaussian|truncated_geometric"
+    r"|\w+_thresholding)\s+(\S+)\s+(\S+)"
 )
 
 

@@ -244,7 +244,13 @@ def test_half_the_noise_is_caught(bounded):
     broken = dataclasses.replace(
         plan,
         mechanisms=tuple(
-            dataclasses.replace(m, epsilon=2 * m.epsilon, noise_stddev=None)
+            dataclasses.replace(
+                m,
+                epsilon=2 * m.epsilon,
+                noise_stddev=None,
+                # discrete counts are drawn from their scale: halve it too
+                noise_scale=None if m.noise_scale is None else m.noise_scale / 2,
+            )
             for m in plan.mechanisms
         ),
     )

@@ -54,6 +54,7 @@ def public_spec(data) -> dict:
     return {
         "name": "terminal_stats",
         "metrics": ["count", "sum"],
+        "count_noise": "continuous",  # the checks below are continuous Laplace's medians
         "budget": {"epsilon": 1.0, "delta": 1e-6},
         "bounds": {
             "max_partitions_contributed": TERMINALS,

@@ -134,6 +134,7 @@ def test_intervals_cover_95_percent_on_every_engine(small_inputs, tmp_path, engi
             "partition_selection.public_partitions": str(keys),
             "budget.epsilon": 1.0,
             "confidence_intervals": True,
+            "count_noise": "continuous",  # exactly 95%; discrete: tests/test_discrete_noise.py
         },
     )
     exact = truth(small_inputs).reindex(range(2000), fill_value=0.0)

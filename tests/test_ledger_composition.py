@@ -49,6 +49,7 @@ def nightly_plan(accounting: str = "basic", noise: str = "laplace") -> JobPlan:
         "noise": noise,
         "budget.epsilon": NIGHT_EPSILON,
         "budget.delta": NIGHT_DELTA,
+        "count_noise": "continuous",  # discrete counts: tests/test_discrete_noise.py
     }
     return make_plan(build_spec(load_raw(NIGHTLY), overrides))
 
@@ -121,7 +122,8 @@ def test_a_release_records_every_mechanism_it_runs(job, accounting, noise):
     """The events are the plan's mechanisms one for one, with the noise PyDP adds: a
     mechanism left out, or recorded with more noise than it gets, fails here. The bank's
     job has private selections (a shared one too) and percentiles."""
-    plan = make_plan(build_spec(load_raw(job), {"accounting": accounting, "noise": noise}))
+    overrides = {"accounting": accounting, "noise": noise, "count_noise": "continuous"}
+    plan = make_plan(build_spec(load_raw(job), overrides))
     additive, fixed = independent_events(plan)
     events = release_events(plan)
     recorded = [e for e in events if e.kind != "approx_dp" for _ in range(e.count)]
@@ -140,7 +142,8 @@ def test_a_release_records_every_mechanism_it_runs(job, accounting, noise):
 def test_one_release_composes_to_at_most_its_own_budget(accounting):
     """The bank's 12-query job: its events composed by the ledger's code state no more than
     the job's (epsilon, delta), and at least its additive pool's independent composition."""
-    plan = make_plan(build_spec(load_raw(BANK), {"accounting": accounting, "noise": "gaussian"}))
+    overrides = {"accounting": accounting, "noise": "gaussian", "count_noise": "continuous"}
+    plan = make_plan(build_spec(load_raw(BANK), overrides))
     events = release_events(plan)
     ledger_eps = composed_epsilon(events, plan.delta, plan.epsilon)
     assert ledger_eps is not None
@@ -160,9 +163,9 @@ def test_events_round_trip_and_merge_identical_mechanisms():
     )
     back = from_json(to_json(events))
     assert {e.key(): e.count for e in back} == {
-        ("gaussian", 2.5, None, None): 4,
-        ("approx_dp", None, 0.1, 1e-8): 1,
-        ("laplace", 10.0, None, None): 1,
+        ("gaussian", 2.5, None, None, None, None, None): 4,
+        ("approx_dp", None, 0.1, 1e-8, None, None, None): 1,
+        ("laplace", 10.0, None, None, None, None, None): 1,
     }
     for bad in ('{"format": 2, "events": []}', '{"format": 1, "events": [{"kind": "x"}]}'):
         with pytest.raises(ValueError):

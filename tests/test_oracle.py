@@ -85,8 +85,12 @@ def tolerances(manifest, n_values: int, failure_rate: float = 1e-6) -> dict[str,
     cells = n_values * 4 * 2 * 2
     out = {}
     metrics = manifest["queries"]["terminal_stats"]["metrics"]  # the job's one query
+    split = manifest["queries"]["terminal_stats"]["budget_split"]
     for metric in ("count", "sum", "privacy_id_count"):
-        b = metrics[metric]["noise_stddev"] / math.sqrt(2)
+        # discrete Laplace counts: the oracle's continuous b is our scale t, and our tail at
+        # integers is at most twice a continuous one's (2 p^k / (1 + p) vs p^k, p = e^(-1/t))
+        scale = split.get(metric, {}).get("noise_scale")
+        b = scale if scale is not None else metrics[metric]["noise_stddev"] / math.sqrt(2)
         out[metric] = 2 * 2 * b * math.log(cells / failure_rate)
     return out
 

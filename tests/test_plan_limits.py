@@ -84,6 +84,7 @@ def test_gaussian_noise_past_pydps_range_is_refused(epsilon):
     error = refused(
         **{
             "noise": "gaussian",
+            "count_noise": "continuous",  # PyDP's limit (OpenDP's discrete Gaussian has none)
             "metrics": ["count"],
             "budget.epsilon": epsilon,
             "partition_selection.public_partitions": "1..5",
@@ -98,6 +99,7 @@ def test_gaussian_noise_just_below_the_edge_is_sound():
         spec(
             noise="gaussian",
             metrics=["count"],
+            count_noise="continuous",  # PyDP's edge
             **{"budget.epsilon": 700.0, "partition_selection.public_partitions": "1..5"},
         )
     )
@@ -180,6 +182,7 @@ def test_the_widest_spec_the_limits_allow_plans_finite_noise(noise):
         "budget.epsilon": 2.0**-40,
         "budget.delta": 1e-100 if noise == "laplace" else 1e-20,
         "partition_selection.public_partitions": "1..5",
+        "count_noise": "continuous",  # PyDP's limits; discrete: tests/test_discrete_noise.py
     }
     metrics = ["count", "sum", "mean", "variance", "privacy_id_count"]
     plan = make_plan(spec(noise=noise, metrics=metrics, **widest))

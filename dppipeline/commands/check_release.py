@@ -37,7 +37,7 @@ def check_release(release: str | Path, ledger: str | None) -> str:
     try:
         _check_pointer(release, folder, manifest.run_id)
         for name, query in manifest.queries.items():
-            rows += _check_dataset(folder, name, query)
+            rows += _check_dataset(folder, name, query, manifest.count_noise == "discrete")
     except StorageError as exc:
         raise InputError(f"cannot read {exc}") from None
     run_id = manifest.run_id
@@ -73,7 +73,7 @@ def _check_pointer(release: str | Path, folder: Location, run_id: str) -> None:
             raise InputError(f"{shown}: {name}, listed in {POINTER_NAME}, is missing")
 
 
-def _check_dataset(release: Location, name: str, query: QueryEntry) -> int:
+def _check_dataset(release: Location, name: str, query: QueryEntry, integer_counts: bool) -> int:
     """One query's dataset: present, the schema its keys and metrics imply, row count."""
     where = release.join(query.dataset)
     dataset = where.display()
@@ -85,7 +85,10 @@ def _check_dataset(release: Location, name: str, query: QueryEntry) -> int:
     keys = [KeyColumn(k, k if k in TIME_BUCKETS else None) for k in query.partition_by]
     intervals = any(m.confidence_interval is not None for m in query.metrics.values())
     expected = release_arrow_schema(
-        [(k.name, k.arrow_type) for k in keys], list(query.metrics), intervals
+        [(k.name, k.arrow_type) for k in keys],
+        list(query.metrics),
+        intervals,
+        integer_counts=integer_counts,
     )
     found = pads.dataset(path, format="parquet", filesystem=fs).schema
     for column in expected:

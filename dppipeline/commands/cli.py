@@ -47,6 +47,7 @@ FLAG_FIELDS: dict[str, str] = {
     "delta": "budget.delta",
     "noise": "noise",
     "accounting": "accounting",
+    "count_noise": "count_noise",
     "confidence_intervals": "confidence_intervals",
     "max_partitions_contributed": "bounds.max_partitions_contributed",
     "max_contributions_per_partition": "bounds.max_contributions_per_partition",
@@ -116,6 +117,11 @@ def _add_privacy_flags(parser: argparse.ArgumentParser) -> None:
         "--accounting",
         choices=("basic", "pld", "zcdp"),
         help="how the mechanisms compose: basic (default), pld or zcdp (dp_accounting)",
+    )
+    add(
+        "--count-noise",
+        choices=("discrete", "continuous"),
+        help="noise on counts: discrete (integers, default) or continuous (decimals)",
     )
     add(
         "--confidence-intervals",

@@ -98,7 +98,7 @@ def _render_query(
     for m in plan.mechanisms:
         was = before.mechanism(m.name).noise_stddev if before is not None else None
         lines.append(
-            f"  {m.name:24} {m.kind:22} {_num(m.epsilon):>10} {_num(m.delta):>10} "
+            f"  {m.name:24} {m.mechanism:22} {_num(m.epsilon):>10} {_num(m.delta):>10} "
             f"{_num(m.noise_stddev):>12}" + (f" {_num(was):>12}" if before is not None else "")
         )
     if params.max_contributions is not None:

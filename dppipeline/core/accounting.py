@@ -28,6 +28,8 @@ if TYPE_CHECKING:  # imported when a job uses tight accounting (the CLI skips it
     import dp_accounting
     from dp_accounting import dp_event
 
+    from dppipeline.core.budget import MechanismBudget
+
 ACCOUNTINGS = ("basic", "pld", "zcdp")
 # PLD's value discretization, times epsilon: the estimate is pessimistic whatever the interval,
 # its cost grows with epsilon / interval (at epsilon 1e4 and 1e-3 one search took minutes), and
@@ -132,3 +134,56 @@ def _search(fits: Callable[[float], bool], low: float, high: float) -> float:
         else:
             low = mid
     return high
+
+
+def discrete_pool_fits(
+    accounting: str, pool: Sequence[MechanismBudget], epsilon: float, delta: float
+) -> bool:
+    """Whether a pool with discrete mechanisms composes to at most (epsilon, delta), each
+    mechanism accounted as what it is, by either of two sound proofs: the ledger's privacy
+    loss distributions (`core.events`: discrete Laplace and discrete Gaussian exactly), or
+    Rényi DP (a discrete Gaussian as a Gaussian of the same sigma: the same RDP curve, CKS20
+    Theorem 14; a discrete Laplace by its pure epsilon, epsilon^2 / 2-zCDP, loose). pld tries
+    PLD first; zcdp tries RDP first, then PLD (a discrete Laplace has no tight RDP here).
+    Last, for a pool of Laplace noise only, basic composition of their pure epsilons (what
+    remains at epsilons PLD cannot grid)."""
+    order = (_pld_fits, _rdp_fits) if accounting == "pld" else (_rdp_fits, _pld_fits)
+    return any(fits(pool, epsilon, delta) for fits in (*order, _pure_fits))
+
+
+def _pure_fits(pool: Sequence[MechanismBudget], epsilon: float, delta: float) -> bool:
+    if any(b.kind != "laplace" for b in pool):
+        return False
+    own = []
+    for b in pool:
+        scale = b.noise_scale if b.discrete else (b.noise_multiplier or 0.0) * b.l1_sensitivity
+        assert scale is not None and scale > 0
+        own.append(b.l1_sensitivity / scale)
+    return math.fsum(own) <= epsilon
+
+
+def _pld_fits(pool: Sequence[MechanismBudget], epsilon: float, delta: float) -> bool:
+    from dppipeline.core import events  # noqa: PLC0415 (events imports this module's users)
+
+    found = events.composed_epsilon((events.mechanism_event(b) for b in pool), delta, epsilon)
+    return found is not None and found <= epsilon
+
+
+def _rdp_fits(pool: Sequence[MechanismBudget], epsilon: float, delta: float) -> bool:
+    from dp_accounting import dp_event  # noqa: PLC0415 (see the imports above)
+
+    rdp_events: list[dp_event.DpEvent] = []
+    for b in pool:
+        assert b.noise_multiplier is not None
+        if not b.discrete:
+            cls = dp_event.GaussianDpEvent if b.kind == "gaussian" else dp_event.LaplaceDpEvent
+            rdp_events.append(cls(b.noise_multiplier))
+        elif b.kind == "gaussian":
+            assert b.noise_scale is not None
+            rdp_events.append(dp_event.GaussianDpEvent(b.noise_scale / b.l2_sensitivity))
+        else:
+            assert b.noise_scale is not None
+            rdp_events.append(dp_event.ZCDpEvent((b.l1_sensitivity / b.noise_scale) ** 2 / 2))
+    book = accountant("zcdp", epsilon)
+    book.compose(dp_event.ComposedDpEvent(rdp_events))
+    return float(book.get_epsilon(delta)) <= epsilon

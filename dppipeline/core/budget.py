@@ -18,6 +18,9 @@ Mechanisms, following pipeline-dp's own layout so that its DPEngine is a faithfu
   by 100, half the noise needed; for ranges away from zero it over-calibrates instead.)
 - `percentile`: one PyDP QuantileTree per partition answers all of a query's percentiles.
 - `privacy_id_count`: noisy number of distinct privacy units.
+  With `count_noise: discrete` (the spec's default) `count` and `privacy_id_count` draw
+  integer noise from OpenDP's discrete Laplace or Gaussian (`core.discrete`), mean's
+  denominator included: the same mechanism, the same budget.
 - `partition_selection`: private selection only (public partitions spend nothing on it).
 
 A job of several queries (`plan_job`) splits its one budget across every query's mechanisms
@@ -27,7 +30,7 @@ and one selection per group of queries that share partition keys and selection s
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pipeline_dp
@@ -38,7 +41,8 @@ from pydp.algorithms.partition_selection import PartitionSelectionStrategy
 from pydp.algorithms.quantile_tree import QuantileTree
 from scipy.special import log_ndtr
 
-from dppipeline.core.accounting import certified_multiplier
+from dppipeline.core import discrete
+from dppipeline.core.accounting import certified_multiplier, discrete_pool_fits
 from dppipeline.errors import SpecError, UsageError
 from dppipeline.spec.model import MIN_EPSILON, QuerySpec, percentile_of
 
@@ -77,10 +81,15 @@ class AggregationParams:
     # partitions a unit can reach (K; 1 for a global total) and Linf holds K, so code that
     # reads only L0 x Linf stays sound; the noise uses `contribution_sensitivities`.
     max_contributions: int | None = None
+    count_noise: str = "continuous"  # discrete: integer noise on counts (`core.discrete`)
 
     @classmethod
     def from_query(
-        cls, query: QuerySpec, noise: str, confidence_intervals: bool = False
+        cls,
+        query: QuerySpec,
+        noise: str,
+        confidence_intervals: bool = False,
+        count_noise: str = "continuous",
     ) -> AggregationParams:
         """A global total (no key) has one partition: each unit contributes to it alone."""
         total = query.bounds.max_contributions
@@ -100,6 +109,7 @@ class AggregationParams:
             pre_threshold=query.partition_selection.pre_threshold,
             key_columns=query.partition_by,
             confidence_intervals=confidence_intervals,
+            count_noise=count_noise,
         )
 
     @property
@@ -152,6 +162,15 @@ class MechanismBudget:
     # `max_contributions`); None: derived from L0 and Linf.
     l1: float | None = None
     l2: float | None = None
+    # Discrete noise (`core.discrete`): `kind` stays the family (laplace | gaussian) and
+    # noise_scale is the discrete Laplace's scale t or the discrete Gaussian's sigma.
+    discrete: bool = False
+    noise_scale: float | None = None
+
+    @property
+    def mechanism(self) -> str:
+        """The mechanism's name in plans and manifests: kind, or discrete_<kind>."""
+        return f"discrete_{self.kind}" if self.discrete else self.kind
 
     @property
     def l1_sensitivity(self) -> float:
@@ -203,14 +222,16 @@ class MechanismBudget:
         tight = {} if self.noise_multiplier is None else {"noise_multiplier": self.noise_multiplier}
         if self.l1 is not None or self.l2 is not None:
             tight |= {"l1_sensitivity": self.l1_sensitivity, "l2_sensitivity": self.l2_sensitivity}
+        scale = {} if self.noise_scale is None else {"noise_scale": self.noise_scale}
         return {
-            "mechanism": self.kind,
+            "mechanism": self.mechanism,
             "epsilon": self.epsilon,
             "delta": self.delta,
             "l0_sensitivity": self.l0_sensitivity,
             "linf_sensitivity": self.linf_sensitivity,
             "noise_stddev": self.noise_stddev,
             **tight,
+            **scale,
         }
 
 
@@ -256,23 +277,25 @@ class BudgetPlan:
 
 # Mechanisms whose output is not value + additive noise (no noise_stddev).
 NOT_ADDITIVE = ("partition_selection", "percentile")
+# Integer-valued mechanisms that `count_noise: discrete` noises with integers.
+DISCRETE_METRICS = ("count", "privacy_id_count")
 
 
 def contribution_sensitivities(
     params: AggregationParams, mechanism: str, linf: float
-) -> dict[str, float]:
-    """{"l1", "l2"} of a noise mechanism under max_contributions K (else {}: L0 and Linf).
+) -> tuple[float | None, float | None]:
+    """(L1, L2) of a noise mechanism under max_contributions K (else None, None: L0 and Linf).
 
     `linf` is the mechanism's sensitivity at Linf = K, i.e. K x its per-row sensitivity c.
     A unit's K rows may all land in one partition, so for count and the sums L1 = L2 = K c
     (sqrt(L0) x Linf would overstate L2 K^1.5 c). privacy_id_count: a unit adds 1 to each of
     at most L0 partitions (K, or 1 for a global total): L1 = L0, L2 = sqrt(L0)."""
     if params.max_contributions is None or mechanism in NOT_ADDITIVE:
-        return {}
+        return None, None
     if mechanism == "privacy_id_count":
         l0 = params.max_partitions_contributed
-        return {"l1": float(l0), "l2": math.sqrt(l0)}
-    return {"l1": linf, "l2": linf}
+        return float(l0), math.sqrt(l0)
+    return linf, linf
 
 
 def _metric_mechanisms(params: AggregationParams) -> list[tuple[str, float]]:
@@ -462,17 +485,28 @@ def plan_job(
         for member in members:
             selection_of[member] = (group_name, mechanism)
 
+    def metric_budgets(m: float | None) -> dict[str, list[MechanismBudget]]:
+        return {
+            name: [
+                _metric_budget(
+                    params, mechanism, kind, linf, spec,
+                    where=_Where(name if prefix_names else None),
+                    multiplier=None if m is None or mechanism in NOT_ADDITIVE
+                    else m / unit_weight[name],
+                )
+                for mechanism, kind, linf, spec in requested[name]
+            ]
+            for name, params, _ in queries
+        }  # fmt: skip
+
+    budgets_of = metric_budgets(multiplier)
+    if multiplier is not None and any(b.discrete for bs in budgets_of.values() for b in bs):
+        multiplier, budgets_of = _discrete_pool(accounting, multiplier, metric_budgets)
+
     plans = []
     for name, params, weight in queries:
         where = _Where(name if prefix_names else None)
-        budgets = [
-            _metric_budget(
-                params, mechanism, kind, linf, spec, where=where,
-                multiplier=None if multiplier is None or mechanism in NOT_ADDITIVE
-                else multiplier / unit_weight[name],
-            )
-            for mechanism, kind, linf, spec in requested[name]
-        ]  # fmt: skip
+        budgets = budgets_of[name]
         group = selection_of.get(name)
         if group is not None:
             budgets.append(group[1])
@@ -514,6 +548,40 @@ def _pool_multiplier(
         ) from None
 
 
+def _discrete_pool(
+    accounting: str,
+    multiplier: float,
+    metric_budgets: Callable[[float | None], dict[str, list[MechanismBudget]]],
+) -> tuple[float, dict[str, list[MechanismBudget]]]:
+    """The pool's multiplier, raised (geometric bisection to 0.1%) until its discrete
+    mechanisms, composed as what they are (`accounting.discrete_pool_fits`), meet the pool's
+    budget: the search chose it for continuous noise, whose privacy loss is not the same."""
+
+    def pool(m: float) -> list[MechanismBudget]:
+        return [b for bs in metric_budgets(m).values() for b in bs if b.name not in NOT_ADDITIVE]
+
+    first = pool(multiplier)
+    epsilon = math.fsum(b.epsilon for b in first)
+    delta = math.fsum(b.delta for b in first)
+
+    def fits(m: float) -> bool:
+        return discrete_pool_fits(accounting, pool(m), epsilon, delta)
+
+    low, high = multiplier, multiplier
+    while not fits(high):
+        low, high = high, high * 1.25
+        if high > 64 * multiplier:
+            raise SpecError(
+                "count_noise",
+                f"no discrete noise meets epsilon {epsilon:.3g}, delta {delta:.3g} under "
+                f"{accounting} accounting; use count_noise: continuous",
+            )
+    while high / low > 1.001:
+        mid = math.sqrt(low * high)
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return high, metric_budgets(high)
+
+
 def _metric_budget(
     params: AggregationParams,
     name: str,
@@ -524,6 +592,7 @@ def _metric_budget(
     where: _Where,
     multiplier: float | None = None,
 ) -> MechanismBudget:
+    l1, l2 = contribution_sensitivities(params, name, linf)
     budget = MechanismBudget(
         name=name,
         kind=kind,
@@ -537,8 +606,11 @@ def _metric_budget(
         linf_sensitivity=linf,
         noise_stddev=None,
         noise_multiplier=multiplier,
-        **contribution_sensitivities(params, name, linf),
+        l1=l1,
+        l2=l2,
     )
+    if params.count_noise == "discrete" and name in DISCRETE_METRICS:
+        return _discrete_budget(budget, where)
     if multiplier is not None:
         return MechanismBudget(**{**budget.__dict__, "noise_stddev": _tight_std(budget, where)})
     _check_epsilon_share(budget, where)
@@ -651,6 +723,39 @@ def _tight_std(budget: MechanismBudget, where: _Where) -> float:
             f"{budget.linf_sensitivity:g}); narrow the bounds or lower L0 or Linf",
         )
     return std
+
+
+def _discrete_budget(budget: MechanismBudget, where: _Where) -> MechanismBudget:
+    """The discrete mechanism's scale: under tight accounting the pool's multiplier times the
+    sensitivity (its privacy checked by `_discrete_pool`); under basic composition discrete
+    Laplace t = L1 / epsilon (epsilon-DP for an integer L1) and the smallest discrete Gaussian
+    sigma whose zCDP (CKS20) converts to the mechanism's (epsilon, delta)."""
+    l1, l2 = budget.l1_sensitivity, budget.l2_sensitivity
+    if not float(l1).is_integer():
+        raise SpecError(
+            where.field("bounds"),
+            f"{where.mechanism(budget)} has L1 sensitivity {l1:g}; discrete noise needs an "
+            "integer one",
+        )
+    if budget.noise_multiplier is not None:
+        scale = budget.noise_multiplier * (l2 if budget.kind == "gaussian" else l1)
+    else:
+        _check_epsilon_share(budget, where)
+        if budget.kind == "laplace":
+            scale = l1 / budget.epsilon
+        else:
+            scale = discrete.gaussian_sigma(budget.epsilon, budget.delta, l2)
+    kind = f"discrete_{budget.kind}"
+    if not (math.isfinite(scale) and 0 < scale <= discrete.MAX_SCALE):
+        raise SpecError(
+            "budget.epsilon",
+            f"gives {where.mechanism(budget)} a discrete noise scale of {scale:.3g}, outside "
+            f"(0, {discrete.MAX_SCALE:.0e}]; change budget.epsilon or the bounds",
+        )
+    std = math.sqrt(discrete.discrete_variance(kind, scale))
+    return MechanismBudget(
+        **{**budget.__dict__, "discrete": True, "noise_scale": scale, "noise_stddev": std}
+    )
 
 
 def gaussian_delta(sigma: float, epsilon: float, l2_sensitivity: float) -> float:

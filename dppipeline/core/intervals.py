@@ -5,7 +5,8 @@ publishing its distribution, and intervals derived from it, costs no privacy. An
 covers the exact value *after* contribution bounding and clipping (what the mechanism noised),
 not the raw total before bounding: bounds that drop rows bias the value below the interval.
 
-- count, privacy_id_count, sum: value -/+ the exact (1 - alpha) quantile of |noise|.
+- count, privacy_id_count, sum: value -/+ the exact (1 - alpha) quantile of |noise|; with
+  discrete noise on counts an integer (`core.discrete`), so their intervals are integers.
 - sum computed with mean (noisy centred sum + midpoint x noisy count): the exact quantile of
   the sum of the two independent noises (closed form for two Laplace variables, a normal for
   two Gaussians).
@@ -41,7 +42,9 @@ import math
 from statistics import NormalDist
 
 import numpy as np
+from scipy.special import ndtr
 
+from dppipeline.core import discrete
 from dppipeline.core.budget import BudgetPlan, MechanismBudget
 
 LEVEL = 0.95
@@ -52,6 +55,11 @@ def half_width(mechanism: MechanismBudget, alpha: float = 1 - LEVEL) -> float:
     """w with P(|noise| > w) = alpha for one additive mechanism (exact)."""
     std = mechanism.noise_stddev
     assert std is not None, f"{mechanism.name} adds no additive noise"
+    if mechanism.discrete:
+        assert mechanism.noise_scale is not None
+        return float(
+            discrete.discrete_half_width(mechanism.mechanism, mechanism.noise_scale, alpha)
+        )
     if mechanism.kind == "laplace":
         return std / math.sqrt(2) * math.log(1 / alpha)  # P(|Lap(b)| > w) = exp(-w / b)
     return std * NormalDist().inv_cdf(1 - alpha / 2)
@@ -63,6 +71,8 @@ def sum_half_width(
     """w with P(|X + scale * Y| > w) = alpha, X and Y the two mechanisms' independent noises."""
     if scale == 0:
         return half_width(first, alpha)
+    if second.discrete:
+        return _mixed_sum_half_width(first, second, scale, alpha)
     std_x, std_y = first.noise_stddev or 0.0, (second.noise_stddev or 0.0) * abs(scale)
     if first.kind != "laplace":
         return math.hypot(std_x, std_y) * NormalDist().inv_cdf(1 - alpha / 2)
@@ -77,6 +87,47 @@ def sum_half_width(
     for _ in range(200):  # bisection on a decreasing tail: exact to float precision
         mid = (low + high) / 2
         low, high = (mid, high) if two_sided_tail(mid) > alpha else (low, mid)
+    return high
+
+
+def _mixed_sum_half_width(
+    first: MechanismBudget, second: MechanismBudget, scale: float, alpha: float
+) -> float:
+    """`sum_half_width` when Y (the count's noise) is discrete: P(|X + sY| > w) summed over
+    Y's integers exactly; where Y's support is too wide for that, the union bound
+    w_X(alpha/2) + |s| w_Y(alpha/2) (sound, a little wider)."""
+    assert second.noise_scale is not None
+    std_x, std_y = first.noise_stddev or 0.0, second.noise_stddev or 0.0
+    reach = math.ceil(_GRID_WIDTH * std_y) + 1
+    if reach > _GRID_POINTS or std_x == 0:
+        return half_width(first, alpha / 2) + abs(scale) * half_width(second, alpha / 2)
+    y = np.arange(-reach, reach + 1, dtype=np.float64)
+    if second.kind == "laplace":
+        mass = np.exp(-np.abs(y) / second.noise_scale)
+    else:
+        mass = np.exp(-(y**2) / (2 * second.noise_scale**2))
+    mass /= np.sum(mass)
+    shift = scale * y
+
+    def tail(w: float) -> float:
+        if first.kind == "laplace":
+            b = std_x / math.sqrt(2)
+            upper, lower = w - shift, -w - shift  # P(X > upper) + P(X < lower)
+            p_up = np.where(
+                upper >= 0, 0.5 * np.exp(-np.abs(upper) / b), 1 - 0.5 * np.exp(-np.abs(upper) / b)
+            )
+            p_low = np.where(
+                lower <= 0, 0.5 * np.exp(-np.abs(lower) / b), 1 - 0.5 * np.exp(-np.abs(lower) / b)
+            )
+        else:
+            p_up = ndtr((shift - w) / std_x)
+            p_low = ndtr((-w - shift) / std_x)
+        return float(np.sum(mass * (p_up + p_low))) + 1e-17  # + Y's mass beyond 40 std
+
+    low, high = 0.0, half_width(first, alpha / 2) + abs(scale) * half_width(second, alpha / 2)
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if tail(mid) > alpha else (low, mid)
     return high
 
 
@@ -130,6 +181,15 @@ def _count_noise_quadrature(plan: BudgetPlan) -> tuple[np.ndarray, np.ndarray, f
     std = count.noise_stddev or 0.0
     if std == 0:
         return np.zeros(1), np.ones(1), 0.0
+    if count.discrete and count.noise_scale is not None and _GRID_WIDTH * std <= _GRID_POINTS:
+        # Integer noise: its exact mass on every integer within 40 std.
+        k = np.arange(-math.ceil(_GRID_WIDTH * std), math.ceil(_GRID_WIDTH * std) + 1)
+        if count.kind == "laplace":
+            mass = np.exp(-np.abs(k) / count.noise_scale)
+        else:
+            mass = np.exp(-(k.astype(np.float64) ** 2) / (2 * count.noise_scale**2))
+        # mass beyond 40 std: below 1e-17 of the total (Laplace) or far less (Gaussian)
+        return k.astype(np.float64), mass / np.sum(mass), 1e-17
     z = np.linspace(-_GRID_WIDTH * std, _GRID_WIDTH * std, _GRID_POINTS)
     if count.kind == "laplace":
         b = std / math.sqrt(2)

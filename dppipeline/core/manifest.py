@@ -125,6 +125,9 @@ class Manifest(_Entry):
     epsilon: float
     delta: float
     noise: str
+    # discrete: count and privacy_id_count are int64, drawn by OpenDP (budget_split names the
+    # discrete_laplace / discrete_gaussian mechanism and its noise_scale); absent: continuous
+    count_noise: Literal["discrete", "continuous"] = "continuous"
     accountant: str
     noise_multiplier: float | None = None  # tight accounting: the pool's base multiplier
     queries: dict[str, QueryEntry]
@@ -267,6 +270,7 @@ def build_manifest(
         "epsilon": plan.epsilon,
         "delta": plan.delta,
         "noise": spec.noise,
+        "count_noise": spec.count_noise,
         "accountant": _accountant_text(plan),
         **({} if plan.noise_multiplier is None else {"noise_multiplier": plan.noise_multiplier}),
         "queries": queries,
@@ -300,6 +304,7 @@ def build_manifest(
             "dppipeline": __version__,
             "pipeline-dp": _version("pipeline-dp"),
             "python-dp": _version("python-dp"),
+            **({"opendp": _version("opendp")} if spec.count_noise == "discrete" else {}),
             "python": platform.python_version(),
         },
     })  # fmt: skip

@@ -4,7 +4,8 @@ Every engine calls these functions on exact, already bounded aggregates, one row
 with the key columns and `AGGREGATE_COLUMNS` (plus `sum_squares` for variance and `values`, the
 kept values, for percentiles). Partitions are independent of each other here, so any batching
 (Spark `mapInPandas`, a Beam DoFn, one local call) gives the same distribution. Noise and
-selection come from PyDP's secure mechanisms, rebuilt from the plan.
+selection come from PyDP's secure mechanisms, rebuilt from the plan; integer noise on counts
+(`count_noise: discrete`) from OpenDP's (`core.discrete`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ import pyarrow as pa
 from pipeline_dp import dp_computations
 from pydp.algorithms.quantile_tree import QuantileTree
 
-from dppipeline.core.budget import AggregationParams, BudgetPlan, JobPlan, MechanismBudget
+from dppipeline.core.budget import (
+    DISCRETE_METRICS,
+    AggregationParams,
+    BudgetPlan,
+    JobPlan,
+    MechanismBudget,
+)
+from dppipeline.core.discrete import add_discrete_noise
 from dppipeline.core.intervals import INTERVAL_METRICS, mean_interval, metric_half_width
 from dppipeline.spec.model import metric_column, percentile_of
 from dppipeline.spec.schema import release_schema, transactions_schema
@@ -120,8 +128,13 @@ def select_partitions(privacy_id_count: np.ndarray, plan: BudgetPlan) -> np.ndar
 
 
 def _noised(plan: BudgetPlan, name: str, exact: np.ndarray) -> np.ndarray:
-    """Adds the named mechanism's noise to each value: one call into PyDP's C++ per value."""
-    add_noise = plan.mechanism(name).build_additive().add_noise
+    """Adds the named mechanism's noise to each value: one call into PyDP's C++ per value,
+    or, for discrete noise, one call into OpenDP for all (integers out)."""
+    mechanism = plan.mechanism(name)
+    if mechanism.discrete:
+        assert mechanism.noise_scale is not None
+        return add_discrete_noise(mechanism.mechanism, mechanism.noise_scale, exact)
+    add_noise = mechanism.build_additive().add_noise
     return np.fromiter((add_noise(float(x)) for x in exact), dtype=np.float64, count=len(exact))
 
 
@@ -179,14 +192,14 @@ def noise_partitions(
 
     values: dict[str, np.ndarray] = {}
     if plan.has("count"):
-        values["count"] = _noised(plan, "count", count)
+        values["count"] = _noised(plan, "count", exact["count"].to_numpy())
     if plan.has("centred_sum"):
         mid = params.midpoint
-        denominator = np.maximum(1.0, values["count"])
+        denominator = np.maximum(1.0, values["count"].astype(np.float64))
         noisy_centred = _noised(plan, "centred_sum", total - mid * count)
         values["_centred_sum"] = noisy_centred
         centred_mean = noisy_centred / denominator
-        values["sum"] = noisy_centred + mid * values["count"]
+        values["sum"] = noisy_centred + mid * values["count"].astype(np.float64)
         values["mean"] = np.clip(mid + centred_mean, params.min_value, params.max_value)
         if plan.has("centred_sum_of_squares"):
             r2 = params.half_range**2
@@ -201,7 +214,7 @@ def noise_partitions(
             values[metric] = table[:, i]
     if plan.has("privacy_id_count"):
         values["privacy_id_count"] = _noised(
-            plan, "privacy_id_count", exact["privacy_id_count"].to_numpy(dtype=np.float64)
+            plan, "privacy_id_count", exact["privacy_id_count"].to_numpy()
         )
     for metric in ordered_metrics(params.metrics):
         out[metric_column(metric)] = values[metric]
@@ -218,7 +231,8 @@ def _add_intervals(out: pd.DataFrame, plan: BudgetPlan, values: dict[str, np.nda
         else:
             width = metric_half_width(plan, metric)
             assert width is not None
-            low, high = values[metric] - width, values[metric] + width
+            centre = values[metric].astype(np.float64)
+            low, high = centre - width, centre + width
         out[f"{metric}_ci_low"], out[f"{metric}_ci_high"] = low, high
 
 
@@ -277,12 +291,20 @@ def release_arrow_schema(
     key_columns: Sequence[tuple[str, pa.DataType]] | str,
     metrics: Sequence[str],
     intervals: bool = False,
+    integer_counts: bool = False,
 ) -> pa.Schema:
     """The release's schema: key columns (name, type), then the metric columns in order.
-    A single input column name is accepted for a one-key release."""
+    A single input column name is accepted for a one-key release. `integer_counts`: count and
+    privacy_id_count as int64 (discrete noise), not float64."""
     if isinstance(key_columns, str):
         key_columns = [(key_columns, transactions_schema().field(key_columns).arrow_type)]
-    return release_schema(list(key_columns), release_columns(metrics, intervals))
+    schema = release_schema(list(key_columns), release_columns(metrics, intervals))
+    if integer_counts:
+        for name in DISCRETE_METRICS:
+            if name in schema.names:
+                i = schema.get_field_index(name)
+                schema = schema.set(i, schema.field(i).with_type(pa.int64()))
+    return schema
 
 
 def to_release_table(
@@ -290,6 +312,7 @@ def to_release_table(
     key_columns: Sequence[tuple[str, pa.DataType]] | str,
     metrics: Sequence[str],
     intervals: bool = False,
+    integer_counts: bool = False,
 ) -> pa.Table:
-    schema = release_arrow_schema(key_columns, metrics, intervals)
+    schema = release_arrow_schema(key_columns, metrics, intervals, integer_counts)
     return pa.Table.from_pandas(released[schema.names], schema=schema, preserve_index=False)

@@ -59,7 +59,10 @@ class ReleaseJob:
         """The Arrow schema of a query's released dataset."""
         params = self.plan.query(query).plan.params
         return release_arrow_schema(
-            self.key_types(query), params.metrics, params.confidence_intervals
+            self.key_types(query),
+            params.metrics,
+            params.confidence_intervals,
+            integer_counts=params.count_noise == "discrete",
         )
 
 

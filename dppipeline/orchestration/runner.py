@@ -98,7 +98,9 @@ def make_plan(spec: JobSpec) -> JobPlan:
     queries = [
         (
             q.name,
-            AggregationParams.from_query(q, spec.noise, spec.confidence_intervals),
+            AggregationParams.from_query(
+                q, spec.noise, spec.confidence_intervals, spec.count_noise
+            ),
             q.budget_weight,
         )
         for q in spec.queries

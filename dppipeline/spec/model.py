@@ -42,6 +42,7 @@ _RANGE = re.compile(r"^\s*(-?\d+)\s*\.\.\s*(-?\d+)\s*$")
 INPUT_RANGE = "input_range"  # public keys of a time bucket: every bucket of the input's days
 NOISE_KINDS = ("laplace", "gaussian")
 ACCOUNTINGS = ("basic", "pld", "zcdp")  # how a job's mechanisms compose (core/accounting.py)
+COUNT_NOISES = ("discrete", "continuous")  # integer or real noise on counts (core/discrete.py)
 SELECTION_STRATEGIES = ("truncated_geometric", "laplace_thresholding", "gaussian_thresholding")
 INPUT_FORMATS = ("parquet", "csv")
 
@@ -704,6 +705,13 @@ class JobSpec(_Section):
             "How the job's mechanisms compose: basic (shares add up), pld (privacy loss "
             "distributions) or zcdp (Rényi/zCDP), both by dp_accounting: less noise for the "
             "same (epsilon, delta), most with gaussian noise; needs budget.delta > 0."
+        ),
+    )
+    count_noise: Annotated[str, BeforeValidator(_one_of(COUNT_NOISES))] = Field(
+        "discrete",
+        description=(
+            "Noise on count and privacy_id_count: discrete (OpenDP's discrete Laplace or "
+            "Gaussian, integers released) or continuous (PyDP's, decimals released)."
         ),
     )
     confidence_intervals: Flag = Field(
