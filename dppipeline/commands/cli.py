@@ -202,15 +202,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.set_defaults(verbose=False, quiet=False, debug_statistics=False)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    gen = sub.add_parser("generate", help="write synthetic card transactions")
-    gen.add_argument("--output", required=True, help="folder to write")
-    gen.add_argument("--format", choices=("parquet", "csv"), default="parquet")
-    gen.add_argument("--customers", type=int, default=5000)
-    gen.add_argument("--terminals", type=int, default=1000)
-    gen.add_argument("--days", type=int, default=30)
-    gen.add_argument("--start-date", type=_date, default=dt.date(2026, 1, 1))
-    gen.add_argument("--tx-per-day", type=int, default=25000)
-    gen.add_argument("--seed", type=int, default=0)
+    gen = sub.add_parser(
+        "generate",
+        help="write synthetic card transactions",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,  # --help shows the defaults
+    )
+    gen.add_argument("--output", required=True, default=argparse.SUPPRESS, help="folder to write")
+    gen.add_argument("--format", choices=("parquet", "csv"), default="parquet",
+                     help="parquet: DIR/date=YYYY-MM-DD/; csv: DIR/YYYY-MM-DD.csv")  # fmt: skip
+    gen.add_argument("--customers", type=int, default=5000, help="customers (privacy units)")
+    gen.add_argument("--terminals", type=int, default=1000, help="terminals (partitions)")
+    gen.add_argument("--days", type=int, default=30, help="days of transactions")
+    gen.add_argument("--start-date", type=_date, default=dt.date(2026, 1, 1), help="first day")
+    gen.add_argument("--tx-per-day", type=int, default=25000, help="transactions per day")
+    gen.add_argument("--seed", type=int, default=0, help="random seed (same seed, same data)")
 
     run = sub.add_parser(
         "run",
@@ -396,7 +401,7 @@ def _spec_from_args(args: argparse.Namespace):
         if value is not None:
             overrides[field] = value
     try:
-        return build_spec(raw, overrides)
+        spec = build_spec(raw, overrides)
     except SpecError as exc:
         # Name the flag when the bad value came from one, the config file otherwise.
         field = exc.field
@@ -406,6 +411,9 @@ def _spec_from_args(args: argparse.Namespace):
             raise SpecError(f"{args.config}: {field}", exc.rule) from None
         flag = _FIELD_FLAGS.get(field)
         raise SpecError(f"{flag} ({field})" if flag else field, exc.rule) from None
+    from dppipeline.orchestration.runner import with_detected_layout  # noqa: PLC0415
+
+    return with_detected_layout(spec)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:

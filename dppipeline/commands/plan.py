@@ -74,7 +74,7 @@ def _render_query(
     keys = ", ".join(query.partition_by)
     eps, delta = query_plan.spent()
     lines = [
-        f"query {query.name}: {', '.join(params.metrics)} of {query.value} "
+        f"query {query.name}: {_what(params.metrics, query.value)} "
         + (f"per {keys}" if keys else "as one global total")
         + (f" where {query.filter}" if query.filter else ""),
         f"  share: epsilon={_num(eps)} delta={_num(delta)} (weight {query.budget_weight:g})"
@@ -164,3 +164,13 @@ def _selection_lines(spec: JobSpec, query: QuerySpec, plan: BudgetPlan) -> list[
         f"{p95} for 95%",
         "    with fewer, it is likely dropped: give a public key list when you have one",
     ]
+
+
+def _what(metrics: tuple[str, ...], value: str) -> str:
+    """`count, privacy_id_count of rows; sum, mean of TX_AMOUNT`: counts count rows or units,
+    not a column's values."""
+    counted = [m for m in metrics if m in ("count", "privacy_id_count")]
+    valued = [m for m in metrics if m not in counted]
+    parts = [f"{', '.join(counted)} of rows"] if counted else []
+    parts += [f"{', '.join(valued)} of {value}"] if valued else []
+    return "; ".join(parts)

@@ -73,6 +73,34 @@ def discover_partitions(root: str | Path, fmt: str) -> list[DailyPartition]:
     return days
 
 
+def detect_layout(root: str | Path) -> str:
+    """The input layout a folder holds when the spec does not name one: `csv` for
+    `YYYY-MM-DD.csv` files, else `parquet` (`date=YYYY-MM-DD/` folders, and the error that a
+    folder with neither gets). A folder holding both is refused: which days count would
+    depend on a default."""
+    where = Location.of(root)
+    try:
+        if where.is_local:
+            if not where.path.is_dir():
+                return "parquet"  # discovery names the missing folder
+            names = [entry.name for entry in _entries(where.path)]
+        else:
+            if not where.is_dir():
+                return "parquet"
+            names = [entry.name for entry, _ in where.children()]
+    except StorageError as exc:
+        raise InputError(f"cannot list input folder {exc}") from None
+    visible = [name for name in names if not name.startswith((".", "_"))]
+    csv = [name for name in visible if _CSV_FILE.match(name)]
+    parquet = [name for name in visible if _PARQUET_DIR.match(name)]
+    if csv and parquet:
+        raise InputError(
+            f"input folder {where.display()} mixes layouts ({parquet[0]}/ and {csv[0]}): "
+            "keep one per folder, or name it with --format (input.format)"
+        )
+    return "csv" if csv else "parquet"
+
+
 def _discover_remote(root: Location, fmt: str) -> list[DailyPartition]:
     """`discover_partitions` on a store: one listing of the root, one per day folder."""
     from pyarrow.fs import FileType  # noqa: PLC0415

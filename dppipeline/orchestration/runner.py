@@ -42,7 +42,12 @@ from dppipeline.core.manifest import (
 from dppipeline.core.tasks import JobTasks, check_query_columns, plan_tasks
 from dppipeline.engines.base import Engine, ReleaseJob
 from dppipeline.errors import DPPipelineError, InputError, OutputError, UsageError
-from dppipeline.inputs.files import DailyPartition, discover_partitions, select_days
+from dppipeline.inputs.files import (
+    DailyPartition,
+    detect_layout,
+    discover_partitions,
+    select_days,
+)
 from dppipeline.inputs.quarantine import default_root as quarantine_root
 from dppipeline.inputs.quarantine import run_folder, ship_quarantine, state_dir
 from dppipeline.ledger import (
@@ -175,6 +180,18 @@ def budget_policy(spec: JobSpec) -> BudgetPolicy:
     )
 
 
+def with_detected_layout(spec: JobSpec) -> JobSpec:
+    """The spec with `input.format` detected from the folder when it names none (a folder of
+    `YYYY-MM-DD.csv` files needs no `--format csv`). A detected csv is recorded as if given,
+    so the release key is the one `--format csv` gives; parquet stays the unset default."""
+    if spec.input.path is None or "format" in spec.input.model_fields_set:
+        return spec
+    if detect_layout(spec.input.path) == spec.input.format:
+        return spec
+    found = spec.input.model_copy(update={"format": "csv"})
+    return spec.model_copy(update={"input": found})
+
+
 def input_days(spec: JobSpec) -> list[DailyPartition]:
     """The daily partitions the spec reads (its date range of the input folder)."""
     assert spec.input.path is not None
@@ -236,6 +253,7 @@ def check_budget(
     say = _tolerant(echo or _to_stderr)
     if spec.input.path is None:
         raise UsageError("--input: required (or input.path in the job spec)")
+    spec = with_detected_layout(spec)
     plan = make_plan(spec)
     days = input_days(spec)
     book = open_ledger(ledger)
@@ -282,6 +300,7 @@ def run_job(
         raise UsageError("--input: required (or input.path in the job spec)")
     if spec.output is None:
         raise UsageError("--output: required (or output in the job spec)")
+    spec = with_detected_layout(spec)
     engine_impl.prepare()  # e.g. start the JVM while pipeline-dp plans the budget
     # The engine's own access to stores (Spark: Hadoop's FileSystem API) for every remote
     # location of the run, from listing the input to writing the pointer.

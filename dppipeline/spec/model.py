@@ -14,7 +14,7 @@ import copy
 import datetime as dt
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -250,7 +250,11 @@ class InputSpec(_Section):
 
     path: PathText = Field(None, description="Input folder (required here or as --input).")
     format: Annotated[str, BeforeValidator(_one_of(INPUT_FORMATS))] = Field(
-        "parquet", description="parquet: DIR/date=YYYY-MM-DD/*.parquet; csv: DIR/YYYY-MM-DD.csv."
+        "parquet",
+        description=(
+            "parquet: DIR/date=YYYY-MM-DD/*.parquet; csv: DIR/YYYY-MM-DD.csv. Unset: detected "
+            "from the folder (a folder holding both layouts is refused)."
+        ),
     )
     start_date: Day = Field(
         None, description="First day to read, inclusive (YYYY-MM-DD); default: all."
@@ -458,9 +462,12 @@ class BoundsSpec(_Section):
         return self
 
 
-def _key_sources(value: Any) -> str | dict[str, Any] | None:
-    """A file path, an integer range 'A..B', or per key column a file, range, list or
-    'input_range'."""
+def _key_sources(value: Any) -> str | dict[str, Any] | list[Any] | None:
+    """A file path, an integer range 'A..B', a list of keys (one key column; the query turns
+    it into `{column: list}`), or per key column a file, range, list or 'input_range'."""
+    if isinstance(value, list | tuple):
+        _check_key_list(value, at="")
+        return list(value)
     if not isinstance(value, Mapping):
         text = _path_text(value)
         if text is not None:
@@ -471,10 +478,7 @@ def _key_sources(value: Any) -> str | dict[str, Any] | None:
     for column, source in value.items():
         _column(column)
         if isinstance(source, list | tuple):
-            if not source:
-                raise _broken("must list at least one key", at=column)
-            if any(isinstance(v, bool | dict | list) or v is None for v in source):
-                raise _broken(f"must list plain keys, got {excerpt(source)}", at=column)
+            _check_key_list(source, at=column)
         elif not isinstance(source, str | Path) or not str(source):
             raise _broken(
                 f"must be a file, a range 'A..B', {INPUT_RANGE!r} or a list; got {excerpt(source)}",
@@ -483,6 +487,13 @@ def _key_sources(value: Any) -> str | dict[str, Any] | None:
         if isinstance(source, str):
             _check_range(column, source)
     return {str(k): str(v) if isinstance(v, Path) else v for k, v in value.items()}
+
+
+def _check_key_list(keys: Sequence[Any], at: str) -> None:
+    if not keys:
+        raise _broken("must list at least one key", at=at)
+    if any(isinstance(v, bool | dict | list) or v is None for v in keys):
+        raise _broken(f"must list plain keys, got {excerpt(keys)}", at=at)
 
 
 def _check_range(at: str, source: str) -> None:
@@ -508,16 +519,17 @@ def _check_range(at: str, source: str) -> None:
 class SelectionSpec(_Section):
     """Which partitions are released: a public key list, or private selection from the data."""
 
-    public_partitions: Annotated[str | dict[str, Any] | None, BeforeValidator(_key_sources)] = (
-        Field(
-            None,
-            description=(
-                "Public keys: a file (one key per line, or a CSV with the key columns), an "
-                "integer range 'A..B', or per key column a file, range, list or 'input_range' "
-                "(every time bucket of the input days), whose product is the key set. Every "
-                "listed key is released, no other. Unset: private selection."
-            ),
-        )
+    public_partitions: Annotated[
+        str | dict[str, Any] | list[Any] | None, BeforeValidator(_key_sources)
+    ] = Field(
+        None,
+        description=(
+            "Public keys: a file (one key per line, or a CSV with the key columns), an "
+            "integer range 'A..B', a list [k1, k2, ...] (one key column), or per key column a "
+            "file, range, list or 'input_range' (every time bucket of the input days), whose "
+            "product is the key set. Every listed key is released, no other. Unset: private "
+            "selection."
+        ),
     )
     strategy: Annotated[str, BeforeValidator(_one_of(SELECTION_STRATEGIES))] = Field(
         "truncated_geometric",
@@ -642,6 +654,17 @@ class QuerySpec(_Section):
                 at="partition_selection",
             )
         where = "partition_selection.public_partitions"
+        if isinstance(sources, list):  # a key list: of the one key column
+            if len(self.partition_by) != 1:
+                raise _broken(
+                    "a key list needs one partition_by column; give one list per column instead",
+                    at=where,
+                )
+            keyed = selection.model_copy(
+                update={"public_partitions": {self.partition_by[0]: sources}}
+            )
+            object.__setattr__(self, "partition_selection", keyed)  # still validating: frozen after
+            sources = keyed.public_partitions
         if isinstance(sources, dict) and set(sources) != set(self.partition_by):
             raise _broken(
                 f"must give keys for exactly the partition_by columns {list(self.partition_by)}, "
@@ -669,7 +692,9 @@ class QuerySpec(_Section):
 # (bounds field by field; partition_by from partition_key). partition_selection is the
 # shorthand's only: an explicit query selects privately unless it names its keys.
 _INHERITED = ("metrics", "value")
-SHORTHAND_FIELDS = ("partition_key", "metrics", "value", "bounds", "partition_selection")
+SHORTHAND_FIELDS = (
+    "partition_key", "metrics", "value", "bounds", "partition_selection", "filter",
+)  # fmt: skip
 
 
 class JobSpec(_Section):
@@ -692,6 +717,14 @@ class JobSpec(_Section):
         "TERMINAL_ID", description="Column whose values are the output partitions."
     )
     value: Column = Field("TX_AMOUNT", description="Column aggregated by sum, mean, variance, ...")
+    filter: str | None = Field(
+        None,
+        description=(
+            "Rows the job reads, in the syntax of a query's filter: the shorthand's one query "
+            "takes it; with queries, each query reads the rows both its own filter and this "
+            "one keep."
+        ),
+    )
     metrics: Metrics = Field(
         ("count", "sum", "mean"),
         description="Any of count, sum, mean, variance, privacy_id_count, percentile(P).",
@@ -806,10 +839,19 @@ def _shorthand_query(job: Mapping[str, Any]) -> dict[str, Any]:
     query: dict[str, Any] = {"name": job.get("name", JobSpec.model_fields["name"].default)}
     if "partition_key" in job:
         query["partition_by"] = [job["partition_key"]]
-    for name in ("metrics", "value", "bounds", "partition_selection"):
+    for name in ("metrics", "value", "bounds", "partition_selection", "filter"):
         if job.get(name) is not None:
             query[name] = job[name]
     return query
+
+
+def _with_job_filter(job_filter: Any, own: Any) -> Any:
+    """A query's filter under the job's: both must hold (`(job) and (query)`)."""
+    if not isinstance(job_filter, str) or not job_filter.strip():
+        return own if own is not None else job_filter
+    if not isinstance(own, str) or not own.strip():
+        return job_filter if own is None else own  # a broken own filter gets its own error
+    return f"({job_filter}) and ({own})"
 
 
 def _queries(raw_queries: Any, job: Mapping[str, Any]) -> list[Any]:
@@ -823,6 +865,8 @@ def _queries(raw_queries: Any, job: Mapping[str, Any]) -> list[Any]:
             continue
         query = {k: job[k] for k in _INHERITED if k in job and k not in raw}
         query.update(raw)
+        if job.get("filter") is not None:
+            query["filter"] = _with_job_filter(job["filter"], raw.get("filter"))
         if "partition_by" not in raw:
             query["partition_by"] = [job.get("partition_key") or "TERMINAL_ID"]
         job_bounds, own_bounds = job.get("bounds"), raw.get("bounds")
