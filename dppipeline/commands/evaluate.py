@@ -138,6 +138,7 @@ def true_values(rows: pl.DataFrame, query: QuerySpec, unit: str) -> pd.DataFrame
             value.sum().alias("sum"),
             value.mean().alias("mean"),
             value.var(ddof=0).alias("variance"),
+            value.std(ddof=0).alias("stddev"),
         ]
     for metric in query.metrics:
         p = percentile_of(metric)

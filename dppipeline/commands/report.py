@@ -31,7 +31,7 @@ from dppipeline.ledger import BudgetPolicy, Ledger, LedgerRow
 from dppipeline.storage import Location
 
 PREVIEW_ROWS = 10  # released rows shown per dataset
-METRIC_COLUMNS = ("count", "sum", "mean", "variance", "privacy_id_count")
+METRIC_COLUMNS = ("count", "sum", "mean", "variance", "stddev", "privacy_id_count")
 
 
 def fmt(value: Any) -> str:

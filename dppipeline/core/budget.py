@@ -44,7 +44,7 @@ from scipy.special import log_ndtr
 from dppipeline.core import discrete
 from dppipeline.core.accounting import certified_multiplier, discrete_pool_fits
 from dppipeline.errors import SpecError, UsageError
-from dppipeline.spec.model import MIN_EPSILON, QuerySpec, percentile_of
+from dppipeline.spec.model import MIN_EPSILON, VARIANCE_METRICS, QuerySpec, percentile_of
 
 _NOISE_TYPES = {
     "laplace": MechanismType.LAPLACE,
@@ -260,7 +260,7 @@ class BudgetPlan:
     def metric_noise_stddev(self, metric: str) -> float | None:
         """Standard deviation of (released - exact bounded value); None for mean and variance
         (ratios) and percentiles (not additive noise)."""
-        if metric in ("mean", "variance") or percentile_of(metric) is not None:
+        if metric in ("mean", *VARIANCE_METRICS) or percentile_of(metric) is not None:
             return None
         if metric == "sum" and self.has("centred_sum"):
             count_std = self.mechanism("count").noise_stddev or 0.0
@@ -303,7 +303,8 @@ def _metric_mechanisms(params: AggregationParams) -> list[tuple[str, float]]:
     linf = params.max_contributions_per_partition
     metrics = params.metrics
     wanted: list[tuple[str, float]] = []
-    centred = "mean" in metrics or "variance" in metrics
+    variance = any(m in VARIANCE_METRICS for m in metrics)
+    centred = "mean" in metrics or variance
     if "count" in metrics or centred:
         wanted.append(("count", float(linf)))
     if centred:
@@ -311,7 +312,7 @@ def _metric_mechanisms(params: AggregationParams) -> list[tuple[str, float]]:
     elif "sum" in metrics:
         assert params.min_value is not None and params.max_value is not None
         wanted.append(("sum", max(abs(params.min_value), abs(params.max_value)) * linf))
-    if "variance" in metrics:
+    if variance:
         wanted.append(("centred_sum_of_squares", params.half_range**2 / 2 * linf))
     if params.percentiles:
         wanted.append(("percentile", float(linf)))

@@ -34,7 +34,13 @@ from dppipeline.core.intervals import (
 )
 from dppipeline.errors import InputError
 from dppipeline.spec.hashing import key_sources_by_content
-from dppipeline.spec.model import JobSpec, QuerySpec, metric_column, percentile_of
+from dppipeline.spec.model import (
+    VARIANCE_METRICS,
+    JobSpec,
+    QuerySpec,
+    metric_column,
+    percentile_of,
+)
 from dppipeline.storage import Location, StorageError
 
 MANIFEST_NAME = "manifest.json"
@@ -452,7 +458,7 @@ def _metric_mechanisms(plan: BudgetPlan, metric: str) -> list[str]:
     """Names of the budget_split mechanisms a metric's value is computed from."""
     if metric == "mean":
         return ["count", "centred_sum"]
-    if metric == "variance":
+    if metric in VARIANCE_METRICS:
         return ["count", "centred_sum", "centred_sum_of_squares"]
     if metric == "sum" and plan.has("centred_sum"):
         return ["count", "centred_sum"]

@@ -27,7 +27,7 @@ from dppipeline.core.budget import (
 )
 from dppipeline.core.discrete import add_discrete_noise
 from dppipeline.core.intervals import INTERVAL_METRICS, mean_interval, metric_half_width
-from dppipeline.spec.model import metric_column, percentile_of
+from dppipeline.spec.model import VARIANCE_METRICS, metric_column, percentile_of
 from dppipeline.spec.schema import release_schema, transactions_schema
 
 # Exact, bounded aggregates per partition that engines hand to the release.
@@ -37,7 +37,7 @@ VALUES = "values"  # the kept clipped values, one array per partition (percentil
 AGGREGATE_DTYPES = {"privacy_id_count": "int64", "count": "int64", "sum": "float64"}
 # Release column order (also the order in schemas/terminal_stats.json); percentiles sit
 # between variance and privacy_id_count, in the order the spec lists them.
-METRIC_ORDER = ("count", "sum", "mean", "variance", "percentile", "privacy_id_count")
+METRIC_ORDER = ("count", "sum", "mean", "variance", "stddev", "percentile", "privacy_id_count")
 # PyDP's QuantileTree, with pipeline-dp's shape: 16^4 = 65,536 leaves over [min, max].
 TREE_HEIGHT, BRANCHING_FACTOR = 4, 16
 
@@ -51,7 +51,7 @@ def ordered_metrics(metrics: Sequence[str]) -> list[str]:
 def required_columns(params: AggregationParams) -> tuple[str, ...]:
     """The exact aggregates a release of these metrics reads."""
     columns = list(AGGREGATE_COLUMNS)
-    if "variance" in params.metrics:
+    if any(m in VARIANCE_METRICS for m in params.metrics):
         columns.append(SUM_SQUARES)
     if params.percentiles:
         columns.append(VALUES)
@@ -181,8 +181,8 @@ def noise_partitions(
     Post-processing (free under DP), with mid the midpoint and r the half-range of the bounds:
     mean = mid + noisy centred sum / max(1, noisy count), clamped to [min, max]; sum under mean
     = noisy centred sum + mid * noisy count; variance = noisy centred sum of squares /
-    max(1, noisy count) + r^2/2 - (centred mean)^2, clamped to [0, r^2]. Counts are not
-    clamped at zero, so every released count and sum stays unbiased.
+    max(1, noisy count) + r^2/2 - (centred mean)^2, clamped to [0, r^2]; stddev = its square
+    root. Counts are not clamped at zero, so every released count and sum stays unbiased.
     """
     params = plan.params
     exact = with_required_columns(exact, required_columns(params))
@@ -206,6 +206,7 @@ def noise_partitions(
             noisy = _noised(plan, "centred_sum_of_squares", centred_squares_term(exact, params))
             variance = noisy / denominator + r2 / 2 - centred_mean**2
             values["variance"] = np.clip(variance, 0.0, r2)
+            values["stddev"] = np.sqrt(values["variance"])  # post-processing
     elif plan.has("sum"):
         values["sum"] = _noised(plan, "sum", total)
     if plan.has("percentile"):

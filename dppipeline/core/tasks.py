@@ -42,6 +42,7 @@ from dppipeline.spec.model import (
     _RANGE,
     INPUT_RANGE,
     TIME_BUCKETS,
+    VARIANCE_METRICS,
     JobSpec,
     QuerySpec,
     is_file_source,
@@ -194,7 +195,7 @@ def task_for(query: QuerySpec) -> AggregationTask:
             bounds.max_contributions_per_partition if total is None else total
         ),
         max_contributions=total,
-        sum_squares="variance" in metrics,
+        sum_squares=any(m in VARIANCE_METRICS for m in metrics),
         values=any(percentile_of(m) is not None for m in metrics),
     )
 

@@ -34,7 +34,9 @@ from pydantic_core import PydanticCustomError
 from dppipeline.errors import SpecError, UsageError, excerpt
 from dppipeline.storage import Location, is_uri
 
-METRICS = ("count", "sum", "mean", "variance", "privacy_id_count")
+METRICS = ("count", "sum", "mean", "variance", "stddev", "privacy_id_count")
+# Metrics computed from the variance mechanisms (stddev is its square root: no extra budget).
+VARIANCE_METRICS = ("variance", "stddev")
 # percentile(p), 0 <= p <= 100, is the parametrised metric; percentile(100) is a DP maximum.
 _PERCENTILE = re.compile(r"^percentile\(\s*(\d+(?:\.\d+)?)\s*\)$")
 TIME_BUCKETS = ("day", "week", "month")  # derived partition keys, from TX_DATETIME
@@ -582,7 +584,9 @@ def metric_column(metric: str) -> str:
 
 
 def _needs_value_bounds(metrics: tuple[str, ...]) -> bool:
-    return any(m in ("sum", "mean", "variance") or percentile_of(m) is not None for m in metrics)
+    return any(
+        m in ("sum", "mean", *VARIANCE_METRICS) or percentile_of(m) is not None for m in metrics
+    )
 
 
 class QuerySpec(_Section):
@@ -600,7 +604,7 @@ class QuerySpec(_Section):
     )
     metrics: Metrics = Field(
         ("count", "sum", "mean"),
-        description="count, sum, mean, variance, privacy_id_count, percentile(P).",
+        description="count, sum, mean, variance, stddev, privacy_id_count, percentile(P).",
     )
     value: Column = Field("TX_AMOUNT", description="Column aggregated by value metrics.")
     filter: str | None = Field(
@@ -727,7 +731,10 @@ class JobSpec(_Section):
     )
     metrics: Metrics = Field(
         ("count", "sum", "mean"),
-        description="Any of count, sum, mean, variance, privacy_id_count, percentile(P).",
+        description=(
+            "Any of count, sum, mean, variance, stddev (the square root of the variance, no "
+            "extra budget), privacy_id_count, percentile(P)."
+        ),
     )
     noise: Annotated[str, BeforeValidator(_one_of(NOISE_KINDS))] = Field(
         "laplace", description="Noise kind: laplace or gaussian."
