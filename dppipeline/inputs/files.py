@@ -88,8 +88,9 @@ def detect_layout(root: str | Path) -> str:
             if not where.is_dir():
                 return "parquet"
             names = [entry.name for entry, _ in where.children()]
-    except StorageError as exc:
-        raise InputError(f"cannot list input folder {exc}") from None
+    except (StorageError, InputError):
+        return "parquet"  # unreadable here (e.g. a scheme only the engine reaches): discovery,
+        # through the engine's file systems, reads it or names the problem
     visible = [name for name in names if not name.startswith((".", "_"))]
     csv = [name for name in visible if _CSV_FILE.match(name)]
     parquet = [name for name in visible if _PARQUET_DIR.match(name)]

@@ -300,11 +300,11 @@ def run_job(
         raise UsageError("--input: required (or input.path in the job spec)")
     if spec.output is None:
         raise UsageError("--output: required (or output in the job spec)")
-    spec = with_detected_layout(spec)
     engine_impl.prepare()  # e.g. start the JVM while pipeline-dp plans the budget
     # The engine's own access to stores (Spark: Hadoop's FileSystem API) for every remote
     # location of the run, from listing the input to writing the pointer.
     with remote_filesystems(engine_impl.file_systems()):
+        spec = with_detected_layout(spec)
         return _planned_run(
             spec, engine_impl, overwrite=overwrite, quarantine=quarantine, seed=seed, say=say,
             ledger=ledger, new_release=new_release,
