@@ -448,3 +448,23 @@ def test_spark_reaches_a_store_through_hadoops_filesystem_api(spark, small_input
     with pytest.raises(DPPipelineError, match="reads CSV input from local or mounted paths"):
         run_job(build_spec({}, csv), "spark", echo=lambda _: None)
     assert not (tmp_path / "csv-release").exists()
+
+
+def test_spark_without_the_schemes_connector_says_which_jars(s3, bucket, spark, tmp_path):
+    """This Spark has no hadoop-aws: `s3://` input fails before reading, in one line that
+    names the scheme and the jars a cluster needs; nothing is written."""
+    from dppipeline.errors import DPPipelineError
+    from dppipeline.orchestration.runner import run_job
+    from dppipeline.spec.model import build_spec
+
+    values = {"input.path": f"{bucket}/tx", "output": str(tmp_path / "out"),
+              "metrics": ["count"], "partition_selection.public_partitions": "0..59"}  # fmt: skip
+    with pytest.raises(DPPipelineError) as refused:
+        run_job(build_spec({}, values), "spark", echo=lambda _: None)
+    message = str(refused.value)
+    assert message == (
+        f"cannot list input folder {bucket}/tx: this Spark has no Hadoop FileSystem for scheme "
+        "'s3' (S3: s3a:// with hadoop-aws and the AWS SDK bundle on the classpath; GCS: gs:// "
+        "with the gcs-connector jar)"
+    )
+    assert not (tmp_path / "out").exists()

@@ -274,6 +274,8 @@ def _remote(uri: str) -> tuple[pafs.FileSystem, str]:
 def _call(where: Location, function, *args):  # type: ignore[no-untyped-def]
     try:
         return function(*args)
+    except StorageError:
+        raise  # already names the location (an engine's file system raised it)
     except FileNotFoundError:
         raise StorageError(f"{where.display()}: does not exist") from None
     except Exception as exc:

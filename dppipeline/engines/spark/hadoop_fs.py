@@ -39,7 +39,10 @@ class HadoopFileSystem(pafs.FileSystemHandler):  # type: ignore[misc]
         try:
             return path.getFileSystem(self._conf), path
         except Exception as exc:  # py4j: the JVM's exception, e.g. no FileSystem for a scheme
-            raise StorageError(f"{uri}: {_java_reason(exc)}") from None
+            reason = _java_reason(exc)
+            if "No FileSystem for scheme" in reason:
+                reason = no_connector(uri.partition("://")[0])
+            raise StorageError(f"{uri}: {reason}") from None
 
     def _info(self, status: Any, uri: str | None = None) -> pafs.FileInfo:
         where = uri if uri is not None else str(status.getPath().toString())
@@ -164,6 +167,14 @@ class _HadoopWriter(io.RawIOBase):
         if not self.closed:
             self._handler.write_all(self._uri, self._buffer.getvalue())
         super().close()
+
+
+def no_connector(scheme: str) -> str:
+    """What a Spark without the Hadoop connector of a scheme is told."""
+    return (
+        f"this Spark has no Hadoop FileSystem for scheme {scheme!r} (S3: s3a:// with hadoop-aws "
+        "and the AWS SDK bundle on the classpath; GCS: gs:// with the gcs-connector jar)"
+    )
 
 
 def _java_reason(exc: BaseException, full: bool = False) -> str:

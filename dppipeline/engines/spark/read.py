@@ -31,6 +31,7 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from dppipeline.engines.spark.hadoop_fs import no_connector
 from dppipeline.engines.spark.rules import BAD, DAY, flag_rows, parsed_name, reason
 from dppipeline.engines.spark.types import spark_type
 from dppipeline.errors import InputError
@@ -216,12 +217,7 @@ def _reason(exc: BaseException) -> str:
     text = first_line(exc)
     for message in [text, *_java_messages(exc)]:
         if "No FileSystem for scheme" in message or "UnsupportedFileSystem" in message:
-            scheme = message.rsplit("scheme", 1)[-1].strip(' "')
-            return (
-                f"this Spark has no Hadoop FileSystem for scheme {scheme!r} (S3: s3a:// with "
-                "hadoop-aws and the AWS SDK bundle on the classpath; GCS: gs:// with the "
-                "gcs-connector jar)"
-            )
+            return no_connector(message.rsplit("scheme", 1)[-1].strip(' "'))
     return text
 
 
