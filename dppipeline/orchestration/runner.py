@@ -138,10 +138,20 @@ def _quarantine_staging(run_id: str) -> Path:
     return state_dir().resolve() / "staging" / f"quarantine-{run_id}"
 
 
-def default_quarantine(run_id: str, output: Path) -> Path:
-    """With the operator's state, never beside or inside a release:
-    `<state dir>/quarantine/<run_id>/` (see `dppipeline.inputs.quarantine`)."""
-    return run_folder(quarantine_root(), run_id, output)
+def _quarantine_folders(
+    chosen: str | Path | None, run_id: str, output: Path | None
+) -> tuple[Path, Location | None]:
+    """(the local folder the engine writes rejected rows into, the store folder they are
+    shipped to or None). Default: `<state dir>/quarantine/<run_id>/`, with the operator's
+    state; a local quarantine is checked against a local output's place (never beside or
+    inside a release, see `dppipeline.inputs.quarantine`)."""
+    shipped_to = _remote_quarantine(chosen, run_id)
+    if shipped_to is not None:
+        return _quarantine_staging(run_id), shipped_to
+    root = Path(chosen) if chosen else quarantine_root()
+    if output is None:
+        return root.resolve() / run_id, None
+    return run_folder(root, run_id, output), None
 
 
 def load_engine(name: str, options: Sequence[str] = ()) -> Engine:
@@ -340,14 +350,7 @@ def _planned_run(
         )  # fmt: skip
     output = Path(spec.output)
     chosen = _as_path_or_uri(quarantine or spec.input.quarantine)
-    shipped_to = _remote_quarantine(chosen, run_id)
-    quarantine = (
-        _quarantine_staging(run_id)
-        if shipped_to is not None
-        else run_folder(Path(chosen), run_id, output)
-        if chosen
-        else default_quarantine(run_id, output)
-    )
+    quarantine, shipped_to = _quarantine_folders(chosen, run_id, output)
     guard = {
         "input_path": spec.input.path,
         "ledger_file": book.path if book is not None else None,
@@ -420,14 +423,7 @@ def _run_to_store(
     assert spec.output is not None
     output = Location.of(spec.output)
     chosen = _as_path_or_uri(quarantine or spec.input.quarantine)
-    shipped_to = _remote_quarantine(chosen, run_id)
-    where = (
-        _quarantine_staging(run_id)
-        if shipped_to is not None
-        else Path(chosen).resolve() / run_id
-        if chosen
-        else quarantine_root().resolve() / run_id
-    )
+    where, shipped_to = _quarantine_folders(chosen, run_id, None)
     refuse_unsafe_store_target(output, input_path=spec.input.path,
                                quarantine=Location.of(chosen) if chosen else None)  # fmt: skip
     key = release_key(spec, days, spec_hash) if book is not None else None

@@ -120,7 +120,11 @@ class HadoopFileSystem(pafs.FileSystemHandler):  # type: ignore[misc]
         return pa.PythonFile(io.BytesIO(self._read_all(path)), mode="r")
 
     def open_input_file(self, path: str) -> pa.NativeFile:
-        return pa.PythonFile(io.BytesIO(self._read_all(path)), mode="r")
+        """Random access (a Parquet footer is read from the end): only the ranges asked for
+        cross py4j, never the whole file."""
+        fs, where = self._fs_and_path(path)
+        size = int(fs.getFileStatus(where).getLen())
+        return pa.PythonFile(_HadoopReader(fs.open(where), size), mode="r")
 
     def open_output_stream(self, path: str, metadata: dict[str, str]) -> pa.NativeFile:
         return pa.PythonFile(_HadoopWriter(self, path), mode="w")
@@ -149,6 +153,42 @@ class HadoopFileSystem(pafs.FileSystemHandler):  # type: ignore[misc]
                 stream.write(bytearray(data[start : start + CHUNK]))
         finally:
             stream.close()
+
+
+class _HadoopReader(io.RawIOBase):
+    """A seekable reader over an FSDataInputStream."""
+
+    def __init__(self, stream: Any, size: int) -> None:
+        self._stream, self._size, self._position = stream, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def readinto(self, buffer: Any) -> int:
+        wanted = min(len(buffer), self._size - self._position)
+        if wanted <= 0:
+            return 0
+        self._stream.seek(self._position)
+        data = bytes(self._stream.readNBytes(wanted))  # byte[] comes back as bytes
+        buffer[: len(data)] = data
+        self._position += len(data)
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._stream.close()
+        super().close()
 
 
 class _HadoopWriter(io.RawIOBase):
