@@ -690,7 +690,9 @@ print("committed")
 
 def start_together(script: str, url: str, folder: Path, names: list[str], env=None) -> dict:
     """Starts one process per name, lets them all open the ledger, then releases them at
-    once; returns name -> (exit code, stdout, stderr)."""
+    once; returns name -> (exit code, stdout, stderr). Racers wait up to 100 s for the lock:
+    on a loaded 2-core CI machine eight fsync-ing writers once took more than the default 10 s,
+    and these tests are about who commits, not how long the wait is."""
     go = folder / "go"
     procs = {}
     for name in names:
@@ -698,7 +700,7 @@ def start_together(script: str, url: str, folder: Path, names: list[str], env=No
         proc = subprocess.Popen(
             [sys.executable, "-c", script, url, str(ready), str(go), name],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, **(env or {}).get(name, {})},
+            env={**os.environ, "DPPIPELINE_LEDGER_TIMEOUT": "100", **(env or {}).get(name, {})},
         )  # fmt: skip
         procs[name] = (proc, ready)
     deadline = time.monotonic() + 120
@@ -710,7 +712,7 @@ def start_together(script: str, url: str, folder: Path, names: list[str], env=No
     go.touch()
     outcomes = {}
     for name, (proc, _) in procs.items():
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=300)
         outcomes[name] = (proc.returncode, out.strip(), err)
     return outcomes
 
