@@ -183,7 +183,7 @@ def bounded_reference(data: Dataset, keys: Path) -> tuple[float | None, float | 
     """Mean exact bounded count per public terminal (before noise) from one local-engine
     aggregation of the same data, and the standard error noise alone gives a released mean."""
     try:
-        from dppipeline.core.tasks import plan_tasks
+        from dppipeline.core.tasks import plan_tasks, read_schema
         from dppipeline.engines.local.engine import compute_aggregates
         from dppipeline.engines.shared.sampling import new_salt
         from dppipeline.inputs.files import discover_partitions
@@ -195,6 +195,7 @@ def bounded_reference(data: Dataset, keys: Path) -> tuple[float | None, float | 
         result = compute_aggregates(
             job.tasks,
             days,
+            schema=read_schema(spec, job.tasks),
             fmt=spec.input.format,
             unit=spec.privacy_unit,
             max_rejected_fraction=spec.input.max_rejected_fraction,

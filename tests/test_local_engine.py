@@ -11,7 +11,7 @@ import pandas as pd
 import polars as pl
 import pytest
 
-from dppipeline.core.tasks import task_for
+from dppipeline.core.tasks import read_schema, task_for
 from dppipeline.engines.local.engine import compute_aggregates
 from dppipeline.engines.shared.sampling import new_salt
 from dppipeline.inputs.files import discover_partitions
@@ -70,6 +70,7 @@ def aggregate(spec, days, public_keys, quarantine, seed):
     result = compute_aggregates(
         [task],
         days,
+        schema=read_schema(spec, [task]),
         fmt=spec.input.format,
         unit=spec.privacy_unit,
         max_rejected_fraction=spec.input.max_rejected_fraction,

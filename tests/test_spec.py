@@ -570,7 +570,9 @@ def test_spec_hash_survives_the_move_to_models(expected):
 
 
 def test_the_shorthand_is_one_query_named_after_the_job():
-    spec = build_spec(changed(name="nightly", partition_key="CUSTOMER_ID", privacy_unit="TX_ID"))
+    spec = build_spec(
+        changed(name="nightly", partition_key="CUSTOMER_ID", privacy_unit="TERMINAL_ID")
+    )
     (query,) = spec.queries
     assert spec.is_shorthand
     assert query.name == "nightly"
@@ -581,13 +583,13 @@ def test_the_shorthand_is_one_query_named_after_the_job():
 
 
 def test_queries_take_the_job_fields_they_leave_unset():
-    spec = build_spec({**BASE, "partition_key": "TX_ID", "queries": [
+    spec = build_spec({**BASE, "partition_key": "TRANSACTION_ID", "queries": [
         {"name": "a"},
         {"name": "b", "metrics": ["count"], "bounds": {"max_value": 50.0}, "partition_by": []},
     ]})  # fmt: skip
     a, b = spec.queries
     assert not spec.is_shorthand and spec.query_path(b) == "queries.b."
-    assert a.partition_by == ("TX_ID",) and a.metrics == ("count", "sum", "mean")
+    assert a.partition_by == ("TRANSACTION_ID",) and a.metrics == ("count", "sum", "mean")
     assert a.bounds == spec.bounds
     assert b.metrics == ("count",) and b.partition_by == ()
     assert (b.bounds.min_value, b.bounds.max_value) == (0.0, 50.0)  # field by field

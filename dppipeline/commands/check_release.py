@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.dataset as pads
 
 from dppipeline.core.manifest import (
@@ -82,10 +83,16 @@ def _check_dataset(release: Location, name: str, query: QueryEntry, integer_coun
             f"{release.display()}: dataset folder {query.dataset} of query {name} is missing"
         )
     fs, path = where.filesystem()
-    keys = [KeyColumn(k, k if k in TIME_BUCKETS else None) for k in query.partition_by]
+    if query.key_types is not None:
+        keys = [(name, pa.type_for_alias(kind)) for name, kind in query.key_types.items()]
+    else:  # a manifest from before key types: int64 columns and day/week/month
+        keys = [
+            (k.name, k.arrow_type)
+            for k in (KeyColumn(e, e if e in TIME_BUCKETS else None) for e in query.partition_by)
+        ]
     intervals = any(m.confidence_interval is not None for m in query.metrics.values())
     expected = release_arrow_schema(
-        [(k.name, k.arrow_type) for k in keys],
+        keys,
         list(query.metrics),
         intervals,
         integer_counts=integer_counts,

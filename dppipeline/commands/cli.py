@@ -216,6 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--start-date", type=_date, default=dt.date(2026, 1, 1), help="first day")
     gen.add_argument("--tx-per-day", type=int, default=25000, help="transactions per day")
     gen.add_argument("--seed", type=int, default=0, help="random seed (same seed, same data)")
+    gen.add_argument("--table", choices=("transactions", "book_transactions", "card_payments"),
+                     default="transactions",
+                     help="columns (schemas/<table>.json): book_transactions adds the book's "
+                     "TX_TIME_SECONDS, TX_TIME_DAYS, TX_FRAUD, TX_FRAUD_SCENARIO; card_payments "
+                     "is a merchant-category table")  # fmt: skip
+    gen.add_argument("--single-file", action="store_true",
+                     help="one file OUTPUT/<table>.<format> for all days (read it with "
+                     "input.layout: files)")  # fmt: skip
 
     run = sub.add_parser(
         "run",
@@ -430,6 +438,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             tx_per_day=args.tx_per_day,
             seed=args.seed,
             progress=logs.log.info,
+            table=args.table,
+            single_file=args.single_file,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

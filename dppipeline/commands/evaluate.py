@@ -35,8 +35,10 @@ from dppipeline.core.manifest import MANIFEST_NAME
 from dppipeline.core.tasks import (
     AggregationTask,
     canonical_keys,
-    input_schema,
+    covered_days,
+    job_task,
     public_key_set,
+    read_schema,
     task_for,
 )
 from dppipeline.engines.shared.polars_filter import to_polars
@@ -116,8 +118,8 @@ def check_arguments(spec: JobSpec, output: Path, epsilons: Sequence[float], repe
 def read_rows(spec: JobSpec, days: Sequence[DailyPartition]) -> pl.DataFrame:
     """The rows every engine keeps: read and validated by the same rules, so the truth is
     computed over exactly what the released values were computed from."""
-    tasks = [task_for(q) for q in spec.queries]
-    schema = input_schema(spec.privacy_unit, tasks)
+    tasks = [job_task(spec, q) for q in spec.queries]
+    schema = read_schema(spec, tasks)
     return read_validated(list(days), spec.input.format, schema).rows
 
 
@@ -305,9 +307,13 @@ def truths_and_bounding(
     truths: dict[str, pd.DataFrame] = {}
     records: list[dict] = []
     for query in spec.queries:
-        task = task_for(query)
+        task = job_task(spec, query)
         truth = true_values(rows, query, unit)
-        public = public_key_set(query, task.keys, days) if query.is_public and task.keys else None
+        public = (
+            public_key_set(query, task.keys, covered_days(spec, days))
+            if query.is_public and task.keys
+            else None
+        )
         if public is not None:
             truth = on_public_keys(truth, public, task.key_names)
         truths[query.name] = truth

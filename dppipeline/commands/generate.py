@@ -27,11 +27,20 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from dppipeline.spec.schema import transactions_schema
+from dppipeline.spec.schema import load_schema
 
 __all__ = ["FORMATS", "GenerateSummary", "Population", "build_population", "day_path", "generate"]
 
 FORMATS: tuple[str, ...] = ("csv", "parquet")
+# The tables `generate` writes, each under its shipped schema (`schemas/<table>.json`).
+TABLES: tuple[str, ...] = ("transactions", "book_transactions", "card_payments")
+FRAUD_AMOUNT = 220.0  # the handbook's fraud scenario 1: any amount above is fraudulent
+MERCHANT_CATEGORIES = (
+    "grocery", "restaurants", "fuel", "clothing", "electronics", "travel", "health", "leisure",
+)  # fmt: skip
+COUNTRIES = ("BE", "DE", "FR", "LU", "NL")  # by the terminal's x on the map
+CHANNELS = ("pos", "pos", "pos", "pos", "pos", "contactless", "contactless", "contactless",
+            "online", "online")  # fmt: skip
 MAP_SIZE = 100.0
 DEFAULT_RADIUS = 5.0
 SECONDS_PER_DAY = 86_400
@@ -220,8 +229,12 @@ def _day_table(
     day_start_us: int,
     first_id: int,
     schema: pa.Schema,
+    day_index: int = 0,
+    table: str = "transactions",
 ) -> pa.Table:
-    """One day's transactions, sorted by time (ties by customer) and numbered from first_id."""
+    """One day's transactions, sorted by time (ties by customer) and numbered from first_id,
+    with the columns of `table`. The book's and the card table's extra columns come from
+    the same draws (no extra random numbers), so every table holds the same transactions."""
     n_per_customer = rng.poisson(rates)
     cust = np.repeat(np.arange(len(rates), dtype=np.int64), n_per_customer)
     n = len(cust)
@@ -243,14 +256,60 @@ def _day_table(
 
     order = np.argsort(seconds, kind="stable")
     timestamps = day_start_us + seconds[order].astype(np.int64) * _US_PER_S
+    ids = np.arange(first_id, first_id + n, dtype=np.int64)
+    amount, terminal, cust = amount[order], terminal[order], cust[order]
     columns = [
-        pa.array(np.arange(first_id, first_id + n, dtype=np.int64)),
+        pa.array(ids),
         pa.array(timestamps, type=pa.timestamp("us")),
-        pa.array(cust[order]),
-        pa.array(terminal[order]),
-        pa.array(amount[order]),
+        pa.array(cust),
+        pa.array(terminal),
+        pa.array(amount),
     ]
+    if table == "book_transactions":
+        fraud = (amount > FRAUD_AMOUNT).astype(np.int64)
+        columns += [
+            pa.array(day_index * SECONDS_PER_DAY + seconds[order].astype(np.int64)),
+            pa.array(np.full(n, day_index, dtype=np.int64)),
+            pa.array(fraud),
+            pa.array(fraud),  # scenario 1 (0: genuine)
+        ]
+    elif table == "card_payments":
+        columns = _card_columns(
+            population,
+            ids=ids,
+            timestamps=timestamps,
+            cards=cust,
+            merchants=terminal,
+            amount=amount,
+        )
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _card_columns(
+    population: Population,
+    *,
+    ids: np.ndarray,
+    timestamps: np.ndarray,
+    cards: np.ndarray,
+    merchants: np.ndarray,
+    amount: np.ndarray,
+) -> list[pa.Array]:
+    """The card table: a merchant's category and country are its terminal's (category by
+    id, country by its place on the map); the channel is spread over payments by id."""
+    x = population.terminals["x_terminal_id"].to_numpy()[merchants]
+    country = np.minimum((x / MAP_SIZE * len(COUNTRIES)).astype(np.int64), len(COUNTRIES) - 1)
+    category = (merchants * 2654435761) % len(MERCHANT_CATEGORIES)
+    channel = (ids * 40503) % len(CHANNELS)
+    return [
+        pa.array(ids),
+        pa.array(timestamps, type=pa.timestamp("us")),
+        pa.array(cards),
+        pa.array(merchants),
+        pa.array(np.asarray(MERCHANT_CATEGORIES)[category]),
+        pa.array(np.asarray(COUNTRIES)[country]),
+        pa.array(np.asarray(CHANNELS)[channel]),
+        pa.array(amount),
+    ]
 
 
 def _write_atomically(path: Path, write: Callable[[str], None]) -> None:
@@ -301,8 +360,12 @@ def generate(
     tx_per_day: int | None = 25000,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    table: str = "transactions",
+    single_file: bool = False,
 ) -> GenerateSummary:
-    """Write `days` days of synthetic transactions under `output`, one file per day.
+    """Write `days` days of synthetic transactions under `output`, one file per day (or,
+    `single_file`, all in `output/<table>.<fmt>`, as the book's `transactions.csv`), with the
+    columns of `table` (`TABLES`).
 
     The same arguments give byte-identical files. TRANSACTION_ID runs from 0 in time order over
     all days written. Existing files of other days are left alone; the days generated are
@@ -312,6 +375,8 @@ def generate(
     if fmt not in FORMATS:
         allowed = ", ".join(repr(f) for f in FORMATS)
         raise ValueError(f"fmt: must be one of {allowed} (got {fmt!r})")
+    if table not in TABLES:
+        raise ValueError(f"table: must be one of {', '.join(TABLES)} (got {table!r})")
     customers = _check_int("customers", customers, 1)
     terminals = _check_int("terminals", terminals, 1)
     days = _check_int("days", days, 1)
@@ -330,24 +395,39 @@ def generate(
 
     population = build_population(customers, terminals, seed)
     rates = _daily_rates(population, tx_per_day)
-    schema = transactions_schema().to_arrow()
+    schema = load_schema(table).to_arrow()
     writer = _write_csv if fmt == "csv" else _write_parquet
     epoch = datetime.date(1970, 1, 1)
     report_every = max(1, -(-days // 10))
 
     rows = 0
     files: list[Path] = []
+    tables: list[pa.Table] = []
     for d in range(days):
         day = start_date + datetime.timedelta(days=d)
         rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(d,)))
         day_start_us = (day - epoch).days * SECONDS_PER_DAY * _US_PER_S
-        table = _day_table(
-            population, rates, rng, day_start_us=day_start_us, first_id=rows, schema=schema
+        day_rows = _day_table(
+            population,
+            rates,
+            rng,
+            day_start_us=day_start_us,
+            first_id=rows,
+            schema=schema,
+            day_index=d,
+            table=table,
         )
-        path = day_path(output, fmt, day)
-        writer(table, path)
-        files.append(path)
-        rows += table.num_rows
+        if single_file:
+            tables.append(day_rows)
+        else:
+            path = day_path(output, fmt, day)
+            writer(day_rows, path)
+            files.append(path)
+        rows += day_rows.num_rows
         if progress is not None and ((d + 1) % report_every == 0 or d + 1 == days):
             progress(f"generated {d + 1}/{days} days, {rows:,} rows")
+    if single_file:
+        path = output / f"{table}.{fmt}"
+        writer(pa.concat_tables(tables), path)
+        files.append(path)
     return GenerateSummary(output=output, fmt=fmt, days=days, rows=rows, files=files)

@@ -42,7 +42,7 @@ from pipeline_dp import dp_computations
 from pipeline_dp.aggregate_params import MechanismType
 
 from dppipeline.core.budget import MechanismBudget
-from dppipeline.core.tasks import input_schema, plan_tasks
+from dppipeline.core.tasks import plan_tasks, read_schema
 from dppipeline.engines.shared.polars_read import read_validated
 from dppipeline.engines.shared.polars_tasks import task_rows
 from dppipeline.errors import InputError, UsageError
@@ -350,7 +350,7 @@ def _measure(spec, query, task, days, *, eps, partitions, progress) -> Tuning:
     # The raw value (no clipping: the quantiles choose the clipping bounds); the rows the run
     # bounds: filter applied, unlisted public keys dropped.
     raw = replace(task, clip=(-math.inf, math.inf))
-    schema = input_schema(unit, [raw])
+    schema = read_schema(spec, [raw])
     rows = read_validated(days, spec.input.format, schema).rows
     frame = task_rows(rows, raw, unit)
     keys = task.key_names or ["_all"]

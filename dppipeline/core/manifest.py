@@ -16,7 +16,7 @@ import datetime as dt
 import importlib.metadata
 import json
 import platform
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,6 +32,7 @@ from dppipeline.core.intervals import (
     ratio_stddev_bound,
     ratio_stddev_times_rows,
 )
+from dppipeline.core.tasks import KeyColumn, key_columns
 from dppipeline.errors import InputError
 from dppipeline.spec.hashing import key_sources_by_content
 from dppipeline.spec.model import (
@@ -92,6 +93,7 @@ class MetricEntry(_Entry):
 class QueryEntry(_Entry):
     dataset: str
     partition_by: list[str]
+    key_types: dict[str, str] | None = None  # release key column -> Arrow type (since 0.9)
     filter: str | None
     value: str
     bounds: BoundsEntry
@@ -262,7 +264,11 @@ def build_manifest(
     created = created_at or dt.datetime.now(dt.UTC)
     queries = {
         query.name: _query_entry(
-            query, plan, released_partitions[query.name], public_keys.get(query.name)
+            query,
+            plan,
+            released_partitions[query.name],
+            public_keys.get(query.name),
+            key_columns(query, spec.source_schema),
         )
         for query in spec.queries
     }
@@ -340,7 +346,11 @@ def _accountant_text(plan: JobPlan) -> str:
 
 
 def _query_entry(
-    query: QuerySpec, job_plan: JobPlan, released: int, public_count: int | None
+    query: QuerySpec,
+    job_plan: JobPlan,
+    released: int,
+    public_count: int | None,
+    keys: Sequence[KeyColumn],
 ) -> dict[str, Any]:
     query_plan = job_plan.query(query.name)
     plan = query_plan.plan
@@ -374,6 +384,7 @@ def _query_entry(
     return {
         "dataset": query.name,
         "partition_by": list(query.partition_by),
+        "key_types": {key.name: str(key.arrow_type) for key in keys},
         "filter": query.filter,
         "value": query.value,
         "bounds": {

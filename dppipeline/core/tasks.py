@@ -7,9 +7,11 @@ with the same L0 bound, the first member's own counts serve; otherwise the group
 selection task of its own. Engines only ever compute exact aggregates per task; `core.release`
 turns them into the release.
 
-Partition keys are input columns or time buckets of TX_DATETIME: `day` and `week` (its Monday)
-as dates, `month` as `YYYY-MM` text. Engines hand back key columns in one canonical pandas
-form (int64, str, `datetime.date`), so results of every engine align and compare.
+Partition keys are input columns, time buckets of the job's time column, or numeric columns cut
+at public edges (`core`'s one key type per kind, in every engine): `day` and `week` (its Monday)
+as dates; `hour` (`YYYY-MM-DDTHH`), `month` (`YYYY-MM`), `year` (`YYYY`) and buckets (`[25, 50)`)
+as text. Engines hand back key columns in one canonical pandas form (int64, str,
+`datetime.date`), so results of every engine align and compare.
 """
 
 from __future__ import annotations
@@ -37,49 +39,82 @@ from dppipeline.inputs.files import (
     parse_int64_key,
     read_public_partitions,
 )
-from dppipeline.spec.filters import FilterExpr, any_of, columns, parse_filter, to_text
+from dppipeline.spec.filters import (
+    And,
+    Compare,
+    FilterExpr,
+    any_of,
+    columns,
+    parse_filter,
+    to_text,
+)
 from dppipeline.spec.model import (
     _RANGE,
     INPUT_RANGE,
     TIME_BUCKETS,
     VARIANCE_METRICS,
+    BucketKey,
     JobSpec,
     QuerySpec,
+    bucket_key,
     is_file_source,
     percentile_of,
 )
-from dppipeline.spec.schema import Schema, transactions_schema
+from dppipeline.spec.schema import Schema, load_schema
 
-TIME_COLUMN = "TX_DATETIME"
 GLOBAL_KEY = "_global"  # the constant key engines group a global total by
-_MONTH = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
+_TEXT_TIME = {  # time buckets released as ISO text, and the text each key must match
+    "hour": re.compile(r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])T([01]\d|2[0-3])$"),
+    "month": re.compile(r"^\d{4}-(0[1-9]|1[0-2])$"),
+    "year": re.compile(r"^\d{4}$"),
+}
 
 
 @dataclass(frozen=True)
 class KeyColumn:
-    """One partition key column: an input column, or a time bucket of TX_DATETIME."""
+    """One partition key column: an input column (`source`, of input type `column_type`), a
+    time bucket of the time column (`bucket`), or a numeric column cut at `edges`."""
 
     name: str
-    bucket: str | None = None  # None | day | week | month
+    bucket: str | None = None  # None | hour | day | week | month | year
+    source: str = ""  # the input column it derives from ("" for a plain key: `name`)
+    column_type: str = "int64"  # a plain key's input type
+    edges: tuple[float, ...] = ()  # a numeric bucket key's public edges
 
     @property
-    def source(self) -> str:
-        return TIME_COLUMN if self.bucket else self.name
+    def input_column(self) -> str:
+        return self.source or self.name
 
     @property
     def kind(self) -> str:
-        """int64 | string | date | month: the key's type in every engine."""
+        """int64 | string | date | hour | month | year | bucket: the key's type everywhere."""
         if self.bucket in ("day", "week"):
             return "date"
-        if self.bucket == "month":
-            return "month"
-        return transactions_schema().field(self.name).type
+        if self.bucket is not None:
+            return self.bucket
+        if self.edges:
+            return "bucket"
+        return self.column_type
+
+    @property
+    def labels(self) -> list[str]:
+        """A bucket key's keys, in edge order (every one is released)."""
+        return BucketKey(self.input_column, self.edges).labels
 
     @property
     def arrow_type(self) -> pa.DataType:
-        return {"date": pa.date32(), "month": pa.string(), "string": pa.string()}.get(
-            self.kind, pa.int64()
-        )
+        return {"date": pa.date32(), "int64": pa.int64()}.get(self.kind, pa.string())
+
+
+def key_column(entry: str, schema: Schema) -> KeyColumn:
+    """A `partition_by` entry (already checked against `schema` by the spec) as a key."""
+    if entry in TIME_BUCKETS:
+        assert schema.time_column is not None  # the spec refuses time keys without one
+        return KeyColumn(entry, bucket=entry, source=schema.time_column)
+    bucket = bucket_key(entry)
+    if bucket is not None:
+        return KeyColumn(bucket.name, source=bucket.column, edges=bucket.edges)
+    return KeyColumn(entry, column_type=schema.field(entry).type)
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,7 +153,7 @@ class JobTasks:
         return next(t for t in self.tasks if t.name == name)
 
 
-def input_schema(unit: str, tasks: Sequence[AggregationTask]) -> Schema:
+def input_schema(source: Schema, unit: str, tasks: Sequence[AggregationTask]) -> Schema:
     """The input columns a job reads, and so the only ones every engine validates: the
     privacy unit, each task's key sources, the values it aggregates and its filter's columns.
     A column the job does not name is never read (Parquet is columnar: in the benchmark's
@@ -126,65 +161,65 @@ def input_schema(unit: str, tasks: Sequence[AggregationTask]) -> Schema:
     in one cannot take a row out of the release."""
     names = {unit}
     for task in tasks:
-        names.update(key.source for key in task.keys)
+        names.update(key.input_column for key in task.keys)
         if task.clip is not None:
             names.add(task.value)
         if task.filter is not None:
             names.update(columns(task.filter))
-    return transactions_schema().subset(names)
+    return source.subset(names)
 
 
-def key_columns(query: QuerySpec) -> tuple[KeyColumn, ...]:
-    """The query's partition keys, checked against the input schema."""
-    schema = transactions_schema()
-    keys = []
-    for name in query.partition_by:
-        if name in TIME_BUCKETS:
-            keys.append(KeyColumn(name, bucket=name))
-            continue
-        if name not in schema.names:
-            raise UsageError(
-                f"queries.{query.name}.partition_by: {name!r} is neither an input column "
-                f"({', '.join(schema.names)}) nor a time bucket ({', '.join(TIME_BUCKETS)})"
-            )
-        if schema.field(name).type not in ("int64", "string"):
-            raise UsageError(
-                f"queries.{query.name}.partition_by: column {name} has type "
-                f"{schema.field(name).type}; keys must be int64 or string (time: day, week, "
-                "month)"
-            )
-        keys.append(KeyColumn(name))
-    return tuple(keys)
+def read_schema(spec: JobSpec, tasks: Sequence[AggregationTask]) -> Schema:
+    """What engines read and validate for this job (`input_schema`). With layout `files` no
+    row is checked against a file's day: the period filter on the time column selects rows."""
+    schema = input_schema(spec.source_schema, spec.privacy_unit, tasks)
+    return schema.without_event_time() if spec.input.layout == "files" else schema
+
+
+def job_task(spec: JobSpec, query: QuerySpec) -> AggregationTask:
+    """`task_for` the job's schema, its rows limited to the job's period when the layout
+    (`files`) does not select days by file."""
+    task = task_for(query, spec.source_schema)
+    period = period_filter(spec)
+    if period is None:
+        return task
+    return replace(task, filter=period if task.filter is None else And((period, task.filter)))
+
+
+def period_filter(spec: JobSpec) -> FilterExpr | None:
+    """Layout `files`: start_date <= time column < end_date + 1 day (UTC)."""
+    first, last = spec.input.start_date, spec.input.end_date
+    time = spec.source_schema.time_column
+    if spec.input.layout != "files" or first is None or last is None or time is None:
+        return None
+    start = dt.datetime.combine(first, dt.time())
+    end = dt.datetime.combine(last + dt.timedelta(days=1), dt.time())
+    return And((Compare(time, ">=", start), Compare(time, "<", end)))
+
+
+def key_columns(query: QuerySpec, schema: Schema | None = None) -> tuple[KeyColumn, ...]:
+    """The query's partition keys (`schema`: the job's input schema; default transactions)."""
+    schema = schema or load_schema("transactions")
+    return tuple(key_column(entry, schema) for entry in query.partition_by)
 
 
 def check_query_columns(spec: JobSpec) -> None:
-    """Every query's columns exist in the input schema with a type that fits their role."""
-    schema = transactions_schema()
-    for query in spec.queries:
-        where = spec.query_path(query)
-        if spec.privacy_unit in query.partition_by:
-            raise UsageError(f"{where}partition_by: must not include the privacy unit")
-        key_columns(query)
-        if query.value not in schema.names:
-            raise UsageError(
-                f"{where}value: column {query.value!r} is not in schemas/transactions.json "
-                f"({', '.join(schema.names)})"
-            )
-        if schema.field(query.value).type not in ("int64", "float64"):
-            raise UsageError(
-                f"{where}value: column {query.value} has type "
-                f"{schema.field(query.value).type}, needs int64 or float64"
-            )
+    """Every query's columns exist in the input schema with a type that fits their role
+    (the spec checked them when it was built; a spec built before is checked again)."""
+    spec._columns_exist()
 
 
-def task_for(query: QuerySpec) -> AggregationTask:
-    keys = key_columns(query)
+def task_for(query: QuerySpec, schema: Schema | None = None) -> AggregationTask:
+    """The query's engine task (`schema`: the job's input schema; default transactions).
+    Rows below a bucket key's first edge are in no partition: the filter drops them."""
+    schema = schema or load_schema("transactions")
+    keys = key_columns(query, schema)
     bounds = query.bounds
     total = bounds.max_contributions
     metrics = query.metrics
     return AggregationTask(
         name=query.name,
-        filter=_parsed_filter(query),
+        filter=_parsed_filter(query, schema, keys),
         keys=keys,
         value=query.value,
         clip=_clip(query),
@@ -200,10 +235,24 @@ def task_for(query: QuerySpec) -> AggregationTask:
     )
 
 
-def _parsed_filter(query: QuerySpec) -> FilterExpr | None:
-    if query.filter is None:
+def _parsed_filter(
+    query: QuerySpec, schema: Schema, keys: Sequence[KeyColumn]
+) -> FilterExpr | None:
+    parts: list[FilterExpr] = [
+        Compare(key.input_column, ">=", _edge_value(key, schema)) for key in keys if key.edges
+    ]
+    if query.filter is not None:
+        parts.append(parse_filter(query.filter, schema, where=f"queries.{query.name}.filter"))
+    if not parts:
         return None
-    return parse_filter(query.filter, transactions_schema(), where=f"queries.{query.name}.filter")
+    return parts[0] if len(parts) == 1 else And(tuple(parts))
+
+
+def _edge_value(key: KeyColumn, schema: Schema) -> int | float:
+    """A bucket's first edge as a literal of its column's type (an int64 column compares
+    with the smallest integer at or above the edge)."""
+    low = key.edges[0]
+    return math.ceil(low) if schema.field(key.input_column).type == "int64" else low
 
 
 def plan_tasks(spec: JobSpec, plan: JobPlan, days: Sequence[DailyPartition]) -> JobTasks:
@@ -211,10 +260,11 @@ def plan_tasks(spec: JobSpec, plan: JobPlan, days: Sequence[DailyPartition]) -> 
     queries = {q.name: q for q in spec.queries}
     tasks: dict[str, AggregationTask] = {}
     public: dict[str, pd.DataFrame | None] = {}
+    covered = covered_days(spec, days)
     for query in spec.queries:
-        task = task_for(query)
+        task = job_task(spec, query)
         if query.is_public:
-            keys = public_key_set(query, task.keys, days) if task.keys else None
+            keys = public_key_set(query, task.keys, covered) if task.keys else None
             public[query.name] = keys
             task = replace(task, public_keys=keys)
         tasks[query.name] = task
@@ -270,23 +320,31 @@ def release_job(
 
 
 def public_key_set(
-    query: QuerySpec, keys: Sequence[KeyColumn], days: Sequence[DailyPartition]
+    query: QuerySpec, keys: Sequence[KeyColumn], days: Sequence[dt.date]
 ) -> pd.DataFrame:
     """The query's public keys in canonical form: a file, a range, or per column a file,
-    range, list or `input_range`, multiplied out."""
+    range, list or `input_range` (the buckets of `days`, the days the input covers),
+    multiplied out; bucket keys add every bucket."""
     where = f"queries.{query.name}.partition_selection.public_partitions"
     sources = query.partition_selection.public_partitions
-    by_name = {k.name: k for k in keys}
-    if isinstance(sources, str) and is_file_source(sources) and len(keys) > 1:
-        return _key_file(Path(sources), keys)
-    if isinstance(sources, str):
-        sources = {keys[0].name: sources}
-    assert isinstance(sources, dict)
-    columns = [_column_keys(where, by_name[name], source, days) for name, source in sources.items()]
-    frame = pd.DataFrame(list(itertools.product(*columns)), columns=list(sources)).drop_duplicates(
-        ignore_index=True
-    )
-    return frame[[k.name for k in keys]]
+    listed = [k for k in keys if not k.edges]
+    by_name = {k.name: k for k in listed}
+    if sources is None:  # bucket keys alone (or a global total): public by construction
+        frame = pd.DataFrame(index=range(1))
+    elif isinstance(sources, str) and is_file_source(sources) and len(listed) > 1:
+        frame = _key_file(Path(sources), listed)
+    else:
+        if isinstance(sources, str):
+            sources = {listed[0].name: sources}
+        assert isinstance(sources, dict)
+        columns = [
+            _column_keys(where, by_name[name], source, days) for name, source in sources.items()
+        ]
+        frame = pd.DataFrame(list(itertools.product(*columns)), columns=list(sources))
+    for key in keys:
+        if key.edges:
+            frame = frame.merge(pd.DataFrame({key.name: key.labels}), how="cross")
+    return frame.drop_duplicates(ignore_index=True)[[k.name for k in keys]]
 
 
 def _clip(query: QuerySpec) -> tuple[float, float] | None:
@@ -299,15 +357,18 @@ def _clip(query: QuerySpec) -> tuple[float, float] | None:
 
 
 def _column_keys(
-    where: str, key: KeyColumn, source: object, days: Sequence[DailyPartition]
+    where: str, key: KeyColumn, source: object, days: Sequence[dt.date]
 ) -> list[object]:
     if isinstance(source, list | tuple):
         return [_parse_key(f"{where}.{key.name}", key, v) for v in source]
     assert isinstance(source, str)
     if source == INPUT_RANGE:
         if key.bucket is None:
-            raise UsageError(f"{where}.{key.name}: {INPUT_RANGE} is for day, week and month")
-        return sorted({bucket_of(key.bucket, d.day) for d in days}, key=str)  # ISO text order
+            raise UsageError(
+                f"{where}.{key.name}: {INPUT_RANGE} is for the time keys {', '.join(TIME_BUCKETS)}"
+            )
+        buckets = {b for d in days for b in buckets_of(key.bucket, d)}
+        return sorted(buckets, key=str)  # ISO text order
     match = _RANGE.match(source)
     if match:
         if key.kind != "int64":
@@ -348,20 +409,36 @@ def _parse_key(where: str, key: KeyColumn, value: object) -> object:
                     f"{where}: a week key that is not a Monday (weeks start on Monday)"
                 )
             return day
-        if key.kind == "month" and not _MONTH.match(text):
+        if key.kind in _TEXT_TIME and not _TEXT_TIME[key.kind].match(text):
+            raise ValueError
+        if key.kind == "bucket" and text not in key.labels:
             raise ValueError
     except ValueError:
         raise InputError(f"{where}: not a valid {key.name} key") from None
     return text
 
 
-def bucket_of(bucket: str, day: dt.date) -> object:
-    """A day's time bucket in canonical form."""
+def buckets_of(bucket: str, day: dt.date) -> list[object]:
+    """A day's time buckets in canonical form (24 for `hour`, else one)."""
+    if bucket == "hour":
+        return [f"{day.isoformat()}T{hour:02d}" for hour in range(24)]
     if bucket == "day":
-        return day
+        return [day]
     if bucket == "week":
-        return day - dt.timedelta(days=day.weekday())
-    return f"{day.year:04d}-{day.month:02d}"
+        return [day - dt.timedelta(days=day.weekday())]
+    if bucket == "month":
+        return [f"{day.year:04d}-{day.month:02d}"]
+    return [f"{day.year:04d}"]
+
+
+def covered_days(spec: JobSpec, parts: Sequence[DailyPartition]) -> list[dt.date]:
+    """The days the input covers: each daily partition's, or every day of a `files` layout's
+    period ([start_date, end_date], which the spec requires)."""
+    if spec.input.layout != "files":
+        return [p.day for p in parts if p.day is not None]
+    first, last = spec.input.start_date, spec.input.end_date
+    assert first is not None and last is not None
+    return [first + dt.timedelta(days=n) for n in range((last - first).days + 1)]
 
 
 def canonical_keys(frame: pd.DataFrame, keys: Sequence[KeyColumn]) -> pd.DataFrame:

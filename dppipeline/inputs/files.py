@@ -1,9 +1,11 @@
-"""Files: daily partition discovery and public key lists (publication: `publication.py`).
+"""Files: input discovery and public key lists (publication: `publication.py`).
 
-Two input layouts, as data lakes and the book's data set use them:
-`DIR/date=YYYY-MM-DD/*.parquet` (Hive-style folders) and `DIR/YYYY-MM-DD.csv` (one file a day).
-`DIR` is a local folder or a URI (`dppipeline.storage`): the same names, listed through the
-store's own listing; a local folder keeps its symbolic-link checks.
+Daily layouts, as data lakes and the book's data set use them: `DIR/date=YYYY-MM-DD/*.parquet`
+(Hive-style folders) and `DIR/YYYY-MM-DD.csv` (one file a day). The `files` layout: one file,
+or every `.csv` / `.parquet` file under a folder (subfolders included, whatever their names,
+Hive-style `key=value/` folders among them), read whole and filtered to the job's period by its
+time column. `DIR` is a local folder or a URI (`dppipeline.storage`): the same names, listed
+through the store's own listing; a local folder keeps its symbolic-link checks.
 """
 
 from __future__ import annotations
@@ -30,10 +32,68 @@ _INT64_TEXT = re.compile(r"[+-]?[0-9]+")
 
 @dataclass(frozen=True)
 class DailyPartition:
-    """One day of input: its date and the files that hold it (local paths, or URIs)."""
+    """One day of input: its date and the files that hold it (local paths, or URIs). With
+    the `files` layout, the one part has no day: rows are checked against the period by the
+    time column, not against a file's day."""
 
-    day: dt.date
+    day: dt.date | None
     files: tuple[Path | Location, ...]
+
+
+_SUFFIXES = {".csv": "csv", ".parquet": "parquet"}
+
+
+def discover_files(root: str | Path, fmt: str | None) -> list[DailyPartition]:
+    """The `files` layout: `root` itself when it is a file, else every file under it whose
+    suffix is `.csv` or `.parquet` (hidden and `_` names skipped), sorted by path. `fmt`
+    None: the suffixes decide, and a folder mixing them is refused."""
+    where = Location.of(root)
+    try:
+        if where.is_local:
+            path = where.path
+            _check_link(path)
+            if not path.exists():
+                raise InputError(f"input {path} does not exist")
+            found: list[Path | Location] = (
+                [path]
+                if path.is_file()
+                else [p for p in sorted(path.rglob("*")) if _visible(p.relative_to(path).parts)]
+            )
+            files = [
+                f for f in found if Path(str(f)).suffix in _SUFFIXES and Path(str(f)).is_file()
+            ]
+        elif where.is_file():
+            files = [where]
+        elif where.is_dir():
+            files = [
+                where.join(rel)
+                for rel in where.files()
+                if _visible(tuple(rel.split("/"))) and Path(rel).suffix in _SUFFIXES
+            ]
+        else:
+            raise InputError(f"input {where.display()} does not exist")
+    except StorageError as exc:
+        raise InputError(f"cannot list input {exc}") from None
+    if not files:
+        raise InputError(f"no .csv or .parquet files in {where.display()}")
+    kinds = {_SUFFIXES.get(Path(str(f)).suffix, "") for f in files}
+    wanted = fmt or (kinds.pop() if len(kinds) == 1 else None)
+    if wanted is None:
+        raise InputError(
+            f"input {where.display()} holds both .csv and .parquet files: keep one format per "
+            "input, or name it with --format (input.format)"
+        )
+    chosen = tuple(f for f in files if _SUFFIXES.get(Path(str(f)).suffix) == wanted)
+    if not chosen:
+        raise InputError(f"no .{wanted} files in {where.display()}")
+    for f in chosen:
+        if isinstance(f, Path):
+            _check_link(f)
+    return [DailyPartition(None, chosen)]
+
+
+def _visible(parts: Sequence[str]) -> bool:
+    return not any(part.startswith((".", "_")) for part in parts)
 
 
 def discover_partitions(root: str | Path, fmt: str) -> list[DailyPartition]:
@@ -220,7 +280,9 @@ def select_days(
 ) -> list[DailyPartition]:
     """The partitions in the inclusive range [start, end]; an empty selection is an error."""
     chosen = [
-        p for p in partitions if (start is None or p.day >= start) and (end is None or p.day <= end)
+        p
+        for p in partitions
+        if p.day is not None and (start is None or p.day >= start) and (end is None or p.day <= end)
     ]
     if not chosen:
         raise InputError(

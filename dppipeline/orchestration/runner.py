@@ -45,6 +45,7 @@ from dppipeline.errors import DPPipelineError, InputError, OutputError, UsageErr
 from dppipeline.inputs.files import (
     DailyPartition,
     detect_layout,
+    discover_files,
     discover_partitions,
     select_days,
 )
@@ -191,26 +192,46 @@ def budget_policy(spec: JobSpec) -> BudgetPolicy:
 
 
 def with_detected_layout(spec: JobSpec) -> JobSpec:
-    """The spec with `input.format` detected from the folder when it names none (a folder of
-    `YYYY-MM-DD.csv` files needs no `--format csv`). A detected csv is recorded as if given,
-    so the release key is the one `--format csv` gives; parquet stays the unset default."""
+    """The spec with `input.format` detected when it names none: from the folder's daily
+    layout (a folder of `YYYY-MM-DD.csv` files needs no `--format csv`), or with layout
+    `files` from the files' suffixes. A detected csv is recorded as if given, so the release
+    key is the one `--format csv` gives; parquet stays the unset default."""
     if spec.input.path is None or "format" in spec.input.model_fields_set:
         return spec
-    if detect_layout(spec.input.path) == spec.input.format:
+    if spec.input.layout == "files":
+        parts = discover_files(spec.input.path, None)
+        found_format = "csv" if str(parts[0].files[0]).endswith(".csv") else "parquet"
+    else:
+        found_format = detect_layout(spec.input.path)
+    if found_format == spec.input.format:
         return spec
-    found = spec.input.model_copy(update={"format": "csv"})
+    found = spec.input.model_copy(update={"format": found_format})
     return spec.model_copy(update={"input": found})
 
 
 def input_days(spec: JobSpec) -> list[DailyPartition]:
-    """The daily partitions the spec reads (its date range of the input folder)."""
+    """The input the spec reads: the daily partitions of its date range, or (layout `files`)
+    its files as one part without a day."""
     assert spec.input.path is not None
+    if spec.input.layout == "files":
+        return discover_files(spec.input.path, spec.input.format)
     return select_days(
         discover_partitions(spec.input.path, spec.input.format),
         spec.input.start_date,
         spec.input.end_date,
         spec.input.path,
     )
+
+
+def input_period(spec: JobSpec, days: list[DailyPartition]) -> tuple[dt.date, dt.date]:
+    """The first and last day a run covers: its daily partitions', or the `files` layout's
+    declared period (rows outside it are filtered out by the time column)."""
+    if spec.input.layout == "files":
+        assert spec.input.start_date is not None and spec.input.end_date is not None
+        return spec.input.start_date, spec.input.end_date
+    first, last = days[0].day, days[-1].day
+    assert first is not None and last is not None
+    return first, last
 
 
 def release_key(
@@ -224,8 +245,8 @@ def release_key(
         scope=default_scope(spec),
         spec_hash=spec_hash or spec.spec_hash(),
         input_fingerprint=input_fingerprint(files, spec.input.path),
-        start_date=days[0].day,
-        end_date=days[-1].day,
+        start_date=input_period(spec, days)[0],
+        end_date=input_period(spec, days)[1],
     )
 
 
@@ -621,10 +642,13 @@ def _stage(
     """The engine's run + the manifest (written last), all on disk in `staging` (or, for an
     engine that writes to stores, all in the run's folder on the store)."""
     spec, days = job.spec, job.days
-    say(
-        f"[{engine_impl.name}] reading {len(days)} daily partitions "
-        f"({days[0].day} to {days[-1].day}) from {spec.input.path}"
+    first, last = input_period(spec, days)
+    parts = (
+        f"{sum(len(d.files) for d in days)} files"
+        if spec.input.layout == "files"
+        else f"{len(days)} daily partitions"
     )
+    say(f"[{engine_impl.name}] reading {parts} ({first} to {last}) from {spec.input.path}")
     try:
         run = engine_impl.run(job, staging)
     finally:
@@ -642,7 +666,7 @@ def _stage(
         job.plan,
         run_id=run_id,
         engine=engine_impl.name,
-        days=(days[0].day, days[-1].day),
+        days=(first, last),
         input_files=sum(len(d.files) for d in days),
         released_partitions=run.released_partitions,
         public_keys={

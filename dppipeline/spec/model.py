@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import itertools
 import math
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import yaml
 from pydantic import (
@@ -34,12 +37,21 @@ from pydantic_core import PydanticCustomError
 from dppipeline.errors import SpecError, UsageError, excerpt
 from dppipeline.storage import Location, is_uri
 
+if TYPE_CHECKING:
+    from dppipeline.spec.schema import Schema
+
 METRICS = ("count", "sum", "mean", "variance", "stddev", "privacy_id_count")
 # Metrics computed from the variance mechanisms (stddev is its square root: no extra budget).
 VARIANCE_METRICS = ("variance", "stddev")
 # percentile(p), 0 <= p <= 100, is the parametrised metric; percentile(100) is a DP maximum.
 _PERCENTILE = re.compile(r"^percentile\(\s*(\d+(?:\.\d+)?)\s*\)$")
-TIME_BUCKETS = ("day", "week", "month")  # derived partition keys, from TX_DATETIME
+# Derived partition keys from the job's time column (`input.time_column`, TX_DATETIME by default).
+TIME_BUCKETS = ("hour", "day", "week", "month", "year")
+# `bucket(COLUMN, e0, e1, ...)`: a numeric column cut at public edges (the canonical text of
+# `{bucket: COLUMN, edges: [e0, e1, ...]}`).
+_BUCKET = re.compile(r"^\s*bucket\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*((?:,[^,()]+)+)\)\s*$")
+MAX_BUCKET_EDGES = 1000
+INPUT_LAYOUTS = ("daily", "files")
 _RANGE = re.compile(r"^\s*(-?\d+)\s*\.\.\s*(-?\d+)\s*$")
 INPUT_RANGE = "input_range"  # public keys of a time bucket: every bucket of the input's days
 NOISE_KINDS = ("laplace", "gaussian")
@@ -200,15 +212,120 @@ def _metric(name: Any) -> str:
         raise _broken(exc.rule) from None
 
 
+@dataclass(frozen=True)
+class BucketKey:
+    """A numeric column cut at public edges e0 < e1 < ... < ek into the keys `[e0, e1)`, ...,
+    `[ek, inf)` (text); rows below e0 are in no bucket and not counted. Every bucket is
+    released (the edges are public), so a query keyed by buckets alone needs no selection."""
+
+    column: str
+    edges: tuple[float, ...]
+
+    @property
+    def name(self) -> str:
+        """The release's key column."""
+        return f"{self.column}_bucket"
+
+    @property
+    def labels(self) -> list[str]:
+        ends = [*self.edges[1:], math.inf]
+        return [f"[{_edge(a)}, {_edge(b)})" for a, b in zip(self.edges, ends, strict=True)]
+
+    @property
+    def text(self) -> str:
+        """Its canonical `partition_by` entry."""
+        return f"bucket({self.column}, {', '.join(_edge(e) for e in self.edges)})"
+
+
+def _edge(value: float) -> str:
+    if math.isinf(value):
+        return "inf"
+    return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
+
+
+def bucket_key(entry: str) -> BucketKey | None:
+    """The bucket a canonical `partition_by` entry describes; None for a column or time key."""
+    match = _BUCKET.match(entry)
+    if not match:
+        return None
+    edges = tuple(float(e) for e in match.group(2).split(",")[1:])
+    return BucketKey(match.group(1), edges)
+
+
+def key_name(entry: str) -> str:
+    """The release column of a `partition_by` entry."""
+    bucket = bucket_key(entry)
+    return entry if bucket is None else bucket.name
+
+
+def _bucket_entry(raw: Any) -> str:
+    """`{bucket: COLUMN, edges: [...]}` or `bucket(COLUMN, e0, ...)` as canonical text."""
+    if isinstance(raw, Mapping):
+        unknown = sorted(set(map(str, raw)) - {"bucket", "edges"})
+        if unknown or "bucket" not in raw or "edges" not in raw:
+            raise _broken(
+                "a derived key is {bucket: COLUMN, edges: [e0, e1, ...]}, got "
+                f"{excerpt(dict(raw))}"
+            )
+        column, edges = _column(raw["bucket"]), raw["edges"]
+    else:
+        match = _BUCKET.match(raw)
+        assert match is not None
+        column = match.group(1)
+        edges = [e.strip() for e in match.group(2).split(",")[1:]]
+    if not isinstance(edges, list | tuple) or not 1 <= len(edges) <= MAX_BUCKET_EDGES:
+        raise _broken(
+            f"bucket {column}: edges must be a list of 1 to {MAX_BUCKET_EDGES} numbers, got "
+            f"{excerpt(edges)}"
+        )
+    values = tuple(_number(e) for e in edges)
+    if any(math.isinf(v) for v in values):
+        raise _broken(f"bucket {column}: edges must be finite (the last bucket is open)")
+    if any(b <= a for a, b in itertools.pairwise(values)):
+        raise _broken(f"bucket {column}: edges must increase, got {excerpt(list(edges))}")
+    return BucketKey(column, values).text
+
+
 def _partition_by(value: Any) -> tuple[str, ...]:
-    keys = (value,) if isinstance(value, str) else value
+    keys = (value,) if isinstance(value, str | Mapping) else value
     if not isinstance(keys, list | tuple):
-        raise _broken(f"must be a list of column names, got {excerpt(keys)}")
+        raise _broken(f"must be a list of column names or derived keys, got {excerpt(keys)}")
+    entries = []
     for key in keys:
-        _column(key)
-    if len(set(keys)) != len(keys):
-        raise _broken(f"lists a key twice: {excerpt(list(keys))}")
-    return tuple(keys)
+        if isinstance(key, Mapping) or (isinstance(key, str) and _BUCKET.match(key)):
+            entries.append(_bucket_entry(key))
+        else:
+            entries.append(_column(key))
+    names = [key_name(e) for e in entries]
+    if len(set(names)) != len(names):
+        raise _broken(f"lists a key twice: {excerpt(names)}")
+    return tuple(entries)
+
+
+def _schema_source(value: Any) -> str | tuple[Mapping[str, Any], ...]:
+    """A shipped schema's name, a .json file (path or URI), or the columns themselves."""
+    from dppipeline.spec.schema import SHIPPED_SCHEMAS, SchemaError, input_schema_from  # noqa: PLC0415
+
+    if isinstance(value, Path):
+        value = str(value)
+    if isinstance(value, str):
+        if value not in SHIPPED_SCHEMAS and not value.endswith(".json"):
+            raise _broken(
+                f"must be one of {', '.join(SHIPPED_SCHEMAS)}, a .json schema file or a list "
+                f"of columns; got {excerpt(value)}"
+            )
+        return value
+    if isinstance(value, Mapping):
+        value = value.get("fields", value)
+    if not isinstance(value, list | tuple):
+        raise _broken(
+            f"must be a schema name, a .json file or a list of columns, got {excerpt(value)}"
+        )
+    try:
+        input_schema_from(list(value))
+    except SchemaError as exc:
+        raise _broken(str(exc)) from None
+    return tuple(dict(f) for f in value)
 
 
 Number = Annotated[float, BeforeValidator(_number)]
@@ -247,15 +364,47 @@ class _Section(BaseModel):
         return raw
 
 
-class InputSpec(_Section):
-    """Where the transactions are and which days to read."""
+warnings.filterwarnings(  # `input.schema` is the field's name in every spec
+    "ignore", message='Field name "schema" in "InputSpec" shadows', category=UserWarning
+)
 
-    path: PathText = Field(None, description="Input folder (required here or as --input).")
+
+class InputSpec(_Section):
+    """Where the input is, what its columns are and which days to read."""
+
+    path: PathText = Field(
+        None, description="Input folder, or file with layout files (required here or as --input)."
+    )
     format: Annotated[str, BeforeValidator(_one_of(INPUT_FORMATS))] = Field(
         "parquet",
         description=(
             "parquet: DIR/date=YYYY-MM-DD/*.parquet; csv: DIR/YYYY-MM-DD.csv. Unset: detected "
             "from the folder (a folder holding both layouts is refused)."
+        ),
+    )
+    # `schema` shadows pydantic's deprecated BaseModel.schema(): it is the field's name in specs
+    schema: Annotated[str | tuple[Mapping[str, Any], ...], BeforeValidator(_schema_source)] = Field(  # type: ignore[assignment]
+        "transactions",
+        description=(
+            "Input columns: a shipped schema (transactions, book_transactions, "
+            "card_payments), a .json schema file, or a list of {name, type} columns "
+            "(types int64, float64, string, timestamp[us]; optional nullable, role: "
+            "event_time)."
+        ),
+    )
+    time_column: Annotated[str | None, BeforeValidator(_optional(_column))] = Field(
+        None,
+        description=(
+            "The timestamp column time keys, date filters and daily partitions are about; "
+            "default: the schema's event_time column (TX_DATETIME)."
+        ),
+    )
+    layout: Annotated[str, BeforeValidator(_one_of(INPUT_LAYOUTS))] = Field(
+        "daily",
+        description=(
+            "daily: one file or folder per day (see format); files: one file, or a folder of "
+            "files (any names, subfolders included), read whole and filtered to "
+            "[start_date, end_date] by the time column (both dates required)."
         ),
     )
     start_date: Day = Field(
@@ -281,6 +430,12 @@ class InputSpec(_Section):
             raise _broken(
                 f"must not be after input.end_date ({self.start_date} > {self.end_date})",
                 at="start_date",
+            )
+        if self.layout == "files" and (self.start_date is None or self.end_date is None):
+            raise _broken(
+                "layout files needs start_date and end_date: the release's period, charged "
+                "to the ledger before any row is read",
+                at="start_date" if self.start_date is None else "end_date",
             )
         return self
 
@@ -598,8 +753,9 @@ class QuerySpec(_Section):
     partition_by: Keys = Field(
         ("TERMINAL_ID",),
         description=(
-            "Key columns of the output rows: input columns and/or the time buckets day, week, "
-            "month (of TX_DATETIME); [] for one global total."
+            "Key columns of the output rows: int64/string input columns, time keys hour, day, "
+            "week, month, year (of the time column), {bucket: COLUMN, edges: [e0, e1, ...]} "
+            "(a number cut at public edges; every bucket released); [] for one global total."
         ),
     )
     metrics: Metrics = Field(
@@ -634,14 +790,7 @@ class QuerySpec(_Section):
             return None
         if not isinstance(text, str) or not text.strip():
             raise _broken(f"must be a filter expression, got {excerpt(text)}")
-        from dppipeline.spec.filters import parse_filter  # noqa: PLC0415 (filters use models)
-        from dppipeline.spec.schema import transactions_schema  # noqa: PLC0415
-
-        try:
-            parse_filter(text, transactions_schema(), where="filter")
-        except SpecError as exc:
-            raise _broken(exc.rule) from None
-        return text
+        return text  # parsed against the job's input schema (JobSpec._columns_exist)
 
     @model_validator(mode="after")
     def _consistent(self) -> QuerySpec:
@@ -658,24 +807,25 @@ class QuerySpec(_Section):
                 at="partition_selection",
             )
         where = "partition_selection.public_partitions"
+        listed = self.listed_keys
         if isinstance(sources, list):  # a key list: of the one key column
-            if len(self.partition_by) != 1:
+            if len(listed) != 1:
                 raise _broken(
                     "a key list needs one partition_by column; give one list per column instead",
                     at=where,
                 )
-            keyed = selection.model_copy(
-                update={"public_partitions": {self.partition_by[0]: sources}}
-            )
+            keyed = selection.model_copy(update={"public_partitions": {listed[0]: sources}})
             object.__setattr__(self, "partition_selection", keyed)  # still validating: frozen after
             sources = keyed.public_partitions
-        if isinstance(sources, dict) and set(sources) != set(self.partition_by):
+        if isinstance(sources, dict) and set(sources) != set(listed):
+            buckets = [b for b in self.partition_by if bucket_key(b) is not None]
+            implied = f" (bucket keys {', '.join(buckets)} list themselves)" if buckets else ""
             raise _broken(
-                f"must give keys for exactly the partition_by columns {list(self.partition_by)}, "
-                f"got {excerpt(sorted(sources))}",
+                f"must give keys for exactly the partition_by columns {listed}, "
+                f"got {excerpt(sorted(sources))}{implied}",
                 at=where,
             )
-        if isinstance(sources, str) and _RANGE.match(sources) and len(self.partition_by) != 1:
+        if isinstance(sources, str) and _RANGE.match(sources) and len(listed) != 1:
             raise _broken(
                 "a range needs one partition_by column; give one source per column instead",
                 at=where,
@@ -687,9 +837,21 @@ class QuerySpec(_Section):
         return _needs_value_bounds(self.metrics)
 
     @property
+    def listed_keys(self) -> list[str]:
+        """The key columns public keys are listed for: all but bucket keys (public by their
+        edges)."""
+        return [k for k in self.partition_by if bucket_key(k) is None]
+
+    @property
+    def key_names(self) -> list[str]:
+        """The release's key columns, in partition_by order."""
+        return [key_name(k) for k in self.partition_by]
+
+    @property
     def is_public(self) -> bool:
-        """Public keys, or a global total (its one partition is known in advance)."""
-        return self.partition_selection.is_public or not self.partition_by
+        """Public keys, or keys known in advance: a global total (one partition), or bucket
+        keys alone (every bucket)."""
+        return self.partition_selection.is_public or not self.listed_keys
 
 
 # Job fields that are every query's defaults: a query that does not set one takes the job's
@@ -699,6 +861,22 @@ _INHERITED = ("metrics", "value")
 SHORTHAND_FIELDS = (
     "partition_key", "metrics", "value", "bounds", "partition_selection", "filter",
 )  # fmt: skip
+
+
+def _check_column(schema: Schema, name: str, where: str, types: tuple[str, ...]) -> None:
+    """`name` is a non-null column of `schema` with one of `types`."""
+    if name not in schema.names:
+        time = f" nor a time key ({', '.join(TIME_BUCKETS)})" if "int64" in types else ""
+        raise SpecError(
+            where,
+            f"{name!r} is not a column of the input schema {schema.name} "
+            f"({', '.join(schema.names)}){time}",
+        )
+    field = schema.field(name)
+    if field.type not in types:
+        raise SpecError(where, f"column {name} has type {field.type}; needs {' or '.join(types)}")
+    if field.nullable:
+        raise SpecError(where, f"column {name} is nullable: keys and values must not be")
 
 
 class JobSpec(_Section):
@@ -777,6 +955,7 @@ class JobSpec(_Section):
     )
 
     _shorthand: bool = PrivateAttr(default=False)
+    _schema: Schema | None = PrivateAttr(default=None)
 
     @model_validator(mode="wrap")
     @classmethod
@@ -792,6 +971,75 @@ class JobSpec(_Section):
         spec = handler(data)
         spec._shorthand = shorthand
         return spec
+
+    @property
+    def source_schema(self) -> Schema:
+        """The input schema (`input.schema`), its time column set (`input.time_column`)."""
+        from dppipeline.spec.schema import input_schema_from  # noqa: PLC0415
+
+        if self._schema is None:
+            schema = input_schema_from(self.input.schema).with_time_column(self.input.time_column)
+            object.__setattr__(self, "_schema", schema)
+        assert self._schema is not None
+        return self._schema
+
+    def _columns_exist(self) -> None:
+        """Every column the job names is in its input schema, with a type that fits its role;
+        filters parse against it. Raises SpecError naming the field (the spec's YAML path)."""
+        from dppipeline.spec.filters import parse_filter  # noqa: PLC0415 (filters use models)
+        from dppipeline.spec.schema import SchemaError  # noqa: PLC0415
+
+        try:
+            schema = self.source_schema
+        except SchemaError as exc:
+            at = "input.time_column" if self.input.time_column else "input.schema"
+            raise SpecError(at, str(exc)) from None
+        listed = ", ".join(schema.names)
+        unit = self.privacy_unit
+        if unit not in schema.names:
+            raise SpecError(
+                "privacy_unit", f"column {unit} is not in the input schema {schema.name} ({listed})"
+            )
+        if schema.field(unit).type not in ("int64", "string") or schema.field(unit).nullable:
+            raise SpecError(
+                "privacy_unit", f"column {unit} must be a non-null int64 or string column"
+            )
+        if self.input.layout == "files" and schema.time_column is None:
+            raise SpecError(
+                "input.layout",
+                "files needs a time column to select the period by (input.time_column)",
+            )
+        for query in self.queries:
+            where = self.query_path(query)
+            for entry in query.partition_by:
+                self._check_key(schema, entry, f"{where}partition_by")
+            if query.needs_value_bounds:
+                _check_column(schema, query.value, f"{where}value", ("int64", "float64"))
+            if query.filter is not None:
+                parse_filter(query.filter, schema, where=f"{where}filter")
+
+    def _check_key(self, schema: Schema, entry: str, where: str) -> None:
+        if entry in TIME_BUCKETS:
+            if schema.time_column is None:
+                raise SpecError(
+                    where,
+                    f"time key {entry} needs a time column: input schema {schema.name} has none "
+                    "(set input.time_column or a column's role: event_time)",
+                )
+            return
+        if entry == self.privacy_unit:
+            raise SpecError(where, "must not include the privacy unit")
+        bucket = bucket_key(entry)
+        if bucket is not None:
+            _check_column(schema, bucket.column, where, ("int64", "float64"))
+            return
+        if entry in schema.names and schema.field(entry).type == "float64":
+            raise SpecError(
+                where,
+                f"column {entry} has type float64; keys must be int64 or string (cut a number "
+                f"into buckets: {{bucket: {entry}, edges: [e0, e1, ...]}})",
+            )
+        _check_column(schema, entry, where, ("int64", "string"))
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
@@ -814,6 +1062,7 @@ class JobSpec(_Section):
                         f"{where + ': ' if where else ''}or give public_partitions)",
                         at="budget.delta",
                     )
+        self._columns_exist()
         return self
 
     @property

@@ -29,10 +29,10 @@ from dppipeline.engines.shared.polars_tasks import bound_and_aggregate, task_row
 from dppipeline.engines.shared.sampling import (
     SamplingKeys,
     row_priorities,
+    unit_kind_of,
 )
 from dppipeline.inputs.csv_records import ROW
 from dppipeline.logs import debug_statistics_enabled
-from dppipeline.spec.schema import transactions_schema
 
 _KEY_SEPARATOR = "\x1f"  # joins the parts of a composite key (ASCII unit separator)
 
@@ -140,7 +140,6 @@ class _SamplePartitionsPerUnit(beam.DoFn):
 
     def __init__(self, task: AggregationTask, unit: str, partition_shards: int, salt: bytes):
         self._task, self._key = task, encoded_key(task)
-        self._unit_kind = transactions_schema().field(unit).type
         self._shards, self._salt = partition_shards, salt
         # The exact number of (unit, partition) pairs is not private: a runner's UI shows
         # every counter, so it exists only under --debug-statistics (read by the launcher).
@@ -167,7 +166,7 @@ class _SamplePartitionsPerUnit(beam.DoFn):
             self._keys,
             privacy_codes=unit_codes,
             unit_values=unit_values,
-            unit_kind=self._unit_kind,
+            unit_kind=unit_kind_of(unit_values),
             key_codes=key_codes,
             key_values=decode_keys(key_values, self._task),
             row_priority=block.priority,

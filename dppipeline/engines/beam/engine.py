@@ -53,7 +53,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from dppipeline.core.tasks import (
-    input_schema,
+    read_schema,
 )
 from dppipeline.engines.base import EngineRun, ReleaseJob
 from dppipeline.engines.beam.bound import BoundContributions
@@ -149,7 +149,7 @@ class BeamEngine:
             job.progress(f"{time.monotonic() - started:6.1f}s {step}")
 
         spec = job.spec
-        schema = input_schema(spec.privacy_unit, job.tasks.tasks)
+        schema = read_schema(spec, job.tasks.tasks)
         parts = input_parts(job.days, spec.input.format, schema)
         input_bytes = sum(file_stamp(path)[0] for day in job.days for path in day.files)
         unit_shards = self._unit_shards or default_shards(input_bytes)
@@ -208,7 +208,7 @@ class BeamEngine:
         partition_shards: int,
     ) -> None:
         spec = job.spec
-        schema = input_schema(spec.privacy_unit, job.tasks.tasks)
+        schema = read_schema(spec, job.tasks.tasks)
         batches = pipeline | "ReadTransactions" >> ReadTransactions(parts, schema)
         checked = batches | "ValidateTransactions" >> ValidateTransactions(schema)
         _ = checked[ValidateBatch.REJECTED] | "WriteRejected" >> beam.ParDo(
@@ -244,7 +244,7 @@ class BeamEngine:
         if messages:
             raise InputError(messages[0])
         rows = counters.get("rows_read", 0)
-        schema = rejected_arrow_schema(input_schema(job.spec.privacy_unit, job.tasks.tasks))
+        schema = rejected_arrow_schema(read_schema(job.spec, job.tasks.tasks))
         rejected = scratch.rejected_rows(schema)  # parts in file order, rows in row order
         summary = RejectSummary(rows, rejected.num_rows, None)
         if rejected.num_rows:

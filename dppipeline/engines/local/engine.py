@@ -15,7 +15,7 @@ import pandas as pd
 
 from dppipeline.core.tasks import (
     AggregationTask,
-    input_schema,
+    read_schema,
 )
 from dppipeline.engines.base import EngineRun, ReleaseJob, release_to_datasets
 from dppipeline.engines.shared.polars_read import read_validated
@@ -26,6 +26,7 @@ from dppipeline.engines.shared.sampling import (
 from dppipeline.inputs.contract import RejectSummary, check_rejected_fraction
 from dppipeline.inputs.files import DailyPartition
 from dppipeline.inputs.quarantine import write_rejected
+from dppipeline.spec.schema import Schema
 
 
 @dataclass
@@ -40,14 +41,16 @@ def compute_aggregates(
     tasks: Sequence[AggregationTask],
     days: list[DailyPartition],
     *,
+    schema: Schema,
     fmt: str,
     unit: str,
     max_rejected_fraction: float,
     quarantine: Path,
     salt: bytes,
 ) -> EngineResult:
-    """Read + validate once -> per task: filter, keys, clip, bound, aggregate per partition."""
-    validated = read_validated(days, fmt, input_schema(unit, tasks))
+    """Read + validate once (`schema`: the columns the tasks read, `read_schema`) -> per
+    task: filter, keys, clip, bound, aggregate per partition."""
+    validated = read_validated(days, fmt, schema)
     summary = validated.summary
     if summary.rows_rejected:
         path = write_rejected(validated.rejected.to_arrow(), quarantine)
@@ -76,6 +79,7 @@ class LocalEngine:
         result = compute_aggregates(
             job.tasks.tasks,
             job.days,
+            schema=read_schema(spec, job.tasks.tasks),
             fmt=spec.input.format,
             unit=spec.privacy_unit,
             max_rejected_fraction=spec.input.max_rejected_fraction,

@@ -30,22 +30,36 @@ from dppipeline.engines.shared.sampling import (
     pair_priorities,
     partition_seeds,
     row_priorities,
+    unit_kind_of,
 )
-from dppipeline.spec.schema import transactions_schema
 
 _CODE = "_key_code"
 
 
 def key_expr(key: KeyColumn) -> pl.Expr:
-    """A partition key column as a Polars expression (time buckets from TX_DATETIME)."""
+    """A partition key column as a Polars expression: the column itself, a time bucket of
+    the time column (UTC wall-clock; weeks start Monday), or a numeric bucket's label."""
+    if key.edges:
+        return bucket_expr(pl.col(key.input_column), key).alias(key.name)
     if key.bucket is None:
         return pl.col(key.name)
-    moment = pl.col(key.source)
+    moment = pl.col(key.input_column)
     if key.bucket == "day":
         return moment.dt.date().alias(key.name)
     if key.bucket == "week":
         return moment.dt.truncate("1w").dt.date().alias(key.name)
-    return moment.dt.strftime("%Y-%m").alias(key.name)
+    pattern = {"hour": "%Y-%m-%dT%H", "month": "%Y-%m", "year": "%Y"}[key.bucket]
+    return moment.dt.strftime(pattern).alias(key.name)
+
+
+def bucket_expr(value: pl.Expr, key: KeyColumn) -> pl.Expr:
+    """The label of the bucket `value` falls in: the last edge at or below it (rows below the
+    first edge never get here: the task's filter drops them)."""
+    labels = key.labels
+    expr = pl.lit(labels[0])
+    for edge, label in zip(key.edges[1:], labels[1:], strict=True):
+        expr = pl.when(value >= edge).then(pl.lit(label)).otherwise(expr)
+    return expr
 
 
 def task_rows(
@@ -118,7 +132,7 @@ def aggregate_task(
         keys,
         privacy_codes=privacy_codes,
         unit_values=unit_values,
-        unit_kind=transactions_schema().field(unit).type,
+        unit_kind=unit_kind_of(unit_values),
         key_codes=key_codes,
         key_values=key_values,
         row_priority=row_priority(frame, keys),

@@ -159,6 +159,11 @@ def partition_seeds(
     return seeds
 
 
+def unit_kind_of(units: np.ndarray) -> str:
+    """How a privacy-unit column hashes: `int64` for integers, else as text (a string unit)."""
+    return "int64" if np.issubdtype(units.dtype, np.integer) else "string"
+
+
 def pair_priorities(seeds: np.ndarray, units: np.ndarray, unit_kind: str) -> np.ndarray:
     """L0 priority of each (privacy unit, partition) pair, from its partition's seed."""
     return hash_column(units, unit_kind, seeds)

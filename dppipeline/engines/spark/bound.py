@@ -42,17 +42,34 @@ INSET_MAX_KEYS = 10_000
 
 
 def key_column(key: KeyColumn) -> Column:
-    """A partition key as a Spark column (time buckets from TX_DATETIME; weeks start Monday).
-    TX_DATETIME is `timestamp_ntz` in UTC, and every bucket is computed from its date alone
-    (`date_trunc` and `date_format` would go through the session time zone)."""
+    """A partition key as a Spark column: the column itself, a time bucket (weeks start
+    Monday), or a numeric bucket's label. The time column is `timestamp_ntz` in UTC, and
+    every bucket is computed from its fields alone (`date_trunc` and `date_format` would go
+    through the session time zone)."""
+    if key.edges:
+        value = F.col(key.input_column)
+        labels = key.labels
+        label = F.lit(labels[0])
+        for edge, text in zip(key.edges[1:], labels[1:], strict=True):
+            label = F.when(value >= F.lit(edge), F.lit(text)).otherwise(label)
+        return label.alias(key.name)
     if key.bucket is None:
         return F.col(key.name)
-    day = F.to_date(F.col(key.source))
+    moment = F.col(key.input_column)
+    day = F.to_date(moment)
     if key.bucket == "day":
         return day.alias(key.name)
     if key.bucket == "week":
         return F.date_sub(day, F.weekday(day)).alias(key.name)
-    return F.format_string("%04d-%02d", F.year(day), F.month(day)).alias(key.name)
+    if key.bucket == "hour":
+        text = F.format_string(
+            "%04d-%02d-%02dT%02d", F.year(day), F.month(day), F.dayofmonth(day), F.hour(moment)
+        )
+    elif key.bucket == "month":
+        text = F.format_string("%04d-%02d", F.year(day), F.month(day))
+    else:
+        text = F.format_string("%04d", F.year(day))
+    return text.alias(key.name)
 
 
 def group_keys(task: AggregationTask) -> list[str]:

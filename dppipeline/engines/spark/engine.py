@@ -16,7 +16,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Observation, SparkSession
 
 from dppipeline.core.tasks import (
-    input_schema,
+    read_schema,
 )
 from dppipeline.engines.base import EngineRun, ReleaseJob, release_to_datasets
 from dppipeline.engines.spark import read as spark_read
@@ -90,7 +90,7 @@ class SparkEngine:
 
         spark, spec, tasks = self.spark, job.spec, job.tasks.tasks
         progress(f"Spark {spark.version} on {spark.sparkContext.master}")
-        schema = input_schema(spec.privacy_unit, tasks)
+        schema = read_schema(spec, tasks)
         input_bytes = sum(file_stamp(p)[0] for day in job.days for p in day.files)
         if not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
             parallelism = spark.sparkContext.defaultParallelism
