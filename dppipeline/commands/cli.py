@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 FLAG_FIELDS: dict[str, str] = {
     "input": "input.path",
     "format": "input.format",
+    "schema": "input.schema",
+    "layout": "input.layout",
+    "time_column": "input.time_column",
     "start_date": "input.start_date",
     "end_date": "input.end_date",
     "max_rejected_fraction": "input.max_rejected_fraction",
@@ -242,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--input", help="input folder (daily partitions)")
     run.add_argument("--output", help="release folder to create")
     run.add_argument("--format", choices=("parquet", "csv"), help="input layout")
+    _add_schema_flags(run)
     run.add_argument("--start-date", type=_date, help="first day, inclusive")
     run.add_argument("--end-date", type=_date, help="last day, inclusive")
     run.add_argument("--max-rejected-fraction", type=float, help="fail above this reject share")
@@ -321,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_privacy_flags(tune)
     tune.add_argument("--input", help="input folder (or input.path in the job spec)")
     tune.add_argument("--format", choices=("parquet", "csv"), help="input layout")
+    _add_schema_flags(tune)
     tune.add_argument("--query", help="the query to tune (default: the job's first)")
     tune.add_argument(
         "--tune-epsilon", type=float, help="budget tune spends (default: a tenth of the job's)"
@@ -349,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_privacy_flags(evaluate)
     evaluate.add_argument("--input", help="input folder (or input.path in the job spec)")
     evaluate.add_argument("--format", choices=("parquet", "csv"), help="input layout")
+    _add_schema_flags(evaluate)
     evaluate.add_argument(
         "--output", required=True, help="folder for the tables, charts, page and scratch runs"
     )
@@ -422,6 +428,21 @@ def _spec_from_args(args: argparse.Namespace):
     from dppipeline.orchestration.runner import with_detected_layout  # noqa: PLC0415
 
     return with_detected_layout(spec)
+
+
+def _add_schema_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--schema",
+        help="input columns: transactions (default), book_transactions, card_payments or a "
+        ".json schema file",
+    )
+    parser.add_argument(
+        "--layout",
+        choices=("daily", "files"),
+        help="daily partitions (default), or files: one file or a folder of files, filtered "
+        "to --start-date..--end-date by the time column",
+    )
+    parser.add_argument("--time-column", help="the timestamp column (default: the schema's)")
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:

@@ -107,7 +107,7 @@ class AggregationParams:
             public_partitions=query.is_public,
             selection_strategy=query.partition_selection.strategy,
             pre_threshold=query.partition_selection.pre_threshold,
-            key_columns=query.partition_by,
+            key_columns=tuple(query.key_names),
             confidence_intervals=confidence_intervals,
             count_noise=count_noise,
         )

@@ -10,7 +10,7 @@ covers a canonical form of the spec:
 - no paths (input, output and quarantine folders): moving data or releases changes nothing;
 - no ledger-only fields (`budget.scope`, caps, window): they govern the ledger, not the numbers;
 - public key files by the sha256 of their bytes, never by path: an edited key list is a new
-  release, a moved one is not.
+  release, a moved one is not; an input schema by its columns.
 
 The canonical form is built from the spec's values and each section's defaults (the models'
 field defaults), then serialised as sorted, compact JSON. A shorthand spec (one query written
@@ -93,9 +93,23 @@ def _section(value: BaseModel, where: str, skip: frozenset[str] = frozenset()) -
             content = _plain(field_value)
         if name == "public_partitions":
             content = key_sources_by_content(content)
+        if (where, name) == ("input", "schema"):
+            content = schema_by_content(field_value)
         if content != {}:
             out[name] = content
     return out
+
+
+def schema_by_content(source: Any) -> Any:
+    """An input schema other than the default by its columns (names, types, nullability,
+    role), whether a file or listed inline: a moved or re-described file is the same release,
+    a changed column is not."""
+    from dppipeline.spec.schema import SchemaError, input_schema_from  # noqa: PLC0415
+
+    try:
+        return {"columns": input_schema_from(source).canonical()}
+    except SchemaError as exc:
+        raise InputError(f"input.schema: {exc}") from None
 
 
 def key_sources_by_content(sources: Any) -> Any:
