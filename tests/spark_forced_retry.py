@@ -72,7 +72,7 @@ def main(output: Path, markers: Path) -> None:
             "bounds.max_value": 100.0,
         },
     )
-    task = task_for(spec.queries[0])
+    task = task_for(spec.queries[0], spec.source_schema)
     salt = new_salt(99)
     rows = skewed_rows()
     frame = spark.createDataFrame(rows).repartition(3)

@@ -78,7 +78,7 @@ def check_bounded_aggregates(elements, spec, check, shards=3, salt=None) -> None
         assert not frame["TERMINAL_ID"].duplicated().any()  # one row per partition
         check(frame.set_index("TERMINAL_ID").sort_index())
 
-    task = task_for(spec.queries[0])
+    task = task_for(spec.queries[0], spec.source_schema)
     with BeamTestPipeline() as pipeline:
         aggregates = (
             pipeline
@@ -454,7 +454,7 @@ def test_same_salt_keeps_the_same_rows_whatever_the_bundles(tmp_path):
     spec = spec_for(
         **{"bounds.max_partitions_contributed": 3, "bounds.max_contributions_per_partition": 2}
     )
-    task = task_for(spec.queries[0])
+    task = task_for(spec.queries[0], spec.source_schema)
     salt = new_salt()
 
     def elements(frame, parts):

@@ -66,7 +66,9 @@ def spec_for(folder, out, keys, **extra):
 def aggregate(spec, days, public_keys, quarantine, seed):
     """The local engine's exact bounded aggregates of the spec's one query, with the given
     public keys (None: all keys), and its reject counts."""
-    task = dataclasses.replace(task_for(spec.queries[0]), public_keys=public_keys)
+    task = dataclasses.replace(
+        task_for(spec.queries[0], spec.source_schema), public_keys=public_keys
+    )
     result = compute_aggregates(
         [task],
         days,

@@ -62,7 +62,7 @@ def test_skewed_input_respects_bounds(spark):
     spec = spec_for(
         **{"bounds.max_partitions_contributed": l0, "bounds.max_contributions_per_partition": linf}
     )
-    task = task_for(spec.queries[0])  # no public keys: every key is aggregated
+    task = task_for(spec.queries[0], spec.source_schema)  # no public keys: every key is aggregated
     agg = (
         bound_and_aggregate(rows, task, spec.privacy_unit, new_salt(3))
         .toPandas()
@@ -93,7 +93,7 @@ def test_linf_sampling_is_uniform(spark):
             "bounds.max_value": 1000.0,
         }
     )
-    task = task_for(spec.queries[0])
+    task = task_for(spec.queries[0], spec.source_schema)
     sums = (
         bound_and_aggregate(rows, task, spec.privacy_unit, new_salt())
         .toPandas()["sum"]
@@ -205,7 +205,10 @@ def test_priorities_are_sparks_own_xxhash64(spark):
     # The secrets are data, not literals: no plan of a whole bounding shows them.
     spec = spec_for(**{"bounds.max_partitions_contributed": 2})
     pairs = bounded_pairs(
-        spark.createDataFrame(rows), task_for(spec.queries[0]), spec.privacy_unit, salt
+        spark.createDataFrame(rows),
+        task_for(spec.queries[0], spec.source_schema),
+        spec.privacy_unit,
+        salt,
     )
     pairs.collect()
     execution = pairs._jdf.queryExecution()
@@ -223,7 +226,7 @@ def test_same_salt_keeps_the_same_rows_whatever_the_partitioning(spark):
     spec = spec_for(
         **{"bounds.max_partitions_contributed": 3, "bounds.max_contributions_per_partition": 2}
     )
-    task = task_for(spec.queries[0])
+    task = task_for(spec.queries[0], spec.source_schema)
     salt = new_salt()
 
     def bounded(partitions: int, shuffle: int, salt: bytes) -> pd.DataFrame:
@@ -288,7 +291,7 @@ def test_l0_sampling_is_uniform(spark):
     terminals = np.tile(np.arange(n_terminals), n_customers)
     rows = frame(spark, customers, terminals, np.ones(len(customers)))
     spec = spec_for(**{"bounds.max_partitions_contributed": l0})
-    task = task_for(spec.queries[0])
+    task = task_for(spec.queries[0], spec.source_schema)
     agg = bound_and_aggregate(rows, task, spec.privacy_unit, new_salt()).toPandas()
     frequency = agg.sort_values("TERMINAL_ID")["privacy_id_count"].to_numpy() / n_customers
     p = l0 / n_terminals

@@ -129,7 +129,7 @@ def test_bounding_shuffles_rows_once_by_privacy_unit(spark):
             }
         )
     )
-    task = task_for(spec.queries[0])
+    task = task_for(spec.queries[0], spec.source_schema)
     aggregates = bound_and_aggregate(rows, task, "CUSTOMER_ID", new_salt())
     plan = aggregates._jdf.queryExecution().executedPlan().toString()
     exchanges = re.findall(r"Exchange hashpartitioning\((\w+)#", plan)

@@ -146,5 +146,5 @@ def _release_schema(spec, plan, name):
     from dppipeline.core.tasks import key_columns
 
     query = next(q for q in spec.queries if q.name == name)
-    keys = [(k.name, k.arrow_type) for k in key_columns(query)]
+    keys = [(k.name, k.arrow_type) for k in key_columns(query, spec.source_schema)]
     return release_arrow_schema(keys, plan.query(name).plan.params.metrics)

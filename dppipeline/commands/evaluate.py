@@ -39,7 +39,6 @@ from dppipeline.core.tasks import (
     job_task,
     public_key_set,
     read_schema,
-    task_for,
 )
 from dppipeline.engines.shared.polars_filter import to_polars
 from dppipeline.engines.shared.polars_read import read_validated
@@ -123,11 +122,12 @@ def read_rows(spec: JobSpec, days: Sequence[DailyPartition]) -> pl.DataFrame:
     return read_validated(list(days), spec.input.format, schema).rows
 
 
-def true_values(rows: pl.DataFrame, query: QuerySpec, unit: str) -> pd.DataFrame:
+def true_values(
+    rows: pl.DataFrame, task: AggregationTask, query: QuerySpec, unit: str
+) -> pd.DataFrame:
     """Per partition with rows, the raw truth of every metric the query releases: the query's
-    filter and keys only, no contribution bounding and no clipping (what a non-private
-    group-by would say), keyed like the release."""
-    task = task_for(query)
+    filter and keys only (`task`, its engine task), no contribution bounding and no clipping
+    (what a non-private group-by would say), keyed like the release."""
     if task.filter is not None:
         rows = rows.filter(to_polars(task.filter))
     aggregates = [
@@ -226,6 +226,8 @@ def bounded_values(
 
 def bounding_stats(
     rows: pl.DataFrame,
+    task: AggregationTask,
+    *,
     query: QuerySpec,
     truth: pd.DataFrame,
     unit: str,
@@ -233,7 +235,6 @@ def bounding_stats(
 ) -> dict[str, dict[str, float]]:
     """Error of bounding alone (bounded truth vs raw truth): the floor that more epsilon
     cannot lower, which only looser bounds can. A partition bounding empties counts as 0."""
-    task = task_for(query)
     keys = task.key_names
     bounded = bounded_values(rows, task, unit, public if keys else None)
     if keys:
@@ -286,7 +287,7 @@ def measure_run(
     selection the released share and the keys outside the truth."""
     records: list[dict] = []
     for query in spec.queries:
-        task = task_for(query)
+        task = job_task(spec, query)
         keys = task.key_names
         released = canonical_keys(pd.read_parquet(release / query.name), task.keys)
         truth = truths[query.name]
@@ -308,7 +309,7 @@ def truths_and_bounding(
     records: list[dict] = []
     for query in spec.queries:
         task = job_task(spec, query)
-        truth = true_values(rows, query, unit)
+        truth = true_values(rows, task, query, unit)
         public = (
             public_key_set(query, task.keys, covered_days(spec, days))
             if query.is_public and task.keys
@@ -317,7 +318,9 @@ def truths_and_bounding(
         if public is not None:
             truth = on_public_keys(truth, public, task.key_names)
         truths[query.name] = truth
-        for metric, stats in bounding_stats(rows, query, truth, unit, public).items():
+        for metric, stats in bounding_stats(
+            rows, task, query=query, truth=truth, unit=unit, public=public
+        ).items():
             renamed = {f"bounding_{k}": v for k, v in stats.items()}
             records += _rows(query.name, metric, None, None, renamed)
     return truths, records

@@ -60,7 +60,7 @@ from dppipeline.spec.model import (
     is_file_source,
     percentile_of,
 )
-from dppipeline.spec.schema import Schema, load_schema
+from dppipeline.spec.schema import Schema
 
 GLOBAL_KEY = "_global"  # the constant key engines group a global total by
 _TEXT_TIME = {  # time buckets released as ISO text, and the text each key must match
@@ -197,9 +197,8 @@ def period_filter(spec: JobSpec) -> FilterExpr | None:
     return And((Compare(time, ">=", start), Compare(time, "<", end)))
 
 
-def key_columns(query: QuerySpec, schema: Schema | None = None) -> tuple[KeyColumn, ...]:
-    """The query's partition keys (`schema`: the job's input schema; default transactions)."""
-    schema = schema or load_schema("transactions")
+def key_columns(query: QuerySpec, schema: Schema) -> tuple[KeyColumn, ...]:
+    """The query's partition keys (`schema`: the job's input schema, `spec.source_schema`)."""
     return tuple(key_column(entry, schema) for entry in query.partition_by)
 
 
@@ -209,10 +208,9 @@ def check_query_columns(spec: JobSpec) -> None:
     spec._columns_exist()
 
 
-def task_for(query: QuerySpec, schema: Schema | None = None) -> AggregationTask:
-    """The query's engine task (`schema`: the job's input schema; default transactions).
+def task_for(query: QuerySpec, schema: Schema) -> AggregationTask:
+    """The query's engine task (`schema`: the job's input schema, `spec.source_schema`).
     Rows below a bucket key's first edge are in no partition: the filter drops them."""
-    schema = schema or load_schema("transactions")
     keys = key_columns(query, schema)
     bounds = query.bounds
     total = bounds.max_contributions
