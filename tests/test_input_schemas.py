@@ -257,10 +257,12 @@ def test_a_broken_rule_names_the_field(fields, field, rule):
     assert rule in info.value.rule, info.value
 
 
-def test_an_inline_schema_reads_any_columns(tmp_path):
-    """A table the product has never seen, described in the spec, read end to end: string
-    privacy unit, string key, an int64 bucket key, a second timestamp as the time column."""
+def test_an_inline_schema_reads_any_columns(tmp_path, engine):
+    """A table the product has never seen, described in the spec, read end to end on every
+    engine: string privacy unit, string key, an int64 bucket key, a second timestamp as the
+    time column, a nullable filter column (a blank is null: SQL's `null = 'web'` keeps no row)."""
     rows = pd.DataFrame({
+        "channel": ["web", "web", None, "web", "shop", "web", "web"],
         "account": ["a", "b", "c", "a", "b", "c", "d"],
         "branch": ["x", "x", "y", "y", "x", "y", "y"],
         "age": [17, 30, 45, 17, 30, 45, 70],
@@ -272,6 +274,7 @@ def test_an_inline_schema_reads_any_columns(tmp_path):
     path = tmp_path / "accounts.csv"
     rows.to_csv(path, index=False)
     schema = [
+        {"name": "channel", "type": "string", "nullable": True},
         {"name": "account", "type": "string"},
         {"name": "branch", "type": "string"},
         {"name": "age", "type": "int64"},
@@ -292,10 +295,11 @@ def test_an_inline_schema_reads_any_columns(tmp_path):
              "partition_selection": {"public_partitions": {"branch": ["x", "y"],
                                                            "day": "input_range"}}},
             {"name": "by_age", "partition_by": [{"bucket": "age", "edges": [18.5, 65]}]},
+            {"name": "web", "partition_by": [], "filter": "channel = 'web'"},
         ],
         output=str(tmp_path / "release"),
     )  # fmt: skip
-    result = run_job(spec, "local", echo=lambda _: None)
+    result = run_job(spec, engine, echo=lambda _: None)
     by_day = released(result.output, "by_branch_day", ["branch", "day"])
     assert by_day.values.tolist() == [
         ["x", dt.date(2026, 3, 1), 2],
@@ -306,6 +310,7 @@ def test_an_inline_schema_reads_any_columns(tmp_path):
     ages = released(result.output, "by_age", ["age_bucket"])
     # in the period: ages 17 (twice, below the first edge: no bucket), 30, 45, 45; 70 is not
     assert ages.values.tolist() == [["[18.5, 65)", 3], ["[65, inf)", 0]]
+    assert released(result.output, "web", [])["count"].tolist() == [4]  # in the period
 
 
 def test_time_keys_hour_and_year_are_iso_text(tmp_path, small_inputs):
@@ -399,3 +404,43 @@ def test_the_spec_hash_follows_a_schema_files_content_not_its_path(tmp_path):
         json.dumps({"name": "tx", "fields": [*columns, {"name": "X", "type": "int64"}]})
     )
     assert spec_hash(spec_of(input={"schema": str(edited)})) != spec_hash(a)
+
+
+def test_a_string_column_rejects_blanks_and_bad_utf8_on_every_engine(cards, tmp_path, engine):
+    """The declared schema's rules for a string key: a blank (null) and bytes that are not
+    UTF-8 are rejected with the column and the rule, the raw row kept for the operator."""
+    import os
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    day = sorted(cards.glob("*.csv"))[0]
+    lines = day.read_bytes().splitlines(keepends=True)
+    header = lines[0].decode().strip().split(",")
+    at = header.index("MERCHANT_CATEGORY")
+
+    def broken(line: bytes, value: bytes) -> bytes:
+        fields = line.rstrip(b"\n").split(b",")
+        fields[at] = value
+        return b",".join(fields) + b"\n"
+
+    lines[3] = broken(lines[3], b"")
+    lines[5] = broken(lines[5], b"gro\xffcery")
+    (folder / day.name).write_bytes(b"".join(lines))
+    spec = build_spec(
+        load_raw(ROOT / "jobs/configs/card_payments.yaml"),
+        {
+            "input.path": str(folder),
+            "input.format": "csv",
+            "output": str(tmp_path / "out"),
+            "input.max_rejected_fraction": 0.01,
+        },
+    )
+    result = run_job(spec, engine, echo=lambda _: None)
+    state = Path(os.environ["DPPIPELINE_STATE_DIR"])
+    rejected = pd.read_parquet(state / "quarantine" / result.run_id / "rejected.parquet")
+    rejected = rejected.sort_values("_row", ignore_index=True)
+    assert rejected["_row"].tolist() == [4, 6]  # physical lines (the header is line 1)
+    assert rejected["_reason"].tolist() == [
+        "MERCHANT_CATEGORY is null",
+        "MERCHANT_CATEGORY is not valid UTF-8",
+    ]

@@ -115,6 +115,8 @@ def column_flag(field: Field, source: Source, rules: Sequence[Rule]) -> pl.Expr:
     - timestamps: the grammar alone stands for the UTF-8 and zone checks (text with either
       never matches it)."""
     mine = [r for r in rules if r.column == field.name]
+    if not mine:  # a nullable column whose type has no other rule
+        return pl.lit(False)
     if source is not Source.TEXT:
         return pl.any_horizontal([broken(r, {field.name: source}) for r in mine])
     if field.type in ("int64", "float64"):
@@ -123,6 +125,8 @@ def column_flag(field: Field, source: Source, rules: Sequence[Rule]) -> pl.Expr:
         if any(r.check is Check.NULL for r in mine):
             return failed  # null, blank or unparseable: each breaks a rule of this column
         return _present(field.name, source) & failed
+    if field.type != "timestamp[us]":  # string: null and UTF-8, as listed
+        return pl.any_horizontal([broken(r, {field.name: source}) for r in mine])
     kept = [r for r in mine if r.check not in (Check.UTF8, Check.ZONE)]
     return pl.any_horizontal([broken(r, {field.name: source}) for r in kept])
 
