@@ -265,7 +265,7 @@ def test_an_inline_schema_reads_any_columns(tmp_path, engine):
         "channel": ["web", "web", None, "web", "shop", "web", "web"],
         "account": ["a", "b", "c", "a", "b", "c", "d"],
         "branch": ["x", "x", "y", "y", "x", "y", "y"],
-        "age": [17, 30, 45, 17, 30, 45, 70],
+        "age": [17, 30, 45, 17, 30, 65, 70],
         "opened": ["2026-02-01 10:00:00"] * 7,
         "booked": ["2026-03-01 10:00:00", "2026-03-01 11:30:00", "2026-03-02 09:00:00",
                    "2026-03-02 23:59:59", "2026-03-03 00:00:00", "2026-03-01 08:00:00",
@@ -308,8 +308,9 @@ def test_an_inline_schema_reads_any_columns(tmp_path, engine):
         ["y", dt.date(2026, 3, 2), 2],
     ]  # March 3 and April 1 are outside the period; `opened` is not the time column
     ages = released(result.output, "by_age", ["age_bucket"])
-    # in the period: ages 17 (twice, below the first edge: no bucket), 30, 45, 45; 70 is not
-    assert ages.values.tolist() == [["[18.5, 65)", 3], ["[65, inf)", 0]]
+    # in the period: ages 17 (twice, below the first edge 18.5: no bucket), 30, 45, and 65 (an
+    # edge: the bucket it starts); 70 is not in the period
+    assert ages.values.tolist() == [["[18.5, 65)", 2], ["[65, inf)", 1]]
     assert released(result.output, "web", [])["count"].tolist() == [4]  # in the period
 
 
