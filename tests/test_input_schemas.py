@@ -447,3 +447,48 @@ def test_a_string_column_rejects_blanks_and_bad_utf8_on_every_engine(cards, tmp_
         "MERCHANT_CATEGORY is null",
         "MERCHANT_CATEGORY is not valid UTF-8",
     ]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_hive_style_folders_give_a_column_on_every_engine(cards, tmp_path, engine, fmt):
+    """A table partitioned by COUNTRY the way Hive, Spark and pyarrow write it
+    (`COUNTRY=BE/part-0.parquet`): the column is not in the files; the layout `files` takes it
+    from the folder names, checked by the column's rules, and keys by it like any column."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    rows = card_truth(cards).drop(columns="month")
+    table = pa.Table.from_pandas(rows, preserve_index=False)
+    root = tmp_path / "hive"
+    if fmt == "parquet":
+        pq.write_to_dataset(table, root, partition_cols=["COUNTRY"])
+    else:
+        for country, part in rows.groupby("COUNTRY"):
+            folder = root / f"COUNTRY={country}"
+            folder.mkdir(parents=True)
+            text = part.drop(columns="COUNTRY").assign(
+                PAID_AT=part["PAID_AT"].dt.strftime("%Y-%m-%d %H:%M:%S")
+            )
+            pacsv.write_csv(pa.Table.from_pandas(text, preserve_index=False), folder / "p.csv")
+    spec = build_spec(
+        load_raw(ROOT / "jobs/configs/card_payments.yaml"),
+        {
+            **HUGE,
+            "input.path": str(root),
+            "input.layout": "files",
+            "input.start_date": START,
+            "input.end_date": START + dt.timedelta(days=DAYS - 1),
+            "output": str(tmp_path / "release"),
+        },
+    )
+    spec = spec.model_copy(
+        update={"queries": (spec.queries[1].model_copy(update={"partition_by": ("COUNTRY",)}),)}
+    )
+    from dppipeline.orchestration.runner import with_detected_layout
+
+    result = run_job(with_detected_layout(spec), engine, echo=lambda _: None, seed=5)
+    got = released(result.output, "by_country_and_amount", ["COUNTRY"])
+    truth = rows.groupby("COUNTRY").size()
+    assert got["COUNTRY"].tolist() == truth.index.tolist()
+    assert got["count"].tolist() == truth.tolist()

@@ -17,7 +17,8 @@ fails and names the first bad file and row.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -169,11 +170,40 @@ def source_of(arrow_type: pa.DataType) -> Source | None:
     return None
 
 
+_PATH_VALUE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+
+
+def path_values(path: str, names: Sequence[str]) -> dict[str, str]:
+    """The Hive-style `NAME=VALUE` folders of a file's path whose NAME is one of `names`
+    (schema columns), URL-decoded as Hive, Spark and pyarrow write them. A file that lacks
+    such a column takes it from its path, as text checked by the column's rules."""
+    from urllib.parse import unquote  # noqa: PLC0415
+
+    found: dict[str, str] = {}
+    for part in str(path).replace("\\", "/").split("/")[:-1]:
+        match = _PATH_VALUE.match(part)
+        if match and match.group(1) in names:
+            found[match.group(1)] = unquote(match.group(2))
+    return found
+
+
+def columns_from_path(file: str, present: Sequence[str], schema: Schema) -> dict[str, str]:
+    """The schema columns a file does not hold (`present`: the ones it does) that its path
+    gives values for."""
+    values = path_values(file, schema.names)
+    return {name: value for name, value in values.items() if name not in present}
+
+
 def column_sources(file: str, arrow_schema: pa.Schema, schema: Schema) -> dict[str, Source]:
-    """Each schema column's source in one Parquet file; a missing column or a type that
-    cannot hold the schema type is an error naming the file and the column."""
+    """Each schema column's source in one Parquet file (a column only in its path: text); a
+    missing column or a type that cannot hold the schema type is an error naming the file
+    and the column."""
     sources: dict[str, Source] = {}
+    from_path = columns_from_path(file, arrow_schema.names, schema)
     for field in schema.fields:
+        if field.name in from_path:
+            sources[field.name] = Source.TEXT
+            continue
         if field.name not in arrow_schema.names:
             raise missing_column(file, field.name, schema)
         arrow_type = arrow_schema.field(field.name).type

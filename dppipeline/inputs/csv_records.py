@@ -27,7 +27,7 @@ import numpy as np
 import polars as pl
 
 from dppipeline.errors import InputError
-from dppipeline.inputs.contract import missing_column
+from dppipeline.inputs.contract import columns_from_path, missing_column
 from dppipeline.spec.schema import Schema
 from dppipeline.storage import Location, StorageError
 
@@ -78,8 +78,9 @@ def check_header(path: str, schema: Schema, head_bytes: int = 1 << 16) -> None:
     if b'"' in head:
         head = head[: head.rfind(b"\n") + 1] or head  # whole lines only (a quoted header)
     header = header_of(head, path)
+    from_path = columns_from_path(path, header, schema)
     for name in schema.names:
-        if name not in header:
+        if name not in header and name not in from_path:
             raise missing_column(path, name, schema)
 
 
@@ -90,7 +91,8 @@ def read_csv_records(data: bytes, source: str, schema: Schema) -> pl.DataFrame:
     cannot be read as records: empty, without a schema column, or with a broken quote."""
     data = data.removeprefix(_BOM)
     header = header_of(data, source)
-    columns = schema.names
+    from_path = columns_from_path(source, header, schema)
+    columns = [name for name in schema.names if name not in from_path]
     positions = []
     for name in columns:
         if header.count(name) > 1:
@@ -99,11 +101,12 @@ def read_csv_records(data: bytes, source: str, schema: Schema) -> pl.DataFrame:
             raise missing_column(source, name, schema)
         positions.append(header.index(name))
     simple = b'"' not in data and (b"\r" not in data or data.count(b"\r") == data.count(b"\r\n"))
-    if simple:
-        frame = _split_simple(data, header, positions, columns)
-        if frame is not None:
-            return frame
-    return _split_quoted(data, source, len(header), positions, columns)
+    frame = _split_simple(data, header, positions, columns) if simple else None
+    if frame is None:
+        frame = _split_quoted(data, source, len(header), positions, columns)
+    if from_path:  # Hive-style folders: the same text on every record of the file
+        frame = frame.with_columns(pl.lit(v, pl.String).alias(n) for n, v in from_path.items())
+    return frame
 
 
 def _split_simple(

@@ -27,6 +27,7 @@ from dppipeline.engines.shared.polars_rules import DAY
 from dppipeline.errors import InputError
 from dppipeline.inputs.contract import (
     column_sources,
+    columns_from_path,
     rules_for,
 )
 from dppipeline.inputs.csv_records import ROW, check_header
@@ -97,7 +98,9 @@ def read_part(part: InputPart, schema: Schema) -> RawBatch:
                 return RawBatch(part.index, csv_rows(f.read(), part.path, part.day, schema))
             parquet = pq.ParquetFile(f)
             sources = column_sources(part.path, parquet.schema_arrow, schema)
-            table = parquet.read_row_group(part.row_group, columns=schema.names)
+            from_path = columns_from_path(part.path, parquet.schema_arrow.names, schema)
+            in_file = [name for name in schema.names if name not in from_path]
+            table = parquet.read_row_group(part.row_group, columns=in_file)
     except InputError as exc:
         return RawBatch(part.index, None, str(exc))
     except (OSError, pa.ArrowException) as exc:
@@ -105,6 +108,7 @@ def read_part(part: InputPart, schema: Schema) -> RawBatch:
         return RawBatch(part.index, None, message)
     start = part.first_row + 1
     frame = pl.from_arrow(table).with_columns(
+        *[pl.lit(value, pl.String).alias(name) for name, value in from_path.items()],
         pl.int_range(start, start + table.num_rows, dtype=pl.Int64).alias(ROW),
         pl.lit(part.day).alias(DAY),
     )

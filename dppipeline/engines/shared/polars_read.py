@@ -26,6 +26,7 @@ from dppipeline.inputs.contract import (
     Rule,
     Source,
     column_sources,
+    columns_from_path,
     rules_for,
 )
 from dppipeline.inputs.csv_records import ROW, read_csv_records
@@ -57,36 +58,41 @@ class FileRows:
     rules: tuple[Rule, ...]
 
 
-def parquet_rows(path: Path | Location, day: dt.date, schema: Schema) -> FileRows:
+def parquet_rows(path: Path | Location, day: dt.date | None, schema: Schema) -> FileRows:
     where = Location.of(path)
-    sources = column_sources(where.display(), parquet_footer(where), schema)
+    footer = parquet_footer(where)
+    sources = column_sources(where.display(), footer, schema)
+    from_path = columns_from_path(where.display(), footer.names, schema)
+    in_file = [name for name in schema.names if name not in from_path]
     frame = (
         pl.scan_parquet(where.path, glob=False)
         if where.is_local
-        else _remote_parquet(where, schema)
+        else _remote_parquet(where, in_file)
     )
     frame = (
-        frame.select(schema.names)
+        frame.select(in_file)
+        .with_columns(pl.lit(value, pl.String).alias(name) for name, value in from_path.items())
+        .select(schema.names)
         .with_row_index(ROW, offset=1)
         .with_columns(pl.col(ROW).cast(pl.Int64), pl.lit(day).alias(DAY))
     )
     return FileRows(where.display(), frame, sources, rules_for(schema, sources, csv=False))
 
 
-def _remote_parquet(where: Location, schema: Schema) -> pl.LazyFrame:
+def _remote_parquet(where: Location, columns: list[str]) -> pl.LazyFrame:
     """A Parquet file on a store, read through the same pyarrow file system that listed it
     (whatever store pyarrow knows, credentials from its usual places)."""
     import pyarrow.parquet as pq  # noqa: PLC0415
 
     fs, inner = where.filesystem()
     try:
-        table = pq.read_table(inner, filesystem=fs, columns=list(schema.names))
+        table = pq.read_table(inner, filesystem=fs, columns=columns)
     except Exception as exc:  # pyarrow's OSError / ArrowInvalid: the file is named
         raise InputError(f"{where.display()}: cannot read as parquet: {first_line(exc)}") from None
     return pl.from_arrow(table).lazy()  # type: ignore[union-attr]
 
 
-def csv_rows(data: bytes, path: str, day: dt.date, schema: Schema) -> FileRows:
+def csv_rows(data: bytes, path: str, day: dt.date | None, schema: Schema) -> FileRows:
     """A CSV file's records (its bytes already read), every column as text."""
     records = read_csv_records(data, path, schema)
     sources = dict.fromkeys(schema.names, Source.TEXT)

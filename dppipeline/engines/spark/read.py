@@ -35,7 +35,7 @@ from dppipeline.engines.spark.hadoop_fs import no_connector
 from dppipeline.engines.spark.rules import BAD, DAY, flag_rows, parsed_name, reason
 from dppipeline.engines.spark.types import spark_type
 from dppipeline.errors import InputError
-from dppipeline.inputs.contract import Rule, Source, column_sources, rules_for
+from dppipeline.inputs.contract import Rule, Source, column_sources, columns_from_path, rules_for
 from dppipeline.inputs.csv_records import FIELDS, HEADER_FIELDS, ROW, check_header, read_csv_records
 from dppipeline.inputs.files import DailyPartition, first_line, parquet_footer
 from dppipeline.spec.schema import Schema
@@ -137,13 +137,17 @@ def _parquet_groups(
     spark: SparkSession, days: list[DailyPartition], schema: Schema
 ) -> list[_Group]:
     """Files grouped by how their footers store the job's columns; one Spark read each."""
-    by_layout: dict[tuple[str, ...], list[tuple[Path, dt.date]]] = {}
+    by_layout: dict[tuple[str, ...], list[tuple[Path, dt.date | None]]] = {}
     footers: dict[tuple[str, ...], tuple[pa.Schema, dict[str, Source]]] = {}
     for day in days:
         for path in day.files:
             footer = parquet_footer(path)
             sources = column_sources(str(path), footer, schema)
-            layout = tuple(str(footer.field(name).type) for name in schema.names)
+            from_path = columns_from_path(str(path), footer.names, schema)
+            layout = tuple(
+                _PATH if name in from_path else str(footer.field(name).type)
+                for name in schema.names
+            )
             by_layout.setdefault(layout, []).append((path, day.day))
             footers[layout] = (footer, sources)
     return [
@@ -167,14 +171,22 @@ def footer_ddl(names: Sequence[str], footer: pa.Schema) -> str:
 
 def _parquet_group(
     spark: SparkSession,
-    files: list[tuple[Path, dt.date]],
+    files: list[tuple[Path, dt.date | None]],
     schema: Schema,
     footer: pa.Schema,
     sources: dict[str, Source],
 ) -> _Group:
+    file_path = _decoded(F.col("_metadata.file_path"))
+    in_path = [n for n in schema.names if n not in footer.names]  # Hive-style folder values
     columns = []
     nanos = False
     for name in schema.names:
+        if name in in_path:
+            values = {_file_key(p): columns_from_path(str(p), footer.names, schema)[name]
+                      for p, _ in files}  # fmt: skip
+            by_file = F.create_map(*[F.lit(x) for key, v in values.items() for x in (key, v)])
+            columns.append(F.element_at(by_file, file_path))
+            continue
         arrow, quoted = footer.field(name).type, f"`{name}`"
         if pa.types.is_timestamp(arrow) and arrow.unit == "ns":
             # Nanoseconds since the epoch (UTC for a zoned column, wall clock otherwise) as
@@ -184,7 +196,8 @@ def _parquet_group(
             sources = {**sources, name: Source.TIMESTAMP}
         else:
             columns.append(F.col(quoted))
-    reader = spark.read.schema(footer_ddl(schema.names, footer))
+    in_file = [n for n in schema.names if n not in in_path]
+    reader = spark.read.schema(footer_ddl(in_file, footer))
     paths = [hadoop_path(path) for path, _ in files]
     previous = spark.conf.get(_NANOS_AS_LONG, None)
     try:
@@ -198,7 +211,6 @@ def _parquet_group(
             spark.conf.unset(_NANOS_AS_LONG)
         elif nanos:
             spark.conf.set(_NANOS_AS_LONG, previous)
-    file_path = _decoded(F.col("_metadata.file_path"))
     listed = {_file_key(path): (str(path), day) for path, day in files}
     names = F.create_map(*[F.lit(x) for key, (text, _) in listed.items() for x in (key, text)])
     days_ = F.create_map(*[F.lit(x) for key, (_, day) in listed.items() for x in (key, day)])
@@ -231,6 +243,7 @@ def _decoded(uri: Column) -> Column:
 # CSV
 
 
+_PATH = "path"  # a Parquet group's column that comes from the files' folders
 _FILE = "_file"  # a CSV record's file, as its index in the listed files
 FILES_PER_TASK_TARGET = 4  # CSV tasks per core: whole files each, a few per task
 
