@@ -492,3 +492,45 @@ def test_hive_style_folders_give_a_column_on_every_engine(cards, tmp_path, engin
     truth = rows.groupby("COUNTRY").size()
     assert got["COUNTRY"].tolist() == truth.index.tolist()
     assert got["count"].tolist() == truth.tolist()
+
+
+def test_a_string_privacy_unit_is_sampled_alike_by_every_engine(tmp_path, spark):
+    """Bounds that bind (L0 = 2, Linf = 3) on a string privacy unit: with the same run seed,
+    every engine keeps the same rows (each hashes the unit's UTF-8 text as Spark does)."""
+    rng = np.random.default_rng(1)
+    n = 3000
+    moments = pd.Timestamp("2026-03-01") + pd.to_timedelta(rng.integers(0, 3 * 86400, n), "s")
+    rows = pd.DataFrame({
+        "account": [f"acc-{i}-é" for i in rng.integers(0, 200, n)],
+        "shop": [f"s{i}" for i in rng.integers(0, 20, n)],
+        "t": moments.strftime("%Y-%m-%d %H:%M:%S"),
+    })  # fmt: skip
+    rows.to_csv(tmp_path / "rows.csv", index=False)
+    released_by = {}
+    for engine in ("local", "spark", "beam"):
+        spec = spec_of(
+            name="p",
+            privacy_unit="account",
+            partition_key="shop",
+            metrics=["count", "privacy_id_count"],
+            input={
+                "path": str(tmp_path / "rows.csv"),
+                "schema": [
+                    {"name": "account", "type": "string"},
+                    {"name": "shop", "type": "string"},
+                    {"name": "t", "type": "timestamp[us]", "role": "event_time"},
+                ],
+                "layout": "files",
+                "start_date": "2026-03-01",
+                "end_date": "2026-03-03",
+            },
+            budget={"epsilon": 1e12, "delta": 1e-6},
+            bounds={"max_partitions_contributed": 2, "max_contributions_per_partition": 3},
+            partition_selection={"public_partitions": [f"s{i}" for i in range(20)]},
+            output=str(tmp_path / engine),
+        )
+        result = run_job(spec, engine, echo=lambda _: None, seed=7)
+        released_by[engine] = released(result.output, "p", ["shop"])
+    local = released_by["local"]
+    assert local["count"].sum() < len(rows)  # the bounds bind
+    assert local.equals(released_by["spark"]) and local.equals(released_by["beam"])
