@@ -23,8 +23,6 @@ from __future__ import annotations
 import datetime as dt
 import errno
 import logging
-import shutil
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,15 +31,12 @@ from dppipeline.core.budget import AggregationParams, JobPlan, plan_job
 from dppipeline.core.events import release_events
 from dppipeline.core.manifest import (
     MANIFEST_NAME,
-    RUNS_FOLDER,
     Manifest,
     build_manifest,
-    published_run_id,
-    read_manifest,
 )
-from dppipeline.core.tasks import JobTasks, check_query_columns, plan_tasks
+from dppipeline.core.tasks import check_query_columns, plan_tasks
 from dppipeline.engines.base import Engine, ReleaseJob
-from dppipeline.errors import DPPipelineError, InputError, OutputError, UsageError
+from dppipeline.errors import InputError, OutputError, UsageError
 from dppipeline.inputs.files import (
     DailyPartition,
     detect_layout,
@@ -54,35 +49,19 @@ from dppipeline.inputs.quarantine import run_folder, ship_quarantine, state_dir
 from dppipeline.ledger import (
     BudgetPolicy,
     Ledger,
-    LedgerRow,
     ReleaseKey,
     Reservation,
     input_fingerprint,
 )
 from dppipeline.orchestration.failpoints import failpoint
 from dppipeline.orchestration.publication import (
-    check_release_target,
     fsync_tree,
-    heal,
-    make_staging,
-    output_lock,
-    publish,
-    refuse_unsafe_target,
-    remove_release,
 )
 from dppipeline.orchestration.signals import signals_deferred
 from dppipeline.orchestration.store_publication import (
-    check_store_target,
-    discard_staging,
-    heal_store,
-    make_store_staging,
-    publish_to_store,
-    refuse_unsafe_store_target,
-    run_files,
-    store_lock,
-    upload_run,
     write_store_manifest,
 )
+from dppipeline.orchestration.targets import FolderTarget, ReleaseTarget, StoreTarget, new_run_id
 from dppipeline.spec.model import JobSpec
 from dppipeline.storage import Location, is_uri, remote_filesystems
 
@@ -250,11 +229,6 @@ def release_key(
     )
 
 
-def new_run_id() -> str:
-    """`YYYYMMDDTHHMMSSZ-<8 hex>`: sortable by start time, unique, in every folder name."""
-    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
-
-
 def open_ledger(ledger: Ledger | str | Path | None) -> Ledger | None:
     return Ledger(ledger) if isinstance(ledger, str | Path) else ledger
 
@@ -363,41 +337,53 @@ def _planned_run(
     if spec.spec_hash() != spec_hash:
         raise InputError("a public key file changed while it was being read; run again")
     run_id = new_run_id()
-    if not Location.of(spec.output).is_local:
-        return _run_to_store(
-            spec, engine_impl, plan=plan, tasks=tasks, days=days, book=book,
-            spec_hash=spec_hash, run_id=run_id, quarantine=quarantine, overwrite=overwrite,
-            new_release=new_release, seed=seed, say=say,
-        )  # fmt: skip
-    output = Path(spec.output)
     chosen = _as_path_or_uri(quarantine or spec.input.quarantine)
-    quarantine, shipped_to = _quarantine_folders(chosen, run_id, output)
-    guard = {
-        "input_path": spec.input.path,
-        "ledger_file": book.path if book is not None else None,
-        "quarantine": quarantine,
-    }
-    refuse_unsafe_target(output, **guard)
+    target: ReleaseTarget
+    if Location.of(spec.output).is_local:
+        output = Path(spec.output)
+        where, shipped_to = _quarantine_folders(chosen, run_id, output)
+        guard = {
+            "input_path": spec.input.path,
+            "ledger_file": book.path if book is not None else None,
+            "quarantine": where,
+        }
+        target = FolderTarget(output, guard)
+    else:
+        where, shipped_to = _quarantine_folders(chosen, run_id, None)
+        target = StoreTarget(
+            Location.of(spec.output),
+            input_path=spec.input.path,
+            quarantine=Location.of(str(chosen)) if chosen else None,
+        )
     key = release_key(spec, days, spec_hash) if book is not None else None
-    with output_lock(output):
+    with target.lock():
         if book is not None:
             assert key is not None
             settle_expired(book, key.scope, say)
-        for line in heal(output, _fate(book, output)):
-            say(f"[publish] {output}: {line}")
+        for line in target.heal(_fate(book, target.where)):
+            say(f"[publish] {target.display()}: {line}")
         if book is not None and not new_release:
             existing = book.committed(key)  # type: ignore[arg-type]
             if existing is not None:
-                return _existing_release(
-                    existing, output, overwrite=overwrite, say=say, book=book, guard=guard
+                manifest = target.existing(existing, overwrite)
+                say(
+                    ledger_line(
+                        book,
+                        f"release already published by run {existing.run_id} "
+                        f"({existing.reserved_at}): {target.display()}; no new noise drawn, "
+                        "nothing spent (--new-release to draw again)",
+                    )
                 )
-        check_release_target(output, overwrite, **guard)
+                return RunResult(
+                    target.where, existing.run_id, manifest.released_partitions, manifest
+                )
+        target.check(overwrite)
         job = ReleaseJob(
             spec=spec,
             plan=plan,
             tasks=tasks,
             days=days,
-            quarantine=quarantine,
+            quarantine=where,
             salt=ReleaseJob.sampling_salt(seed),
             progress=lambda line: say(f"[{engine_impl.name}] {line}"),
             quarantine_shipped_to=shipped_to,
@@ -405,12 +391,11 @@ def _planned_run(
         manifest = _release(
             job,
             engine_impl,
+            target,
             book=book,
             key=key,
             run_id=run_id,
-            output=output,
             overwrite=overwrite,
-            guard=guard,
             spec_hash=spec_hash,
             say=say,
         )
@@ -419,114 +404,8 @@ def _planned_run(
         say(ledger_line(book, f"committed run {run_id}"))
     for name, query in manifest.queries.items():
         say(f"[{engine_impl.name}] {name}: released {query.released_partitions:,} partitions")
-    say(f"[{engine_impl.name}] release written to {output}")
-    return RunResult(output, run_id, manifest.released_partitions, manifest)
-
-
-def _run_to_store(
-    spec: JobSpec,
-    engine_impl: Engine,
-    *,
-    plan: JobPlan,
-    tasks: JobTasks,
-    days: list[DailyPartition],
-    book: Ledger | None,
-    spec_hash: str,
-    run_id: str,
-    quarantine: Path | None,
-    overwrite: bool,
-    new_release: bool,
-    seed: int | None,
-    say: Callable[[str], None],
-) -> RunResult:
-    """`run_job` for an output on a store (`store_publication`): the same sequence, with
-    run-unique files and a pointer instead of a rename."""
-    assert spec.output is not None
-    output = Location.of(spec.output)
-    chosen = _as_path_or_uri(quarantine or spec.input.quarantine)
-    where, shipped_to = _quarantine_folders(chosen, run_id, None)
-    refuse_unsafe_store_target(output, input_path=spec.input.path,
-                               quarantine=Location.of(chosen) if chosen else None)  # fmt: skip
-    key = release_key(spec, days, spec_hash) if book is not None else None
-    with store_lock(output):
-        if book is not None:
-            assert key is not None
-            settle_expired(book, key.scope, say)
-        for line in heal_store(output, _fate(book, output)):
-            say(f"[publish] {output.display()}: {line}")
-        if book is not None and not new_release:
-            existing = book.committed(key)  # type: ignore[arg-type]
-            if existing is not None:
-                if existing.output != output.uri or published_run_id(output) != existing.run_id:
-                    raise InputError(
-                        f"this release (run {existing.run_id}) was published to "
-                        f"{Location.of(existing.output).display()}, not {output.display()}; "
-                        "pass --new-release to draw new noise and spend the budget again"
-                    )
-                say(
-                    ledger_line(
-                        book,
-                        f"release already published by run {existing.run_id} "
-                        f"({existing.reserved_at}): {output.display()}; no new noise drawn, "
-                        "nothing spent (--new-release to draw again)",
-                    )
-                )
-                manifest = read_manifest(output)
-                return RunResult(output, existing.run_id, manifest.released_partitions, manifest)
-        check_store_target(output, overwrite, input_path=spec.input.path)
-        job = ReleaseJob(
-            spec=spec, plan=plan, tasks=tasks, days=days, quarantine=where,
-            salt=ReleaseJob.sampling_salt(seed),
-            progress=lambda line: say(f"[{engine_impl.name}] {line}"),
-            quarantine_shipped_to=shipped_to,
-        )  # fmt: skip
-        spend = _reservation(book, key, job, run_id, output.uri)
-        with spend:
-            _reserved_line(spend, job, run_id, say)
-            failpoint("reserved")
-            # Beam's workers write the run's folder on the store themselves; the others stage
-            # on local disk and the runner uploads.
-            direct = getattr(engine_impl, "writes_to_stores", False)
-            staging: Path | Location = (
-                output.join(RUNS_FOLDER, run_id) if direct else make_store_staging(run_id)
-            )
-            committed = False
-            try:
-                spend.reading()
-                failpoint("reading")
-                manifest = _stage(
-                    job, engine_impl, staging, run_id=run_id, spec_hash=spec_hash, book=book,
-                    say=say,
-                )  # fmt: skip
-                failpoint("staged")
-                names = (
-                    run_files(staging)
-                    if isinstance(staging, Location)
-                    else upload_run(output, staging, run_id)
-                )
-                with signals_deferred():
-                    spend.commit()
-                    committed = True
-                    failpoint("committed")
-                    try:
-                        publish_to_store(output, staging, run_id, names)
-                    except OutputError as exc:
-                        raise OutputError(
-                            f"run {run_id} is committed but publishing it to "
-                            f"{output.display()} failed ({exc}); the next run to "
-                            f"{output.display()} publishes it"
-                        ) from None
-                    failpoint("published")
-            except BaseException:
-                if not committed:
-                    discard_staging(staging)
-                raise
-    if book is not None:
-        say(ledger_line(book, f"committed run {run_id}"))
-    for name, query in manifest.queries.items():
-        say(f"[{engine_impl.name}] {name}: released {query.released_partitions:,} partitions")
-    say(f"[{engine_impl.name}] release written to {output.display()}")
-    return RunResult(output, run_id, manifest.released_partitions, manifest)
+    say(f"[{engine_impl.name}] release written to {target.display()}")
+    return RunResult(target.where, run_id, manifest.released_partitions, manifest)
 
 
 def _reservation(
@@ -584,22 +463,21 @@ class _Unrecorded:
 def _release(
     job: ReleaseJob,
     engine_impl: Engine,
+    target: ReleaseTarget,
     *,
     book: Ledger | None,
     key: ReleaseKey | None,
     run_id: str,
-    output: Path,
     overwrite: bool,
-    guard: dict,
     spec_hash: str,
     say: Callable[[str], None],
 ) -> Manifest:
     """Steps 2 to 6 of the run sequence; returns the published manifest."""
-    spend = _reservation(book, key, job, run_id, str(output.resolve()))
+    spend = _reservation(book, key, job, run_id, target.recorded_as)
     with spend:
         _reserved_line(spend, job, run_id, say)
         failpoint("reserved")
-        staging = make_staging(output, run_id)
+        staging = target.staging(run_id, getattr(engine_impl, "writes_to_stores", False))
         committed = False
         try:
             spend.reading()
@@ -608,23 +486,17 @@ def _release(
                 job, engine_impl, staging, run_id=run_id, spec_hash=spec_hash, book=book, say=say
             )
             failpoint("staged")
-            check_release_target(output, overwrite, **guard)  # a last look, still revocable
+            files = target.staged_files(staging, run_id)
+            target.last_look(overwrite)  # still revocable
             with signals_deferred():
                 spend.commit()
                 committed = True
                 failpoint("committed")
-                try:
-                    publish(output, staging, run_id)
-                except (OSError, DPPipelineError) as exc:
-                    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-                    raise OutputError(
-                        f"run {run_id} is committed but publishing it to {output} failed "
-                        f"({why}); the next run to {output} publishes it"
-                    ) from None
+                target.publish(staging, run_id, files)
                 failpoint("published")
         except BaseException:
             if not committed:
-                remove_release(staging)
+                target.discard(staging)
             raise
     return manifest
 
@@ -706,52 +578,6 @@ def _fate(book: Ledger | None, output: Path | Location) -> Callable[[str, dict |
         return "discard"
 
     return fate
-
-
-def _existing_release(
-    row: LedgerRow,
-    output: Path,
-    *,
-    overwrite: bool,
-    say: Callable[[str], None],
-    book: Ledger,
-    guard: dict,
-) -> RunResult:
-    """The committed release with this key, at `output` (copied byte for byte if it was
-    published elsewhere and `output` does not hold a copy yet). No noise is drawn and nothing
-    is spent."""
-    published = Path(row.output)
-    if published_run_id(published) != row.run_id:
-        raise InputError(
-            f"this release (run {row.run_id}) was published to {published}, which no longer "
-            "holds it; pass --new-release to draw new noise and spend the budget again"
-        )
-    if published.resolve() != output.resolve() and published_run_id(output) != row.run_id:
-        check_release_target(output, overwrite, **guard)
-        copy_id = new_run_id()
-        with output_lock(published):  # no run replaces it while it is copied
-            staging = make_staging(output, copy_id)
-            try:
-                shutil.copytree(
-                    published,
-                    staging,
-                    dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("_PUBLISHED", "._PUBLISHED.tmp"),
-                )
-                fsync_tree(staging)
-                publish(output, staging, copy_id)
-            except BaseException:
-                remove_release(staging)
-                raise
-    manifest = read_manifest(output)
-    say(
-        ledger_line(
-            book,
-            f"release already published by run {row.run_id} ({row.reserved_at}): {output}; "
-            "no new noise drawn, nothing spent (--new-release to draw again)",
-        )
-    )
-    return RunResult(output, row.run_id, manifest.released_partitions, manifest)
 
 
 def _to_stderr(line: str) -> None:
