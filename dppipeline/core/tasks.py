@@ -46,6 +46,7 @@ from dppipeline.spec.model import (
     JobSpec,
     QuerySpec,
     is_file_source,
+    distinct_columns,
     percentile_of,
 )
 from dppipeline.spec.schema import Schema, transactions_schema
@@ -85,7 +86,8 @@ class KeyColumn:
 @dataclass(frozen=True, eq=False)
 class AggregationTask:
     """Exact bounded aggregates one engine pass computes: per key, privacy_id_count, count,
-    sum (and sum of squares, kept values) of the rows passing `filter`, after clipping to
+    sum (and sum of squares, kept values, the number of distinct values of each `distinct`
+    column) of the rows passing `filter`, after clipping to
     `clip` and bounding each privacy unit to L0 partitions and Linf rows per partition, or,
     with `max_contributions` K, to K rows in all (then L0 = Linf = K, which K rows imply)."""
 
@@ -100,6 +102,7 @@ class AggregationTask:
     values: bool = False
     public_keys: pd.DataFrame | None = None  # drop unlisted keys before bounding
     max_contributions: int | None = None
+    distinct: tuple[str, ...] = ()  # count_distinct(COLUMN) columns, over the kept rows
 
     @property
     def key_names(self) -> list[str]:
@@ -131,6 +134,7 @@ def input_schema(unit: str, tasks: Sequence[AggregationTask]) -> Schema:
             names.add(task.value)
         if task.filter is not None:
             names.update(columns(task.filter))
+        names.update(task.distinct)
     return transactions_schema().subset(names)
 
 
@@ -175,6 +179,24 @@ def check_query_columns(spec: JobSpec) -> None:
                 f"{where}value: column {query.value} has type "
                 f"{schema.field(query.value).type}, needs int64 or float64"
             )
+        _check_distinct_columns(spec, query, schema)
+
+
+def _check_distinct_columns(spec: JobSpec, query: QuerySpec, schema: Schema) -> None:
+    """count_distinct(COLUMN): an input column other than the privacy unit (distinct units
+    are privacy_id_count, noised with sensitivity 1, not Linf)."""
+    where = spec.query_path(query)
+    for column in distinct_columns(query.metrics):
+        if column == spec.privacy_unit:
+            raise UsageError(
+                f"{where}metrics: count_distinct({column}) counts privacy units: use "
+                "privacy_id_count"
+            )
+        if column not in schema.names:
+            raise UsageError(
+                f"{where}metrics: count_distinct({column}): {column!r} is not an input column "
+                f"({', '.join(schema.names)})"
+            )
 
 
 def task_for(query: QuerySpec) -> AggregationTask:
@@ -197,6 +219,7 @@ def task_for(query: QuerySpec) -> AggregationTask:
         max_contributions=total,
         sum_squares=any(m in VARIANCE_METRICS for m in metrics),
         values=any(percentile_of(m) is not None for m in metrics),
+        distinct=distinct_columns(metrics),
     )
 
 
