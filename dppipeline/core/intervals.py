@@ -5,8 +5,9 @@ publishing its distribution, and intervals derived from it, costs no privacy. An
 covers the exact value *after* contribution bounding and clipping (what the mechanism noised),
 not the raw total before bounding: bounds that drop rows bias the value below the interval.
 
-- count, privacy_id_count, count_distinct(COLUMN), sum: value -/+ the exact (1 - alpha) quantile of |noise|; with
-  discrete noise on counts an integer (`core.discrete`), so their intervals are integers.
+- count, privacy_id_count, count_distinct(COLUMN), sum: value -/+ the exact (1 - alpha)
+  quantile of |noise|; with discrete noise on counts an integer (`core.discrete`), so their
+  intervals are integers.
 - sum computed with mean (noisy centred sum + midpoint x noisy count): the exact quantile of
   the sum of the two independent noises (closed form for two Laplace variables, a normal for
   two Gaussians).

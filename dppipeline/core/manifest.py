@@ -25,9 +25,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from dppipeline import __version__
 from dppipeline.core.budget import BudgetPlan, JobPlan, privacy_units_needed
 from dppipeline.core.intervals import (
-    has_interval,
     LEVEL,
     STD_BOUND_ROWS,
+    has_interval,
     metric_half_width,
     ratio_stddev_bound,
     ratio_stddev_times_rows,

@@ -3,8 +3,9 @@
 Every engine calls these functions on exact, already bounded aggregates, one row per partition
 with the key columns and `AGGREGATE_COLUMNS` (plus `sum_squares` for variance, `values`, the
 kept values, for percentiles, and `count_distinct_COLUMN`, the exact number of distinct non-null
-COLUMN values among the kept rows, for each count_distinct(COLUMN)). Partitions are independent of each other here, so any batching
-(Spark `mapInPandas`, a Beam DoFn, one local call) gives the same distribution. Noise and
+COLUMN values among the kept rows, for each count_distinct(COLUMN)). Partitions are independent
+of each other here, so any batching (Spark `mapInPandas`, a Beam DoFn, one local call) gives the
+same distribution. Noise and
 selection come from PyDP's secure mechanisms, rebuilt from the plan; integer noise on counts
 (`count_noise: discrete`) from OpenDP's (`core.discrete`).
 """

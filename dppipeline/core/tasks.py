@@ -45,8 +45,8 @@ from dppipeline.spec.model import (
     VARIANCE_METRICS,
     JobSpec,
     QuerySpec,
-    is_file_source,
     distinct_columns,
+    is_file_source,
     percentile_of,
 )
 from dppipeline.spec.schema import Schema, transactions_schema

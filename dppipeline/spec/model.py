@@ -570,7 +570,9 @@ def parse_metric(name: Any, where: str = "metrics") -> str:
         match = _COUNT_DISTINCT.match(text)
         if match:
             if len(match.group(1)) > MAX_NAME_CHARS:
-                raise SpecError(where, f"count_distinct: a column name of at most {MAX_NAME_CHARS} characters")
+                raise SpecError(
+                    where, f"count_distinct: the column name exceeds {MAX_NAME_CHARS} characters"
+                )
             return f"count_distinct({match.group(1)})"
     raise SpecError(
         where,

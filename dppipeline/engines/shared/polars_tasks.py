@@ -54,8 +54,9 @@ def task_rows(
     """The task's rows: filtered, with its key columns derived, unlisted keys dropped (before
     bounding, so no unit spends its L0 on a partition that is never released) and the value
     clipped, as (unit, keys..., `_value`, `_distinct_i` for the task's i-th count_distinct
-    column, and the row identity `_source_file`, `_row` where the rows have it). `public`: the task's public keys, already converted to Polars
-    (callers that run this per batch convert them once)."""
+    column, and the row identity `_source_file`, `_row` where the rows have it). `public`:
+    the task's public keys, already converted to Polars (callers that run this per batch
+    convert them once)."""
     if task.filter is not None:
         rows = rows.filter(to_polars(task.filter))
     value = pl.lit(0.0) if task.clip is None else pl.col(task.value).clip(*task.clip)

@@ -129,6 +129,10 @@ def _field(name: str) -> Callable[[Column], Column]:
     return lambda e: e[name]
 
 
+def _not_null(x: Column) -> Column:
+    return x.isNotNull()
+
+
 def bounded_pairs(rows: DataFrame, task: AggregationTask, unit: str, salt: bytes) -> DataFrame:
     """Typed input rows -> one row per kept (privacy unit, partition) pair with its count,
     sum, ...: at most Linf rows per pair and L0 pairs per unit, those of lowest priority."""
@@ -188,7 +192,7 @@ def bounded_pairs(rows: DataFrame, task: AggregationTask, unit: str, salt: bytes
     ]
     # count_distinct: each pair's distinct non-null values (merged per partition later).
     pair_aggregates += [
-        F.array_distinct(F.filter(F.transform(entries, _field(c)), lambda x: x.isNotNull())).alias(c)
+        F.array_distinct(F.filter(F.transform(entries, _field(c)), _not_null)).alias(c)
         for c in distinct
     ]
     if task.sum_squares:
