@@ -374,3 +374,14 @@ def test_release_passes_check_release_and_shows_in_plan(small_inputs, tmp_path, 
         "count_distinct_TRANSACTION_ID_ci_high", "count_distinct_TERMINAL_ID", low, high,
     ]  # fmt: skip
     assert (released[low] < released["count_distinct_TERMINAL_ID"]).all()
+
+
+def test_nulls_are_not_values_and_each_partition_counts_its_own():
+    from dppipeline.engines.shared.bounding import distinct_values
+
+    keys = np.array([0, 0, 1, 1, 1, 2])
+    values = np.array([7, None, 7, 8, 8, None], dtype=object)
+    sets = distinct_values(keys, values, np.array([0, 1, 2]), 3)
+    assert [sorted(s) for s in sets] == [[7], [7, 8], []]
+    floats = distinct_values(np.zeros(3, np.int64), np.array([1.5, np.nan, 1.5]), np.array([0]), 1)
+    assert [list(s) for s in floats] == [[1.5]]
