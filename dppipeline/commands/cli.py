@@ -131,7 +131,7 @@ def _add_privacy_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=None,
         help="release 95%% intervals <metric>_ci_low/_ci_high for count, sum, mean, "
-        "privacy_id_count (from the noise distribution: no extra budget)",
+        "privacy_id_count, count_distinct (from the noise distribution: no extra budget)",
     )
     add("--max-partitions-contributed", type=int, help="L0: partitions kept per privacy unit")
     add(

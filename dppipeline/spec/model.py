@@ -786,8 +786,9 @@ class JobSpec(_Section):
     confidence_intervals: Flag = Field(
         False,
         description=(
-            "Release 95% intervals <metric>_ci_low/_ci_high beside count, sum, mean and "
-            "privacy_id_count (from the noise distribution: no extra budget)."
+            "Release 95% intervals <metric>_ci_low/_ci_high beside count, sum, mean, "
+            "privacy_id_count and count_distinct (from the noise distribution: no extra "
+            "budget)."
         ),
     )
     budget: BudgetSpec = Field(default_factory=BudgetSpec, description="Privacy budget.")
