@@ -385,3 +385,23 @@ def test_nulls_are_not_values_and_each_partition_counts_its_own():
     assert [sorted(s) for s in sets] == [[7], [7, 8], []]
     floats = distinct_values(np.zeros(3, np.int64), np.array([1.5, np.nan, 1.5]), np.array([0]), 1)
     assert [list(s) for s in floats] == [[1.5]]
+
+
+def test_evaluate_measures_bounding_and_noise_of_distinct_counts(small_inputs, tmp_path):
+    """`evaluate`: the raw truth is pandas' nunique; with L0 = Linf = 1 bounding drops rows, and
+    a unique id's distinct count loses exactly what the count loses; the expected noise is
+    count's."""
+    from dppipeline.commands.evaluate import evaluate
+
+    raw = {
+        "metrics": ["count", DISTINCT_TX],
+        "budget": {"epsilon": 1.0, "delta": 1e-6},
+        "partition_selection": {"public_partitions": TERMINALS},
+        "input": {"path": str(small_inputs["parquet"]), "format": "parquet"},
+    }
+    result = evaluate(build_spec(raw), tmp_path / "ev", epsilons=[1.0], repeats=1,
+                      progress=lambda _: None)  # fmt: skip
+    table = result.table.set_index(["metric", "stat"])["value"]
+    for stat in ("bounding_median_abs_error", "bounding_mean_abs_error", "noise_median_abs"):
+        assert table[(DISTINCT_TX, stat)] == table[("count", stat)], stat
+    assert table[(DISTINCT_TX, "bounding_mean_abs_error")] > 5  # the bounds bind
