@@ -406,3 +406,23 @@ def test_evaluate_measures_bounding_and_noise_of_distinct_counts(small_inputs, t
     for stat in ("bounding_median_abs_error", "bounding_mean_abs_error", "noise_median_abs"):
         assert table[(DISTINCT_TX, stat)] == table[("count", stat)], stat
     assert table[(DISTINCT_TX, "bounding_mean_abs_error")] > 5  # the bounds bind
+
+
+def test_spark_release_on_the_executors_gives_the_driver_values(
+    small_inputs, tmp_path, spark, monkeypatch, exact_runs
+):
+    """Above DPPIPELINE_DRIVER_RELEASE_MAX_PARTITIONS the release runs in mapInPandas: the same
+    exact distinct counts (a one-query job, which that path serves)."""
+    monkeypatch.setenv("DPPIPELINE_DRIVER_RELEASE_MAX_PARTITIONS", "0")
+    raw = {
+        "name": "per_terminal",
+        "budget": {"epsilon": 1e9, "delta": 1e-6},
+        "input": {"path": str(small_inputs["parquet"]), "format": "parquet"},
+        "output": str(tmp_path / "out"),
+        **{k: v for k, v in queries(TIGHT)[0].items() if k != "name"},
+    }
+    result = run_job(build_spec(raw), "spark", echo=lambda _: None, seed=7)
+    released = pd.read_parquet(result.output / "per_terminal").sort_values("TERMINAL_ID")
+    pd.testing.assert_frame_equal(
+        released.reset_index(drop=True), exact_runs["local"][0]["per_terminal"]
+    )
