@@ -111,7 +111,10 @@ def _add_privacy_flags(parser: argparse.ArgumentParser) -> None:
     add("--value", help="column aggregated by sum and mean (default TX_AMOUNT)")
     add(
         "--metrics",
-        help="comma list of count, sum, mean, variance, stddev, privacy_id_count, percentile(P)",
+        help=(
+            "comma list of count, sum, mean, variance, stddev, privacy_id_count, percentile(P), "
+            "count_distinct(COLUMN)"
+        ),
     )
     add("--epsilon", type=float, help="total epsilon of the run (metrics + selection)")
     add("--delta", type=float, help="total delta of the run")
@@ -131,7 +134,7 @@ def _add_privacy_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=None,
         help="release 95%% intervals <metric>_ci_low/_ci_high for count, sum, mean, "
-        "privacy_id_count (from the noise distribution: no extra budget)",
+        "privacy_id_count, count_distinct (from the noise distribution: no extra budget)",
     )
     add("--max-partitions-contributed", type=int, help="L0: partitions kept per privacy unit")
     add(

@@ -47,7 +47,13 @@ from dppipeline.engines.shared.sampling import SamplingKeys, new_salt
 from dppipeline.errors import UsageError
 from dppipeline.inputs.files import DailyPartition
 from dppipeline.orchestration.runner import input_days, make_plan, run_job
-from dppipeline.spec.model import JobSpec, QuerySpec, metric_column, percentile_of
+from dppipeline.spec.model import (
+    JobSpec,
+    QuerySpec,
+    distinct_column_of,
+    metric_column,
+    percentile_of,
+)
 
 NOT_SENSITIVE_FLAG = "--data-is-not-sensitive"
 DEFAULT_EPSILONS = (0.1, 0.3, 1.0, 3.0, 10.0)
@@ -56,8 +62,14 @@ CSV_COLUMNS = ["query", "metric", "epsilon", "repeat", "stat", "value"]
 SELECTION = "partition_selection"  # the `metric` of the partition-selection rows
 # Metrics whose bounded value (no noise) the local engine's exact aggregates give directly.
 BOUNDED_METRICS = ("count", "sum", "mean", "privacy_id_count")
-# Metrics that are 0, not undefined, on a partition without rows.
+# Metrics that are 0, not undefined, on a partition without rows (and count_distinct_COLUMN).
 ZERO_WHEN_EMPTY = ("count", "sum", "privacy_id_count")
+
+
+def _zero_when_empty(columns: Sequence[str]) -> list[str]:
+    return [c for c in columns if c in ZERO_WHEN_EMPTY or c.startswith("count_distinct_")]
+
+
 RUNS_NOTE = (
     "Scratch runs of `dppipeline evaluate`: experiments on non-sensitive data, NOT releases.\n"
     "They are recorded in no budget ledger and must never be published.\n"
@@ -148,6 +160,11 @@ def true_values(
             aggregates.append(
                 value.quantile(p / 100, interpolation="linear").alias(metric_column(metric))
             )
+        column = distinct_column_of(metric)
+        if column is not None:
+            aggregates.append(
+                pl.col(column).drop_nulls().n_unique().cast(pl.Float64).alias(metric_column(metric))
+            )
     keys = [key_expr(k) for k in task.keys]
     if keys:
         truth = rows.group_by(keys).agg(aggregates).to_pandas()
@@ -160,9 +177,8 @@ def on_public_keys(frame: pd.DataFrame, public: pd.DataFrame, keys: list[str]) -
     """`frame` restricted and extended to the public key set: a listed key without rows has a
     true count and sum of 0 (its mean is undefined), an unlisted key is never released."""
     aligned = public[keys].merge(frame, on=keys, how="left")
-    for column in ZERO_WHEN_EMPTY:
-        if column in aligned:
-            aligned[column] = aligned[column].fillna(0.0)
+    for column in _zero_when_empty(list(aligned.columns)):
+        aligned[column] = aligned[column].fillna(0.0)
     return aligned
 
 
@@ -239,9 +255,11 @@ def bounding_stats(
     bounded = bounded_values(rows, task, unit, public if keys else None)
     if keys:
         bounded = truth[keys].merge(bounded, on=keys, how="left")
-        for column in ZERO_WHEN_EMPTY:
+        for column in _zero_when_empty(list(bounded.columns)):
             bounded[column] = bounded[column].fillna(0.0)
-    metrics = [m for m in query.metrics if m in BOUNDED_METRICS]
+    metrics = [
+        m for m in query.metrics if m in BOUNDED_METRICS or distinct_column_of(m) is not None
+    ]
     return error_stats(bounded, truth, keys, metrics)
 
 
@@ -256,7 +274,7 @@ def noise_median_abs(plan: BudgetPlan, metric: str, noise: str) -> float | None:
         return sum_half_width(
             plan.mechanism("centred_sum"), plan.mechanism("count"), plan.params.midpoint, 0.5
         )
-    return half_width(plan.mechanism(metric), 0.5)
+    return half_width(plan.mechanism(metric_column(metric)), 0.5)
 
 
 # ---------------------------------------------------------------------------------------------

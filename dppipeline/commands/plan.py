@@ -12,7 +12,7 @@ from dppipeline.core.intervals import (
     ratio_stddev_bound,
     ratio_stddev_times_rows,
 )
-from dppipeline.spec.model import JobSpec, QuerySpec, percentile_of
+from dppipeline.spec.model import JobSpec, QuerySpec, distinct_column_of, percentile_of
 
 
 def _num(value: float | None) -> str:
@@ -73,6 +73,7 @@ def _render_query(
     params = plan.params
     keys = ", ".join(query.partition_by)
     eps, delta = query_plan.spent()
+    width = max(24, *(len(m.name) for m in plan.mechanisms))  # count_distinct_<COLUMN> is long
     lines = [
         f"query {query.name}: {_what(params.metrics, query.value)} "
         + (f"per {keys}" if keys else "as one global total")
@@ -91,14 +92,14 @@ def _render_query(
             if params.min_value is not None
             else ""
         ),
-        f"  {'mechanism':24} {'kind':22} {'epsilon':>10} {'delta':>10} {'noise std':>12}"
+        f"  {'mechanism':{width}} {'kind':22} {'epsilon':>10} {'delta':>10} {'noise std':>12}"
         + (f" {'basic: std':>12}" if basic is not None else ""),
     ]
     before = basic.query(query.name).plan if basic is not None else None
     for m in plan.mechanisms:
         was = before.mechanism(m.name).noise_stddev if before is not None else None
         lines.append(
-            f"  {m.name:24} {m.mechanism:22} {_num(m.epsilon):>10} {_num(m.delta):>10} "
+            f"  {m.name:{width}} {m.mechanism:22} {_num(m.epsilon):>10} {_num(m.delta):>10} "
             f"{_num(m.noise_stddev):>12}" + (f" {_num(was):>12}" if before is not None else "")
         )
     if params.max_contributions is not None:
@@ -169,7 +170,11 @@ def _selection_lines(spec: JobSpec, query: QuerySpec, plan: BudgetPlan) -> list[
 def _what(metrics: tuple[str, ...], value: str) -> str:
     """`count, privacy_id_count of rows; sum, mean of TX_AMOUNT`: counts count rows or units,
     not a column's values."""
-    counted = [m for m in metrics if m in ("count", "privacy_id_count")]
+    counted = [
+        m
+        for m in metrics
+        if m in ("count", "privacy_id_count") or distinct_column_of(m) is not None
+    ]
     valued = [m for m in metrics if m not in counted]
     parts = [f"{', '.join(counted)} of rows"] if counted else []
     parts += [f"{', '.join(valued)} of {value}"] if valued else []

@@ -18,7 +18,11 @@ Mechanisms, following pipeline-dp's own layout so that its DPEngine is a faithfu
   by 100, half the noise needed; for ranges away from zero it over-calibrates instead.)
 - `percentile`: one PyDP QuantileTree per partition answers all of a query's percentiles.
 - `privacy_id_count`: noisy number of distinct privacy units.
-  With `count_noise: discrete` (the spec's default) `count` and `privacy_id_count` draw
+- `count_distinct_COLUMN`: noisy number of distinct non-null COLUMN values among the kept rows,
+  one mechanism per `count_distinct(COLUMN)` metric, with the sensitivities of `count` (a unit's
+  at most Linf kept rows in a partition add at most Linf new values: docs/count_distinct.md).
+  With `count_noise: discrete` (the spec's default) the counts (`count`, `privacy_id_count`,
+  `count_distinct_COLUMN`) draw
   integer noise from OpenDP's discrete Laplace or Gaussian (`core.discrete`), mean's
   denominator included: the same mechanism, the same budget.
 - `partition_selection`: private selection only (public partitions spend nothing on it).
@@ -44,7 +48,14 @@ from scipy.special import log_ndtr
 from dppipeline.core import discrete
 from dppipeline.core.accounting import certified_multiplier, discrete_pool_fits
 from dppipeline.errors import SpecError, UsageError
-from dppipeline.spec.model import MIN_EPSILON, VARIANCE_METRICS, QuerySpec, percentile_of
+from dppipeline.spec.model import (
+    MIN_EPSILON,
+    VARIANCE_METRICS,
+    QuerySpec,
+    distinct_columns,
+    metric_column,
+    percentile_of,
+)
 
 _NOISE_TYPES = {
     "laplace": MechanismType.LAPLACE,
@@ -136,6 +147,11 @@ class AggregationParams:
     @property
     def percentiles(self) -> tuple[float, ...]:
         return tuple(p for m in self.metrics if (p := percentile_of(m)) is not None)
+
+    @property
+    def distinct_columns(self) -> tuple[str, ...]:
+        """The input columns of the count_distinct metrics, in the spec's order."""
+        return distinct_columns(self.metrics)
 
     def clip(self, value: float) -> float:
         assert self.min_value is not None and self.max_value is not None
@@ -266,7 +282,7 @@ class BudgetPlan:
             count_std = self.mechanism("count").noise_stddev or 0.0
             centred_std = self.mechanism("centred_sum").noise_stddev or 0.0
             return math.hypot(centred_std, self.params.midpoint * count_std)
-        return self.mechanism(metric).noise_stddev
+        return self.mechanism(metric_column(metric)).noise_stddev
 
     def total_spent(self) -> tuple[float, float]:
         return (
@@ -277,8 +293,15 @@ class BudgetPlan:
 
 # Mechanisms whose output is not value + additive noise (no noise_stddev).
 NOT_ADDITIVE = ("partition_selection", "percentile")
-# Integer-valued mechanisms that `count_noise: discrete` noises with integers.
+# Integer-valued mechanisms that `count_noise: discrete` noises with integers (and each
+# `count_distinct_COLUMN`: see `is_integer_mechanism`).
 DISCRETE_METRICS = ("count", "privacy_id_count")
+DISTINCT_PREFIX = "count_distinct_"  # mechanism (and column) of a count_distinct(COLUMN)
+
+
+def is_integer_mechanism(name: str) -> bool:
+    """A count whose exact value is an integer: discrete noise keeps it one."""
+    return name in DISCRETE_METRICS or name.startswith(DISTINCT_PREFIX)
 
 
 def contribution_sensitivities(
@@ -287,7 +310,8 @@ def contribution_sensitivities(
     """(L1, L2) of a noise mechanism under max_contributions K (else None, None: L0 and Linf).
 
     `linf` is the mechanism's sensitivity at Linf = K, i.e. K x its per-row sensitivity c.
-    A unit's K rows may all land in one partition, so for count and the sums L1 = L2 = K c
+    A unit's K rows may all land in one partition, so for count, count_distinct (each kept
+    row adds at most one distinct value) and the sums L1 = L2 = K c
     (sqrt(L0) x Linf would overstate L2 K^1.5 c). privacy_id_count: a unit adds 1 to each of
     at most L0 partitions (K, or 1 for a global total): L1 = L0, L2 = sqrt(L0)."""
     if params.max_contributions is None or mechanism in NOT_ADDITIVE:
@@ -318,6 +342,9 @@ def _metric_mechanisms(params: AggregationParams) -> list[tuple[str, float]]:
         wanted.append(("percentile", float(linf)))
     if "privacy_id_count" in metrics:
         wanted.append(("privacy_id_count", 1.0))
+    # count_distinct: a unit's <= Linf kept rows in a partition hold <= Linf distinct values, and
+    # removing them removes at most those: |change| <= Linf, as count (docs/count_distinct.md).
+    wanted += [(f"{DISTINCT_PREFIX}{column}", float(linf)) for column in params.distinct_columns]
     return wanted
 
 
@@ -610,7 +637,7 @@ def _metric_budget(
         l1=l1,
         l2=l2,
     )
-    if params.count_noise == "discrete" and name in DISCRETE_METRICS:
+    if params.count_noise == "discrete" and is_integer_mechanism(name):
         return _discrete_budget(budget, where)
     if multiplier is not None:
         return MechanismBudget(**{**budget.__dict__, "noise_stddev": _tight_std(budget, where)})

@@ -5,8 +5,9 @@ publishing its distribution, and intervals derived from it, costs no privacy. An
 covers the exact value *after* contribution bounding and clipping (what the mechanism noised),
 not the raw total before bounding: bounds that drop rows bias the value below the interval.
 
-- count, privacy_id_count, sum: value -/+ the exact (1 - alpha) quantile of |noise|; with
-  discrete noise on counts an integer (`core.discrete`), so their intervals are integers.
+- count, privacy_id_count, count_distinct(COLUMN), sum: value -/+ the exact (1 - alpha)
+  quantile of |noise|; with discrete noise on counts an integer (`core.discrete`), so their
+  intervals are integers.
 - sum computed with mean (noisy centred sum + midpoint x noisy count): the exact quantile of
   the sum of the two independent noises (closed form for two Laplace variables, a normal for
   two Gaussians).
@@ -46,9 +47,16 @@ from scipy.special import ndtr
 
 from dppipeline.core import discrete
 from dppipeline.core.budget import BudgetPlan, MechanismBudget
+from dppipeline.spec.model import distinct_column_of, metric_column
 
 LEVEL = 0.95
 INTERVAL_METRICS = ("count", "sum", "mean", "privacy_id_count")  # released with intervals
+
+
+def has_interval(metric: str) -> bool:
+    """Released with an interval (under confidence_intervals): INTERVAL_METRICS and every
+    count_distinct(COLUMN), whose noise is additive like count's."""
+    return metric in INTERVAL_METRICS or distinct_column_of(metric) is not None
 
 
 def half_width(mechanism: MechanismBudget, alpha: float = 1 - LEVEL) -> float:
@@ -138,8 +146,8 @@ def metric_half_width(plan: BudgetPlan, metric: str) -> float | None:
         return sum_half_width(
             plan.mechanism("centred_sum"), plan.mechanism("count"), plan.params.midpoint
         )
-    if metric in ("count", "sum", "privacy_id_count"):
-        return half_width(plan.mechanism(metric))
+    if metric in ("count", "sum", "privacy_id_count") or distinct_column_of(metric) is not None:
+        return half_width(plan.mechanism(metric_column(metric)))
     return None
 
 

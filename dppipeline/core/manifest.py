@@ -25,9 +25,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from dppipeline import __version__
 from dppipeline.core.budget import BudgetPlan, JobPlan, privacy_units_needed
 from dppipeline.core.intervals import (
-    INTERVAL_METRICS,
     LEVEL,
     STD_BOUND_ROWS,
+    has_interval,
     metric_half_width,
     ratio_stddev_bound,
     ratio_stddev_times_rows,
@@ -448,7 +448,7 @@ def _ratio_noise_entry(plan: BudgetPlan, metric: str) -> dict[str, Any]:
 
 def _interval_entry(plan: BudgetPlan, metric: str) -> dict[str, Any]:
     """Where a metric's released 95% interval is and what it means (when released)."""
-    if not plan.params.confidence_intervals or metric not in INTERVAL_METRICS:
+    if not plan.params.confidence_intervals or not has_interval(metric):
         return {}
     method = {
         "mean": "conservative: count and centred sum each at 97.5%, union bound",
@@ -457,7 +457,7 @@ def _interval_entry(plan: BudgetPlan, metric: str) -> dict[str, Any]:
     }.get(metric, "exact quantile of the noise")
     return {
         "confidence_interval": {
-            "columns": [f"{metric}_ci_low", f"{metric}_ci_high"],
+            "columns": [f"{metric_column(metric)}_ci_low", f"{metric_column(metric)}_ci_high"],
             "level": LEVEL,
             "method": method,
             "covers": "the exact value after contribution bounding and clipping",
@@ -475,4 +475,4 @@ def _metric_mechanisms(plan: BudgetPlan, metric: str) -> list[str]:
         return ["count", "centred_sum"]
     if percentile_of(metric) is not None:
         return ["percentile"]
-    return [metric]
+    return [metric_column(metric)]

@@ -1,9 +1,11 @@
 """Per-partition aggregates in, selected and noised rows out: the only place noise is drawn.
 
 Every engine calls these functions on exact, already bounded aggregates, one row per partition
-with the key columns and `AGGREGATE_COLUMNS` (plus `sum_squares` for variance and `values`, the
-kept values, for percentiles). Partitions are independent of each other here, so any batching
-(Spark `mapInPandas`, a Beam DoFn, one local call) gives the same distribution. Noise and
+with the key columns and `AGGREGATE_COLUMNS` (plus `sum_squares` for variance, `values`, the
+kept values, for percentiles, and `count_distinct_COLUMN`, the exact number of distinct non-null
+COLUMN values among the kept rows, for each count_distinct(COLUMN)). Partitions are independent
+of each other here, so any batching (Spark `mapInPandas`, a Beam DoFn, one local call) gives the
+same distribution. Noise and
 selection come from PyDP's secure mechanisms, rebuilt from the plan; integer noise on counts
 (`count_noise: discrete`) from OpenDP's (`core.discrete`).
 """
@@ -20,14 +22,20 @@ from pydp.algorithms.quantile_tree import QuantileTree
 
 from dppipeline.core.budget import (
     DISCRETE_METRICS,
+    DISTINCT_PREFIX,
     AggregationParams,
     BudgetPlan,
     JobPlan,
     MechanismBudget,
 )
 from dppipeline.core.discrete import add_discrete_noise
-from dppipeline.core.intervals import INTERVAL_METRICS, mean_interval, metric_half_width
-from dppipeline.spec.model import VARIANCE_METRICS, metric_column, percentile_of
+from dppipeline.core.intervals import has_interval, mean_interval, metric_half_width
+from dppipeline.spec.model import (
+    VARIANCE_METRICS,
+    distinct_column_of,
+    metric_column,
+    percentile_of,
+)
 from dppipeline.spec.schema import release_schema, transactions_schema
 
 # Exact, bounded aggregates per partition that engines hand to the release.
@@ -36,8 +44,12 @@ SUM_SQUARES = "sum_squares"  # sum of clipped values squared (variance only)
 VALUES = "values"  # the kept clipped values, one array per partition (percentiles only)
 AGGREGATE_DTYPES = {"privacy_id_count": "int64", "count": "int64", "sum": "float64"}
 # Release column order (also the order in schemas/terminal_stats.json); percentiles sit
-# between variance and privacy_id_count, in the order the spec lists them.
-METRIC_ORDER = ("count", "sum", "mean", "variance", "stddev", "percentile", "privacy_id_count")
+# between variance and privacy_id_count, count_distinct columns after privacy_id_count, each
+# in the order the spec lists them.
+METRIC_ORDER = (
+    "count", "sum", "mean", "variance", "stddev", "percentile", "privacy_id_count",
+    "count_distinct",
+)  # fmt: skip
 # PyDP's QuantileTree, with pipeline-dp's shape: 16^4 = 65,536 leaves over [min, max].
 TREE_HEIGHT, BRANCHING_FACTOR = 4, 16
 
@@ -45,7 +57,18 @@ TREE_HEIGHT, BRANCHING_FACTOR = 4, 16
 def ordered_metrics(metrics: Sequence[str]) -> list[str]:
     """The metrics in release column order."""
     rank = {name: i for i, name in enumerate(METRIC_ORDER)}
-    return sorted(metrics, key=lambda m: rank["percentile" if percentile_of(m) is not None else m])
+
+    def kind(metric: str) -> str:
+        if percentile_of(metric) is not None:
+            return "percentile"
+        return "count_distinct" if distinct_column_of(metric) is not None else metric
+
+    return sorted(metrics, key=lambda m: rank[kind(m)])
+
+
+def distinct_aggregate(column: str) -> str:
+    """The exact aggregate (and release column) of count_distinct(column)."""
+    return f"{DISTINCT_PREFIX}{column}"
 
 
 def required_columns(params: AggregationParams) -> tuple[str, ...]:
@@ -55,6 +78,7 @@ def required_columns(params: AggregationParams) -> tuple[str, ...]:
         columns.append(SUM_SQUARES)
     if params.percentiles:
         columns.append(VALUES)
+    columns += [distinct_aggregate(c) for c in params.distinct_columns]
     return tuple(columns)
 
 
@@ -72,6 +96,8 @@ def with_required_columns(aggregates: pd.DataFrame, columns: Sequence[str]) -> p
             out[column] = np.zeros(len(out))
     for column, dtype in AGGREGATE_DTYPES.items():
         out[column] = out[column].astype(dtype)
+    for column in (c for c in columns if c.startswith(DISTINCT_PREFIX)):
+        out[column] = out[column].astype("int64")
     if SUM_SQUARES in out:
         out[SUM_SQUARES] = out[SUM_SQUARES].astype("float64")
     return out
@@ -217,6 +243,9 @@ def noise_partitions(
         values["privacy_id_count"] = _noised(
             plan, "privacy_id_count", exact["privacy_id_count"].to_numpy()
         )
+    for column in params.distinct_columns:
+        name = distinct_aggregate(column)
+        values[f"count_distinct({column})"] = _noised(plan, name, exact[name].to_numpy())
     for metric in ordered_metrics(params.metrics):
         out[metric_column(metric)] = values[metric]
     if params.confidence_intervals:
@@ -226,7 +255,7 @@ def noise_partitions(
 
 def _add_intervals(out: pd.DataFrame, plan: BudgetPlan, values: dict[str, np.ndarray]) -> None:
     """`<metric>_ci_low/_ci_high` beside each metric that has one (see `core.intervals`)."""
-    for metric in (m for m in INTERVAL_METRICS if m in plan.params.metrics):
+    for metric in (m for m in plan.params.metrics if has_interval(m)):
         if metric == "mean":
             low, high = mean_interval(plan, values["count"], values["_centred_sum"])
         else:
@@ -234,7 +263,8 @@ def _add_intervals(out: pd.DataFrame, plan: BudgetPlan, values: dict[str, np.nda
             assert width is not None
             centre = values[metric].astype(np.float64)
             low, high = centre - width, centre + width
-        out[f"{metric}_ci_low"], out[f"{metric}_ci_high"] = low, high
+        column = metric_column(metric)
+        out[f"{column}_ci_low"], out[f"{column}_ci_high"] = low, high
 
 
 def release_partitions(
@@ -282,9 +312,10 @@ def release_columns(metrics: Sequence[str], intervals: bool = False) -> list[str
     """Metric columns in release order, each followed by its interval columns if any."""
     columns = []
     for metric in ordered_metrics(metrics):
-        columns.append(metric_column(metric))
-        if intervals and metric in INTERVAL_METRICS:
-            columns += [f"{metric}_ci_low", f"{metric}_ci_high"]
+        column = metric_column(metric)
+        columns.append(column)
+        if intervals and has_interval(metric):
+            columns += [f"{column}_ci_low", f"{column}_ci_high"]
     return columns
 
 
@@ -301,8 +332,8 @@ def release_arrow_schema(
         key_columns = [(key_columns, transactions_schema().field(key_columns).arrow_type)]
     schema = release_schema(list(key_columns), release_columns(metrics, intervals))
     if integer_counts:
-        for name in DISCRETE_METRICS:
-            if name in schema.names:
+        for name in schema.names:
+            if name in DISCRETE_METRICS or name.startswith(DISTINCT_PREFIX):
                 i = schema.get_field_index(name)
                 schema = schema.set(i, schema.field(i).with_type(pa.int64()))
     return schema

@@ -57,6 +57,7 @@ from dppipeline.spec.model import (
     JobSpec,
     QuerySpec,
     bucket_key,
+    distinct_columns,
     is_file_source,
     percentile_of,
 )
@@ -120,7 +121,8 @@ def key_column(entry: str, schema: Schema) -> KeyColumn:
 @dataclass(frozen=True, eq=False)
 class AggregationTask:
     """Exact bounded aggregates one engine pass computes: per key, privacy_id_count, count,
-    sum (and sum of squares, kept values) of the rows passing `filter`, after clipping to
+    sum (and sum of squares, kept values, the number of distinct values of each `distinct`
+    column) of the rows passing `filter`, after clipping to
     `clip` and bounding each privacy unit to L0 partitions and Linf rows per partition, or,
     with `max_contributions` K, to K rows in all (then L0 = Linf = K, which K rows imply)."""
 
@@ -135,6 +137,7 @@ class AggregationTask:
     values: bool = False
     public_keys: pd.DataFrame | None = None  # drop unlisted keys before bounding
     max_contributions: int | None = None
+    distinct: tuple[str, ...] = ()  # count_distinct(COLUMN) columns, over the kept rows
 
     @property
     def key_names(self) -> list[str]:
@@ -166,6 +169,7 @@ def input_schema(source: Schema, unit: str, tasks: Sequence[AggregationTask]) ->
             names.add(task.value)
         if task.filter is not None:
             names.update(columns(task.filter))
+        names.update(task.distinct)
     return source.subset(names)
 
 
@@ -206,6 +210,25 @@ def check_query_columns(spec: JobSpec) -> None:
     """Every query's columns exist in the input schema with a type that fits their role
     (the spec checked them when it was built; a spec built before is checked again)."""
     spec._columns_exist()
+    for query in spec.queries:
+        _check_distinct_columns(spec, query, spec.source_schema)
+
+
+def _check_distinct_columns(spec: JobSpec, query: QuerySpec, schema: Schema) -> None:
+    """count_distinct(COLUMN): an input column other than the privacy unit (distinct units
+    are privacy_id_count, noised with sensitivity 1, not Linf)."""
+    where = spec.query_path(query)
+    for column in distinct_columns(query.metrics):
+        if column == spec.privacy_unit:
+            raise UsageError(
+                f"{where}metrics: count_distinct({column}) counts privacy units: use "
+                "privacy_id_count"
+            )
+        if column not in schema.names:
+            raise UsageError(
+                f"{where}metrics: count_distinct({column}): {column!r} is not an input column "
+                f"({', '.join(schema.names)})"
+            )
 
 
 def task_for(query: QuerySpec, schema: Schema) -> AggregationTask:
@@ -230,6 +253,7 @@ def task_for(query: QuerySpec, schema: Schema) -> AggregationTask:
         max_contributions=total,
         sum_squares=any(m in VARIANCE_METRICS for m in metrics),
         values=any(percentile_of(m) is not None for m in metrics),
+        distinct=distinct_columns(metrics),
     )
 
 

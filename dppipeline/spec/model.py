@@ -45,6 +45,8 @@ METRICS = ("count", "sum", "mean", "variance", "stddev", "privacy_id_count")
 VARIANCE_METRICS = ("variance", "stddev")
 # percentile(p), 0 <= p <= 100, is the parametrised metric; percentile(100) is a DP maximum.
 _PERCENTILE = re.compile(r"^percentile\(\s*(\d+(?:\.\d+)?)\s*\)$")
+# count_distinct(COLUMN): distinct non-null values of an input column among the kept rows.
+_COUNT_DISTINCT = re.compile(r"^count_distinct\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*\)$")
 # Derived partition keys from the job's time column (`input.time_column`, TX_DATETIME by default).
 TIME_BUCKETS = ("hour", "day", "week", "month", "year")
 # `bucket(COLUMN, e0, e1, ...)`: a numeric column cut at public edges (the canonical text of
@@ -708,7 +710,8 @@ class SelectionSpec(_Section):
 
 
 def parse_metric(name: Any, where: str = "metrics") -> str:
-    """A metric name in canonical form: `count`, ..., or `percentile(P)` with 0 <= P <= 100."""
+    """A metric name in canonical form: `count`, ..., `percentile(P)` with 0 <= P <= 100, or
+    `count_distinct(COLUMN)` (the column is checked against the input schema later)."""
     if isinstance(name, str):
         text = name.strip()
         if text in METRICS:
@@ -719,10 +722,17 @@ def parse_metric(name: Any, where: str = "metrics") -> str:
             if not 0 <= p <= 100:
                 raise SpecError(where, f"percentile must be in [0, 100], got {match.group(1)}")
             return f"percentile({p:g})"
+        match = _COUNT_DISTINCT.match(text)
+        if match:
+            if len(match.group(1)) > MAX_NAME_CHARS:
+                raise SpecError(
+                    where, f"count_distinct: the column name exceeds {MAX_NAME_CHARS} characters"
+                )
+            return f"count_distinct({match.group(1)})"
     raise SpecError(
         where,
-        f"must be one of {', '.join(METRICS)} or percentile(P) with 0 <= P <= 100; "
-        f"got {excerpt(name)}",
+        f"must be one of {', '.join(METRICS)}, percentile(P) with 0 <= P <= 100 or "
+        f"count_distinct(COLUMN); got {excerpt(name)}",
     )
 
 
@@ -732,8 +742,23 @@ def percentile_of(metric: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
+def distinct_column_of(metric: str) -> str | None:
+    """COLUMN of a canonical `count_distinct(COLUMN)` metric; None for any other metric."""
+    match = _COUNT_DISTINCT.match(metric)
+    return match.group(1) if match else None
+
+
+def distinct_columns(metrics: Sequence[str]) -> tuple[str, ...]:
+    """The columns of a query's count_distinct metrics, in the spec's order."""
+    return tuple(c for m in metrics if (c := distinct_column_of(m)) is not None)
+
+
 def metric_column(metric: str) -> str:
-    """The release column of a metric: its name, or `percentile_P` (`.` as `_`)."""
+    """The release column of a metric: its name, `percentile_P` (`.` as `_`) or
+    `count_distinct_COLUMN`."""
+    column = distinct_column_of(metric)
+    if column is not None:
+        return f"count_distinct_{column}"
     p = percentile_of(metric)
     return metric if p is None else f"percentile_{p:g}".replace(".", "_")
 
@@ -760,7 +785,10 @@ class QuerySpec(_Section):
     )
     metrics: Metrics = Field(
         ("count", "sum", "mean"),
-        description="count, sum, mean, variance, stddev, privacy_id_count, percentile(P).",
+        description=(
+            "count, sum, mean, variance, stddev, privacy_id_count, percentile(P), "
+            "count_distinct(COLUMN)."
+        ),
     )
     value: Column = Field("TX_AMOUNT", description="Column aggregated by value metrics.")
     filter: str | None = Field(
@@ -911,7 +939,8 @@ class JobSpec(_Section):
         ("count", "sum", "mean"),
         description=(
             "Any of count, sum, mean, variance, stddev (the square root of the variance, no "
-            "extra budget), privacy_id_count, percentile(P)."
+            "extra budget), privacy_id_count, percentile(P), count_distinct(COLUMN) (distinct "
+            "non-null values of an input column among the kept rows; noise as count)."
         ),
     )
     noise: Annotated[str, BeforeValidator(_one_of(NOISE_KINDS))] = Field(
@@ -935,8 +964,9 @@ class JobSpec(_Section):
     confidence_intervals: Flag = Field(
         False,
         description=(
-            "Release 95% intervals <metric>_ci_low/_ci_high beside count, sum, mean and "
-            "privacy_id_count (from the noise distribution: no extra budget)."
+            "Release 95% intervals <metric>_ci_low/_ci_high beside count, sum, mean, "
+            "privacy_id_count and count_distinct (from the noise distribution: no extra "
+            "budget)."
         ),
     )
     budget: BudgetSpec = Field(default_factory=BudgetSpec, description="Privacy budget.")

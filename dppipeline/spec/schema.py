@@ -241,8 +241,8 @@ def release_schema(
 ) -> pa.Schema:
     """The release's Arrow schema: key columns, then the metric columns in the order given.
 
-    Types come from `terminal_stats.json`; `percentile_P` and `<metric>_ci_low/_ci_high`
-    columns take the type of their pattern entry there.
+    Types come from `terminal_stats.json`; `percentile_P`, `count_distinct_COLUMN` and
+    `<metric>_ci_low/_ci_high` columns take the type of their pattern entry there.
     """
     spec = load_schema("terminal_stats")
     typed = {f.name: f for f in spec.fields if f.role == "metric"}
@@ -252,6 +252,8 @@ def release_schema(
             f = typed["<metric>_ci_low" if name.endswith("_low") else "<metric>_ci_high"]
         elif name.startswith("percentile_"):
             f = typed["percentile_P"]
+        elif name.startswith("count_distinct_"):
+            f = typed["count_distinct_COLUMN"]
         else:
             f = typed[name]
         fields.append(pa.field(name, f.arrow_type, nullable=f.nullable))

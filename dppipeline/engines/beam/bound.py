@@ -25,7 +25,11 @@ from dppipeline.engines.shared.bounding import (
     aggregates_frame,
     stable_shard,
 )
-from dppipeline.engines.shared.polars_tasks import bound_and_aggregate, task_rows
+from dppipeline.engines.shared.polars_tasks import (
+    bound_and_aggregate,
+    distinct_arrays,
+    task_rows,
+)
 from dppipeline.engines.shared.sampling import (
     SamplingKeys,
     row_priorities,
@@ -107,7 +111,8 @@ class _ClipAndShard(beam.DoFn):
         if positions is None:  # rows built in memory (tests): numbered within the batch
             positions = np.arange(frame.height)
         priority = row_priorities(self._keys, [source], np.zeros(len(units), np.int64), positions)
-        block = ContributionBlock(units, keys, priority, values)
+        distinct = tuple(v for _, v in distinct_arrays(frame, self._task))
+        block = ContributionBlock(units, keys, priority, values, distinct)
         shard = stable_shard(units, self._shards)
         order = np.argsort(shard, kind="stable")
         bounds = np.flatnonzero(np.diff(shard[order])) + 1
@@ -172,8 +177,10 @@ class _SamplePartitionsPerUnit(beam.DoFn):
             row_priority=block.priority,
             values=block.value,
             on_sample=None if pairs is None else lambda s: pairs.inc(len(s.pair_key_codes)),
+            distinct=list(zip(self._task.distinct, block.distinct, strict=True)),
         )
-        partial = aggregates_frame(bounded, self._key, key_values)
+        # count_distinct: value sets, not counts (a partition's units span unit shards).
+        partial = aggregates_frame(bounded, self._key, key_values, distinct_sets=True)
         target = stable_shard(partial[self._key].to_numpy(), self._shards)
         return [
             (int(target_shard), part.reset_index(drop=True))

@@ -4,7 +4,7 @@ single rows) and the combiner base that keeps their accumulators compact."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import apache_beam as beam
 import numpy as np
@@ -31,6 +31,8 @@ class ContributionBlock:
     key: np.ndarray
     priority: np.ndarray
     value: np.ndarray
+    # The task's count_distinct columns, one array each (the rows' values), in task order.
+    distinct: tuple[np.ndarray, ...] = field(default=())
 
     def __len__(self) -> int:
         return len(self.unit)
@@ -41,6 +43,7 @@ class ContributionBlock:
             self.key[positions],
             self.priority[positions],
             self.value[positions],
+            tuple(d[positions] for d in self.distinct),
         )
 
     @staticmethod
@@ -48,7 +51,11 @@ class ContributionBlock:
         if len(blocks) == 1:
             return blocks[0]
         return ContributionBlock(
-            *(np.concatenate([getattr(b, f) for b in blocks]) for f in _BLOCK_FIELDS)
+            *(np.concatenate([getattr(b, f) for b in blocks]) for f in _BLOCK_FIELDS),
+            tuple(
+                np.concatenate([b.distinct[i] for b in blocks])
+                for i in range(len(blocks[0].distinct))
+            ),
         )
 
     def pair_codes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

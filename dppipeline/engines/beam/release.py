@@ -23,6 +23,7 @@ from dppipeline.core.release import (
     AGGREGATE_DTYPES,
     SUM_SQUARES,
     VALUES,
+    distinct_aggregate,
 )
 from dppipeline.core.tasks import (
     AggregationTask,
@@ -33,6 +34,7 @@ from dppipeline.engines.base import ReleaseJob
 from dppipeline.engines.beam.bound import decode_keys, encode_key_frame, encoded_key
 from dppipeline.engines.beam.elements import METRICS_NAMESPACE, CompactingCombineFn
 from dppipeline.engines.shared.bounding import (
+    DISTINCT_VALUES_PREFIX,
     stable_shard,
 )
 
@@ -40,14 +42,30 @@ PUBLIC_CHUNK = 100_000  # public keys per element
 
 
 def _sum_frames(frames: list[pd.DataFrame], key: str) -> pd.DataFrame:
-    """Partial aggregates summed per key; kept values (percentiles) concatenated."""
+    """Partial aggregates summed per key; kept values (percentiles) concatenated; distinct
+    value sets (count_distinct) united."""
     merged = pd.concat(frames, ignore_index=True)
     totals = [c for c in (*AGGREGATE_COLUMNS, SUM_SQUARES) if c in merged]
     out = merged.groupby(key, sort=False, as_index=False)[totals].sum()
     if VALUES in merged:
         values = merged.groupby(key, sort=False)[VALUES].agg(lambda v: np.concatenate(list(v)))
         out[VALUES] = values.reindex(out[key]).to_list()
+    for column in (c for c in merged.columns if c.startswith(DISTINCT_VALUES_PREFIX)):
+        sets = merged.groupby(key, sort=False)[column].agg(
+            lambda v: pd.unique(np.concatenate(list(v)))
+        )
+        out[column] = sets.reindex(out[key]).to_list()
     return out
+
+
+def distinct_counts(aggregates: pd.DataFrame, task: AggregationTask) -> pd.DataFrame:
+    """Merged value sets -> the count_distinct aggregates `core.release` takes."""
+    for column in task.distinct:
+        sets = aggregates.pop(DISTINCT_VALUES_PREFIX + column)
+        aggregates[distinct_aggregate(column)] = np.fromiter(
+            (len(s) for s in sets), dtype=np.int64, count=len(sets)
+        )
+    return aggregates
 
 
 class _SumPerPartition(CompactingCombineFn):
@@ -79,6 +97,8 @@ def _empty_aggregates(task: AggregationTask) -> pd.DataFrame:
         frame[SUM_SQUARES] = pd.Series([], dtype="float64")
     if task.values:
         frame[VALUES] = pd.Series([], dtype=object)
+    for column in task.distinct:
+        frame[distinct_aggregate(column)] = pd.Series([], dtype="int64")
     return frame
 
 
@@ -99,7 +119,7 @@ class _ReleaseShard(beam.DoFn):
             if frames:
                 merged = pd.concat(frames, ignore_index=True)
                 keys = decode_keys(merged[encoded_key(task)].to_numpy(), task)
-                merged = merged.drop(columns=[encoded_key(task)])
+                merged = distinct_counts(merged.drop(columns=[encoded_key(task)]), task)
                 exact[task.name] = pd.concat([keys, merged], axis=1)
             else:
                 exact[task.name] = _empty_aggregates(task)

@@ -28,11 +28,15 @@ secret and new each run (never logged, never in the manifest or a Spark plan).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
+from dppipeline.core.budget import DISTINCT_PREFIX  # the exact aggregate of count_distinct(C)
+
+DISTINCT_VALUES_PREFIX = "_distinct_values_"  # its value sets, before Beam merges them
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,9 @@ class BoundedAggregates:
     sum: np.ndarray
     sum_squares: np.ndarray | None = None
     values: list[np.ndarray] | None = None
+    # count_distinct(COLUMN): per column, the distinct non-null values of the kept rows of
+    # each partition (Beam merges them across shards), in `key_codes` order.
+    distinct: dict[str, list[np.ndarray]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -178,9 +185,11 @@ def aggregate_per_partition(
     *,
     sum_squares: bool = False,
     keep_values: bool = False,
+    distinct: Sequence[tuple[str, np.ndarray]] = (),
 ) -> BoundedAggregates:
-    """privacy_id_count, count and sum (optionally the sum of squares and the kept values
-    themselves) of the kept rows, for partitions with any kept row."""
+    """privacy_id_count, count and sum (optionally the sum of squares, the kept values
+    themselves and, per (column, its value of every row) in `distinct`, each partition's
+    distinct non-null values) of the kept rows, for partitions with any kept row."""
     kept_keys = key_codes[sample.rows]
     privacy_id_count = np.bincount(sample.pair_key_codes, minlength=n_keys)
     count = np.bincount(kept_keys, minlength=n_keys)
@@ -202,11 +211,35 @@ def aggregate_per_partition(
         sum=total[present].astype(np.float64),
         sum_squares=squares,
         values=grouped,
+        distinct={
+            column: distinct_values(kept_keys, column_values[sample.rows], present, n_keys)
+            for column, column_values in distinct
+        },
     )
 
 
-def aggregates_table(bounded: BoundedAggregates, keys: pd.DataFrame) -> pd.DataFrame:
-    """The engine-neutral aggregate table `core.release` takes; `keys` row i is key code i."""
+def distinct_values(
+    key_codes: np.ndarray, values: np.ndarray, present: np.ndarray, n_keys: int
+) -> list[np.ndarray]:
+    """Per partition code in `present`, the distinct non-null values among `values` (one per
+    kept row, `key_codes` its partition). Null, None and NaN are not values (pandas'
+    factorize gives them code -1)."""
+    codes, uniques = pd.factorize(values)
+    listed = codes >= 0
+    n_values = max(len(uniques), 1)
+    pairs = np.unique(key_codes[listed].astype(np.int64) * n_values + codes[listed])
+    pair_keys, pair_values = pairs // n_values, pairs % n_values
+    counts = np.bincount(pair_keys, minlength=n_keys)
+    by_key = np.split(np.asarray(uniques)[pair_values], np.cumsum(counts)[:-1])
+    return [by_key[code] for code in present]
+
+
+def aggregates_table(
+    bounded: BoundedAggregates, keys: pd.DataFrame, *, distinct_sets: bool = False
+) -> pd.DataFrame:
+    """The engine-neutral aggregate table `core.release` takes; `keys` row i is key code i.
+    `distinct_sets`: each count_distinct column as its value sets (`_distinct_values_C`),
+    not their sizes (`count_distinct_C`)."""
     frame = keys.iloc[bounded.key_codes].reset_index(drop=True)
     frame["privacy_id_count"] = bounded.privacy_id_count
     frame["count"] = bounded.count
@@ -215,14 +248,27 @@ def aggregates_table(bounded: BoundedAggregates, keys: pd.DataFrame) -> pd.DataF
         frame["sum_squares"] = bounded.sum_squares
     if bounded.values is not None:
         frame["values"] = bounded.values
+    for column, sets in bounded.distinct.items():
+        if distinct_sets:  # Beam's partial aggregates: merged across unit shards
+            frame[DISTINCT_VALUES_PREFIX + column] = sets
+        else:
+            frame[DISTINCT_PREFIX + column] = np.fromiter(
+                (len(s) for s in sets), dtype=np.int64, count=len(sets)
+            )
     return frame
 
 
 def aggregates_frame(
-    bounded: BoundedAggregates, key_column: str, key_values: np.ndarray | pd.Index
+    bounded: BoundedAggregates,
+    key_column: str,
+    key_values: np.ndarray | pd.Index,
+    *,
+    distinct_sets: bool = False,
 ) -> pd.DataFrame:
     """`aggregates_table` for one key column whose code i has value key_values[i]."""
-    return aggregates_table(bounded, pd.DataFrame({key_column: np.asarray(key_values)}))
+    return aggregates_table(
+        bounded, pd.DataFrame({key_column: np.asarray(key_values)}), distinct_sets=distinct_sets
+    )
 
 
 def stable_shard(values: np.ndarray, shards: int) -> np.ndarray:

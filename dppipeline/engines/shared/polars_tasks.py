@@ -67,9 +67,10 @@ def task_rows(
 ) -> pl.DataFrame:
     """The task's rows: filtered, with its key columns derived, unlisted keys dropped (before
     bounding, so no unit spends its L0 on a partition that is never released) and the value
-    clipped, as (unit, keys..., `_value`, and the row identity `_source_file`, `_row` where
-    the rows have it). `public`: the task's public keys, already converted to Polars
-    (callers that run this per batch convert them once)."""
+    clipped, as (unit, keys..., `_value`, `_distinct_i` for the task's i-th count_distinct
+    column, and the row identity `_source_file`, `_row` where the rows have it). `public`:
+    the task's public keys, already converted to Polars (callers that run this per batch
+    convert them once)."""
     if task.filter is not None:
         rows = rows.filter(to_polars(task.filter))
     value = pl.lit(0.0) if task.clip is None else pl.col(task.value).clip(*task.clip)
@@ -78,6 +79,7 @@ def task_rows(
         pl.col(unit),
         *[key_expr(k) for k in task.keys],
         value.cast(pl.Float64).alias("_value"),
+        *[pl.col(c).alias(distinct_name(i)) for i, c in enumerate(task.distinct)],
         *identity,
     )
     if task.public_keys is not None:
@@ -85,6 +87,24 @@ def task_rows(
             public = pl.from_pandas(task.public_keys, include_index=False)
         frame = frame.join(public, on=task.key_names, how="semi")
     return frame
+
+
+def distinct_name(i: int) -> str:
+    """The task row column holding the i-th count_distinct column's values."""
+    return f"_distinct_{i}"
+
+
+def distinct_arrays(frame: pl.DataFrame, task: AggregationTask) -> list[tuple[str, np.ndarray]]:
+    """(column, its value in every row) of the task's count_distinct columns; a column with
+    nulls goes through Python objects (None), so large integers are never rounded to floats."""
+    out = []
+    for i, column in enumerate(task.distinct):
+        series = frame.get_column(distinct_name(i))
+        values = (
+            series.to_numpy() if series.null_count() == 0 else np.asarray(series.to_list(), object)
+        )
+        out.append((column, values))
+    return out
 
 
 def key_codes_of(frame: pl.DataFrame, keys: Sequence[KeyColumn]) -> tuple[np.ndarray, pd.DataFrame]:
@@ -137,6 +157,7 @@ def aggregate_task(
         key_values=key_values,
         row_priority=row_priority(frame, keys),
         values=values,
+        distinct=distinct_arrays(frame, task),
     )
     return aggregates_table(bounded, key_values)
 
@@ -153,11 +174,12 @@ def bound_and_aggregate(
     row_priority: np.ndarray,
     values: np.ndarray | None,
     on_sample: Callable[[ContributionSample], None] | None = None,
+    distinct: Sequence[tuple[str, np.ndarray]] = (),
 ) -> BoundedAggregates:
     """Linf and L0 sampling with the run's keys, then exact sums per partition: the one
     bounding step of the local engine and of Beam's unit shards. `key_values`: the canonical
     keys of codes 0..n-1 (the L0 priority hashes them); `on_sample` sees the sample (Beam's
-    debug statistic)."""
+    debug statistic); `distinct`: (column, value of each row) of its count_distinct columns."""
     n_keys = max(len(key_values), 1)
     seeds = partition_seeds(keys, key_values, [k.kind for k in task.keys])
     sample = sample_contributions(
@@ -176,5 +198,11 @@ def bound_and_aggregate(
     if on_sample is not None:
         on_sample(sample)
     return aggregate_per_partition(
-        sample, key_codes, values, n_keys, sum_squares=task.sum_squares, keep_values=task.values
+        sample,
+        key_codes,
+        values,
+        n_keys,
+        sum_squares=task.sum_squares,
+        keep_values=task.values,
+        distinct=distinct,
     )

@@ -24,6 +24,7 @@ from dppipeline.core.release import (
     AGGREGATE_COLUMNS,
     SUM_SQUARES,
     VALUES,
+    distinct_aggregate,
     release_partitions,
     value_arrays,
 )
@@ -33,7 +34,7 @@ from dppipeline.core.tasks import (
     canonical_keys,
 )
 from dppipeline.engines.base import ReleaseJob
-from dppipeline.engines.spark.bound import bounded_pairs, group_keys
+from dppipeline.engines.spark.bound import bounded_pairs, distinct_name, group_keys
 from dppipeline.engines.spark.types import to_spark_ddl
 
 
@@ -54,6 +55,14 @@ def partition_aggregates(pairs: DataFrame, task: AggregationTask) -> DataFrame:
         aggregates.append(F.sum(SUM_SQUARES).cast("double").alias(SUM_SQUARES))
     if task.values:
         aggregates.append(F.flatten(F.collect_list("_values")).alias(VALUES))
+    # count_distinct: the union of the pairs' distinct values, then its size (one row holds a
+    # partition's distinct values, as it holds its kept values for percentiles).
+    aggregates += [
+        F.size(F.array_distinct(F.flatten(F.collect_list(distinct_name(i))))).alias(
+            distinct_aggregate(column)
+        )
+        for i, column in enumerate(task.distinct)
+    ]
     return pairs.groupBy(*group_keys(task)).agg(*aggregates)
 
 
@@ -91,6 +100,7 @@ def release_on_executors(
             yield release_partitions(batch, keys, plan)[names]
 
     if public is not None:
-        zeros = {c: 0 for c in (*AGGREGATE_COLUMNS, SUM_SQUARES) if c in aggregates.columns}
+        counts = (*AGGREGATE_COLUMNS, SUM_SQUARES, *map(distinct_aggregate, task.distinct))
+        zeros = {c: 0 for c in counts if c in aggregates.columns}
         aggregates = public.join(aggregates, on=keys, how="left").fillna(zeros)
     return aggregates.mapInPandas(release_batches, StructType.fromDDL(ddl))

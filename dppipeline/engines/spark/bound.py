@@ -16,6 +16,7 @@ same shuffle; the pairs they fall in are then at most K per unit, with nothing t
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -77,8 +78,14 @@ def group_keys(task: AggregationTask) -> list[str]:
     return task.key_names or [GLOBAL_KEY]
 
 
+def distinct_name(i: int) -> str:
+    """The column carrying the task's i-th count_distinct column through bounding."""
+    return f"_distinct_{i}"
+
+
 def task_rows(rows: DataFrame, task: AggregationTask, unit: str) -> DataFrame:
-    """(unit, keys..., clipped value, row identity) of the rows the task's filter keeps."""
+    """(unit, keys..., clipped value, count_distinct columns, row identity) of the rows the
+    task's filter keeps."""
     if task.filter is not None:
         rows = rows.where(to_spark(task.filter))
     keys = [key_column(k) for k in task.keys] or [F.lit(0).alias(GLOBAL_KEY)]
@@ -87,7 +94,10 @@ def task_rows(rows: DataFrame, task: AggregationTask, unit: str) -> DataFrame:
     else:
         low, high = task.clip
         value = F.least(F.greatest(F.col(task.value).cast("double"), F.lit(low)), F.lit(high))
-    return rows.select(unit, *keys, value.alias(VALUE), spark_read.SOURCE, spark_read.ROW)
+    distinct = [F.col(c).alias(distinct_name(i)) for i, c in enumerate(task.distinct)]
+    return rows.select(
+        unit, *keys, value.alias(VALUE), *distinct, spark_read.SOURCE, spark_read.ROW
+    )
 
 
 def sql_literal(value: object) -> str | None:
@@ -131,6 +141,15 @@ def with_secret(frame: DataFrame, secrets: DataFrame, name: str) -> DataFrame:
     return frame.crossJoin(F.broadcast(secrets.select(name)))
 
 
+def _field(name: str) -> Callable[[Column], Column]:
+    """`e -> e[name]` for `F.transform` (which reads a lambda's arity: no default arguments)."""
+    return lambda e: e[name]
+
+
+def _not_null(x: Column) -> Column:
+    return x.isNotNull()
+
+
 def bounded_pairs(rows: DataFrame, task: AggregationTask, unit: str, salt: bytes) -> DataFrame:
     """Typed input rows -> one row per kept (privacy unit, partition) pair with its count,
     sum, ...: at most Linf rows per pair and L0 pairs per unit, those of lowest priority."""
@@ -143,10 +162,12 @@ def bounded_pairs(rows: DataFrame, task: AggregationTask, unit: str, salt: bytes
     secrets = sampling_secrets(rows.sparkSession, salt)
     # Each row's Linf priority, one long computed before the shuffle (file names never
     # travel): xxhash64(secret, file, row).
+    distinct = [distinct_name(i) for i in range(len(task.distinct))]
     rows = with_secret(rows, secrets, LINF_SECRET).select(
         unit,
         *keys,
         VALUE,
+        *distinct,
         F.xxhash64(LINF_SECRET, spark_read.SOURCE, spark_read.ROW).alias(PRIORITY),
     )
     # One shuffle of the rows by privacy unit serves both bounding steps: every pair and every
@@ -164,25 +185,39 @@ def bounded_pairs(rows: DataFrame, task: AggregationTask, unit: str, salt: bytes
     # Linf: per pair, Spark's bottom-k aggregate (`min_by` with k) keeps the values of the Linf
     # lowest (priority, value) entries, in that order: the same values and the same
     # floating-point sums whatever order the rows arrive in.
+    # With count_distinct columns the kept entries are structs (value, distinct columns...) of
+    # the same rows, split into arrays below.
     linf = task.max_contributions_per_partition
-    order = F.struct(PRIORITY, VALUE)
+    order = F.struct(PRIORITY, VALUE, *distinct)
+    entry = F.struct(VALUE, *distinct) if distinct else F.col(VALUE)
     if linf <= MIN_BY_MAX_K:
-        kept = F.min_by(VALUE, order, linf)
+        kept = F.min_by(entry, order, linf)
     else:  # beyond min_by's limit: every entry collected, sorted, cut
         kept = F.transform(
-            F.slice(F.array_sort(F.collect_list(order)), 1, linf), lambda e: e[VALUE]
+            F.slice(F.array_sort(F.collect_list(order)), 1, linf),
+            (lambda e: F.struct(*[e[c].alias(c) for c in (VALUE, *distinct)]))
+            if distinct
+            else (lambda e: e[VALUE]),
         )
     values = F.col("_values")
+    entries = values
+    if distinct:
+        values = F.transform(entries, lambda e: e[VALUE])
     pair_aggregates = [
         F.size(values).alias("count"),
         F.aggregate(values, F.lit(0.0), lambda total, x: total + x).alias("sum"),
+    ]
+    # count_distinct: each pair's distinct non-null values (merged per partition later).
+    pair_aggregates += [
+        F.array_distinct(F.filter(F.transform(entries, _field(c)), _not_null)).alias(c)
+        for c in distinct
     ]
     if task.sum_squares:
         pair_aggregates.append(
             F.aggregate(values, F.lit(0.0), lambda total, x: total + x * x).alias(SUM_SQUARES)
         )
     if task.values:
-        pair_aggregates.append(values)
+        pair_aggregates.append(values.alias("_values"))
     # (privacy unit, key) -> count, sum, ...
     pairs = (
         rows.groupBy(unit, *keys).agg(kept.alias("_values")).select(unit, *keys, *pair_aggregates)
