@@ -108,7 +108,8 @@ def _add_privacy_flags(parser: argparse.ArgumentParser) -> None:
     add("--value", help="column aggregated by sum and mean (default TX_AMOUNT)")
     add(
         "--metrics",
-        help="comma list of count, sum, mean, variance, stddev, privacy_id_count, percentile(P)",
+        help="comma list of count, sum, mean, variance, stddev, max, min, privacy_id_count, "
+        "percentile(P)",
     )
     add("--epsilon", type=float, help="total epsilon of the run (metrics + selection)")
     add("--delta", type=float, help="total delta of the run")
