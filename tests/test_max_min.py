@@ -49,9 +49,15 @@ def independent_rows_beyond(values: np.ndarray, grid: np.ndarray, metric: str) -
     return np.array([(values <= c).sum() for c in grid])
 
 
+def documented_margin(scale: float) -> int:
+    """m = the smallest integer above scale (ln 1024 + ln 1/0.05) (docs/max_min.md)."""
+    return math.floor(scale * (math.log(1024) + math.log(20))) + 1
+
+
 def exact_distribution(values: np.ndarray, grid: np.ndarray, metric: str, scale: float):
-    """P(candidate) of the exponential mechanism: exp(-|rows beyond - m| / scale), normed."""
-    m = extremes.margin(scale)
+    """P(candidate) of the exponential mechanism: exp(-|rows beyond - m| / scale), normed,
+    with the documented margin m (computed here, not by the code under test)."""
+    m = documented_margin(scale)
     score = -np.abs(independent_rows_beyond(values, grid, metric) - m) / scale
     p = np.exp(score - score.max())
     return p / p.sum()
@@ -202,8 +208,9 @@ def test_draws_follow_the_exponential_mechanism(metric):
 @pytest.fixture(scope="module")
 def hand_made(tmp_path_factory) -> tuple[object, pd.DataFrame]:
     """Terminals 1..4, 40 customers, amounts in [20, 300] plus, per terminal, a top and a
-    bottom pair one grid point apart (so that exactly one candidate has one row beyond it).
-    Terminal 4's top row (2,000) is clipped to 1,023."""
+    bottom pair around one grid point (so that exactly one candidate has one row beyond it);
+    terminal 3's maximum and terminal 4's minimum sit on grid points. Terminal 4's top row
+    (2,000) is clipped to 1,023."""
     rng = np.random.default_rng(17)
     frames = []
     for terminal in (1, 2, 3, 4):
@@ -211,8 +218,10 @@ def hand_made(tmp_path_factory) -> tuple[object, pd.DataFrame]:
         amounts = np.round(rng.uniform(20, 300, n), 2)
         top = 400.0 + 37 * terminal
         amounts[:4] = [top + 0.3, top - 0.3, 4.7 + terminal, 5.3 + terminal]
-        if terminal == 4:
-            amounts[:2] = [2000.0, 1022.5]
+        if terminal == 3:  # a maximum on a grid point: rows at or above it count it
+            amounts[:2] = [511.0, 510.4]
+        if terminal == 4:  # a minimum on a grid point; a maximum clipped to the bound
+            amounts[:4] = [2000.0, 1022.5, 9.0, 9.6]
         frames.append(
             pd.DataFrame(
                 {
@@ -337,7 +346,7 @@ def test_noise_present_and_mechanism_in_manifest(hand_made, tmp_path):
     assert split["noise_scale"] == pytest.approx(2 * 1 * 1 / split["epsilon"])
     mechanism = query["metrics"]["max"]["exponential_mechanism"]
     assert mechanism["candidates"] == 1024 and mechanism["beta"] == 0.05
-    assert mechanism["margin_m"] == extremes.margin(split["noise_scale"])
+    assert mechanism["margin_m"] == documented_margin(split["noise_scale"])
     assert "make_noisy_max" in mechanism["implementation"]
     assert query["metrics"]["max"]["noise_stddev"] is None
 
