@@ -18,10 +18,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from dppipeline.core import extremes
 from dppipeline.orchestration.runner import make_plan, run_job
 from dppipeline.spec.model import build_spec
 
-ALL_METRICS = ["count", "sum", "mean", "variance", "percentile(50)", "privacy_id_count"]
+ALL_METRICS = [
+    "count", "sum", "mean", "variance", "percentile(50)", "max", "min", "privacy_id_count",
+]  # fmt: skip
 NOTHING = "TX_AMOUNT > 1000000"  # no row matches
 QUERIES = [
     {"name": "total_of_nothing", "filter": NOTHING, "partition_by": [], "metrics": ALL_METRICS},
@@ -132,6 +135,9 @@ def test_queries_matching_no_row_release_what_the_spec_says(tiny_input, tmp_path
             assert released["count"].abs().sum() > 0
             assert released["mean"].between(0.0, 100.0).all()
             assert released["variance"].between(0.0, 50.0**2).all()
+            # max and min without rows: a uniform draw from the public grid (every score -m)
+            grid = extremes.candidates(0.0, 100.0)
+            assert released["max"].isin(grid).all() and released["min"].isin(grid).all()
     totals = pd.read_parquet(result.output / "public_keys_without_rows")
     assert sorted(zip(totals["TERMINAL_ID"], totals["month"], strict=True)) == [
         (100, "2026-01"),

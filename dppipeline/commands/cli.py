@@ -112,8 +112,8 @@ def _add_privacy_flags(parser: argparse.ArgumentParser) -> None:
     add(
         "--metrics",
         help=(
-            "comma list of count, sum, mean, variance, stddev, privacy_id_count, percentile(P), "
-            "count_distinct(COLUMN)"
+            "comma list of count, sum, mean, variance, stddev, max, min, privacy_id_count, "
+            "percentile(P), count_distinct(COLUMN)"
         ),
     )
     add("--epsilon", type=float, help="total epsilon of the run (metrics + selection)")

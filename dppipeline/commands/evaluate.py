@@ -153,6 +153,8 @@ def true_values(
             value.mean().alias("mean"),
             value.var(ddof=0).alias("variance"),
             value.std(ddof=0).alias("stddev"),
+            value.max().alias("max"),
+            value.min().alias("min"),
         ]
     for metric in query.metrics:
         p = percentile_of(metric)

@@ -6,6 +6,7 @@ Everything printed derives from public parameters only, so planning spends no bu
 from __future__ import annotations
 
 from dppipeline.core.budget import BudgetPlan, JobPlan, privacy_units_needed
+from dppipeline.core.extremes import BETA, EXTREME_METRICS, GRID_SIZE, margin
 from dppipeline.core.intervals import (
     STD_BOUND_ROWS,
     metric_half_width,
@@ -59,7 +60,8 @@ def _accounting_text(plan: JobPlan) -> str:
         return "split by pipeline-dp NaiveBudgetAccountant (basic composition)"
     return (
         f"{plan.accounting} accounting (dp_accounting): the noise mechanisms composed tightly, "
-        f"base noise multiplier {_num(plan.noise_multiplier)}; selections and percentiles keep "
+        f"base noise multiplier {_num(plan.noise_multiplier)}; selections, percentiles, max "
+        "and min keep "
         "basic shares (their epsilon/delta below); a noise mechanism's epsilon/delta is its "
         "share of the pool, not its own guarantee"
     )
@@ -133,6 +135,19 @@ def _metric_line(plan: BudgetPlan, metric: str) -> str:
             f"{metric:17} std <= {_num(ratio_stddev_times_rows(plan, metric))} / n for a "
             f"partition of n rows (n large; clamped to {bound})\n"
             f"{'':22}worst case over the data, count noise included: {at}"
+        )
+    if metric in EXTREME_METRICS:
+        scale = plan.mechanism(metric).noise_scale
+        assert scale is not None
+        m = margin(scale)
+        side = "above" if metric == "max" else "below"
+        return (
+            f"{metric:17} exponential mechanism over {GRID_SIZE:,} candidates in "
+            f"[{_num(params.min_value)}, {_num(params.max_value)}], Gumbel scale "
+            f"{_num(scale)} rows, margin m={m:,}\n"
+            f"{'':22}with probability >= {1 - BETA:.0%} per partition the answer has 1 to "
+            f"{2 * m - 1:,} kept rows at or {side} it (when a candidate has exactly m);\n"
+            f"{'':22}reliable where a partition keeps well over 2m = {2 * m:,} rows"
         )
     if percentile_of(metric) is not None:
         return (

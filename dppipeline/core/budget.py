@@ -17,6 +17,8 @@ Mechanisms, following pipeline-dp's own layout so that its DPEngine is a faithfu
   the middle of [min^2, max^2]: for [-10, 10] it uses sensitivity 50 where one row moves it
   by 100, half the noise needed; for ranges away from zero it over-calibrates instead.)
 - `percentile`: one PyDP QuantileTree per partition answers all of a query's percentiles.
+- `max`, `min`: an exponential mechanism per partition over a public grid (`core.extremes`),
+  pure epsilon-DP: requested as Laplace so that no delta is spent on it.
 - `privacy_id_count`: noisy number of distinct privacy units.
 - `count_distinct_COLUMN`: noisy number of distinct non-null COLUMN values among the kept rows,
   one mechanism per `count_distinct(COLUMN)` metric, with the sensitivities of `count` (a unit's
@@ -47,6 +49,7 @@ from scipy.special import log_ndtr
 
 from dppipeline.core import discrete
 from dppipeline.core.accounting import certified_multiplier, discrete_pool_fits
+from dppipeline.core.extremes import EXPONENTIAL, EXTREME_METRICS, gumbel_scale, margin
 from dppipeline.errors import SpecError, UsageError
 from dppipeline.spec.model import (
     MIN_EPSILON,
@@ -153,6 +156,16 @@ class AggregationParams:
         """The input columns of the count_distinct metrics, in the spec's order."""
         return distinct_columns(self.metrics)
 
+    @property
+    def extremes(self) -> tuple[str, ...]:
+        """The query's `max` / `min` metrics."""
+        return tuple(m for m in self.metrics if m in EXTREME_METRICS)
+
+    @property
+    def keeps_values(self) -> bool:
+        """Whether the release reads each partition's kept values (percentiles, max, min)."""
+        return bool(self.percentiles or self.extremes)
+
     def clip(self, value: float) -> float:
         assert self.min_value is not None and self.max_value is not None
         return min(max(value, self.min_value), self.max_value)
@@ -163,7 +176,7 @@ class MechanismBudget:
     """One mechanism's share of the budget and the noise it adds."""
 
     name: str
-    kind: str  # laplace | gaussian | truncated_geometric | laplace_thresholding | ...
+    kind: str  # laplace | gaussian | exponential | truncated_geometric | ...
     epsilon: float
     delta: float
     l0_sensitivity: int
@@ -179,7 +192,8 @@ class MechanismBudget:
     l1: float | None = None
     l2: float | None = None
     # Discrete noise (`core.discrete`): `kind` stays the family (laplace | gaussian) and
-    # noise_scale is the discrete Laplace's scale t or the discrete Gaussian's sigma.
+    # noise_scale is the discrete Laplace's scale t or the discrete Gaussian's sigma. For
+    # `exponential` (max, min), the Gumbel scale in rows (`core.extremes`).
     discrete: bool = False
     noise_scale: float | None = None
 
@@ -275,8 +289,11 @@ class BudgetPlan:
 
     def metric_noise_stddev(self, metric: str) -> float | None:
         """Standard deviation of (released - exact bounded value); None for mean and variance
-        (ratios) and percentiles (not additive noise)."""
-        if metric in ("mean", *VARIANCE_METRICS) or percentile_of(metric) is not None:
+        (ratios), percentiles, max and min (not additive noise)."""
+        if (
+            metric in ("mean", *VARIANCE_METRICS, *EXTREME_METRICS)
+            or percentile_of(metric) is not None
+        ):
             return None
         if metric == "sum" and self.has("centred_sum"):
             count_std = self.mechanism("count").noise_stddev or 0.0
@@ -292,7 +309,7 @@ class BudgetPlan:
 
 
 # Mechanisms whose output is not value + additive noise (no noise_stddev).
-NOT_ADDITIVE = ("partition_selection", "percentile")
+NOT_ADDITIVE = ("partition_selection", "percentile", *EXTREME_METRICS)
 # Integer-valued mechanisms that `count_noise: discrete` noises with integers (and each
 # `count_distinct_COLUMN`: see `is_integer_mechanism`).
 DISCRETE_METRICS = ("count", "privacy_id_count")
@@ -340,6 +357,8 @@ def _metric_mechanisms(params: AggregationParams) -> list[tuple[str, float]]:
         wanted.append(("centred_sum_of_squares", params.half_range**2 / 2 * linf))
     if params.percentiles:
         wanted.append(("percentile", float(linf)))
+    for metric in params.extremes:
+        wanted.append((metric, float(linf)))
     if "privacy_id_count" in metrics:
         wanted.append(("privacy_id_count", 1.0))
     # count_distinct: a unit's <= Linf kept rows in a partition hold <= Linf distinct values, and
@@ -464,12 +483,10 @@ def plan_job(
         requested[name] = [
             (
                 mechanism,
-                params.noise,
+                _kind(params, mechanism),
                 linf,
                 accountant.request_budget(
-                    _NOISE_TYPES[
-                        "gaussian" if tight and mechanism not in NOT_ADDITIVE else params.noise
-                    ],
+                    _NOISE_TYPES[_requested_type(params, mechanism, tight)],
                     weight=unit_weight[name],
                     name=label(name, mechanism),
                 ),
@@ -546,6 +563,20 @@ def plan_job(
     return JobPlan(
         epsilon, delta, tuple(plans), tuple(selections), accounting, multiplier, certified_by
     )
+
+
+def _kind(params: AggregationParams, mechanism: str) -> str:
+    """A mechanism's kind: the job's noise, or `exponential` for max and min."""
+    return EXPONENTIAL if mechanism in EXTREME_METRICS else params.noise
+
+
+def _requested_type(params: AggregationParams, mechanism: str, tight: bool) -> str:
+    """The noise type a mechanism asks pipeline-dp's accountant for: its delta share follows.
+    Max and min are pure epsilon-DP, so Laplace (no delta); under tight accounting every
+    additive mechanism asks as a Gaussian (the pool gets its share of delta)."""
+    if mechanism in EXTREME_METRICS:
+        return "laplace"
+    return "gaussian" if tight and mechanism not in NOT_ADDITIVE else params.noise
 
 
 def _pool_multiplier(
@@ -628,7 +659,7 @@ def _metric_budget(
         delta=spec.delta or 0.0,
         l0_sensitivity=(
             params.quantile_tree_bounds[0]
-            if name == "percentile"
+            if name in ("percentile", *EXTREME_METRICS)
             else params.max_partitions_contributed
         ),
         linf_sensitivity=linf,
@@ -644,6 +675,8 @@ def _metric_budget(
     _check_epsilon_share(budget, where)
     if name == "percentile":
         _check_percentile(params, budget, where)
+    if name in EXTREME_METRICS:
+        return _extreme_budget(budget, where)
     if name in NOT_ADDITIVE:
         return budget
     return MechanismBudget(**{**budget.__dict__, "noise_stddev": _checked_std(budget, where)})
@@ -784,6 +817,25 @@ def _discrete_budget(budget: MechanismBudget, where: _Where) -> MechanismBudget:
     return MechanismBudget(
         **{**budget.__dict__, "discrete": True, "noise_scale": scale, "noise_stddev": std}
     )
+
+
+# Largest margin m accepted for max and min: scores stay exact in int64 (and far beyond any
+# partition's rows: such a mechanism would only ever answer near the bound).
+MAX_MARGIN = 2**52
+
+
+def _extreme_budget(budget: MechanismBudget, where: _Where) -> MechanismBudget:
+    """Max or min: the Gumbel scale 2 L0 Linf / epsilon in rows (`core.extremes`), refused
+    when not finite. L0 and Linf are the quantile trees' (1, K) under max_contributions K:
+    a unit's k_i rows in partition i cost e k_i / K there, at most e in all."""
+    scale = gumbel_scale(budget.l0_sensitivity, budget.linf_sensitivity, budget.epsilon)
+    if not (math.isfinite(scale) and scale > 0 and margin(scale) <= MAX_MARGIN):
+        raise SpecError(
+            "budget.epsilon",
+            f"gives {where.mechanism(budget)} a noise scale of {scale:.3g} rows; raise "
+            "budget.epsilon or lower the bounds",
+        )
+    return MechanismBudget(**{**budget.__dict__, "noise_scale": scale})
 
 
 def gaussian_delta(sigma: float, epsilon: float, l2_sensitivity: float) -> float:

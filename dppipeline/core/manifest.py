@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from dppipeline import __version__
 from dppipeline.core.budget import BudgetPlan, JobPlan, privacy_units_needed
+from dppipeline.core.extremes import BETA, EXTREME_METRICS, GRID_SIZE, margin
 from dppipeline.core.intervals import (
     LEVEL,
     STD_BOUND_ROWS,
@@ -298,6 +299,8 @@ def build_manifest(
             "(centred mean)^2, clamped to [0, r^2], r = (max_value - min_value) / 2",
             "percentiles: PyDP QuantileTree (height 4, branching 16) over [min_value, "
             "max_value]; ranks clamped to [0.5%, 99.5%]",
+            "max, min: a candidate of the public grid chosen by the exponential mechanism "
+            "(no post-processing)",
             "counts are not clamped at zero (unbiased)",
             "private selection: the keys one selection releases are used by every query of "
             "its group; a released key without rows in a query gets noise on zeros",
@@ -332,14 +335,14 @@ def _accountant_text(plan: JobPlan) -> str:
     if plan.noise_multiplier is None:
         return (
             f"{plan.accounting}: no noise mechanisms to compose; partition selections and "
-            "percentiles share the job's budget by basic composition"
+            "percentiles, max and min share the job's budget by basic composition"
         )
     return (
         f"{plan.accounting}: the noise mechanisms of every query composed tightly by "
         f"dp_accounting (bound proved with {tools.get(plan.certified_by or '', '?')}), each "
         "with noise multiplier noise_multiplier / its weight (std / L2 sensitivity for "
-        "Gaussian, scale / L1 for Laplace); partition selections and percentiles keep their "
-        "basic (epsilon, delta) shares and add to the pool by basic composition "
+        "Gaussian, scale / L1 for Laplace); partition selections, percentiles, max and min "
+        "keep their basic (epsilon, delta) shares and add to the pool by basic composition "
         "(conservative). A query's epsilon and delta are its attributed share of the job's "
         "budget, not a per-query guarantee"
     )
@@ -407,6 +410,7 @@ def _query_entry(
                 **_ratio_noise_entry(plan, metric),
                 "mechanisms": _metric_mechanisms(plan, metric),
                 **_interval_entry(plan, metric),
+                **_extreme_entry(plan, metric),
             }
             for metric in params.metrics
         },
@@ -430,6 +434,33 @@ def _public_spec(spec: JobSpec) -> dict[str, Any]:
         if selection.get("public_partitions") is not None:
             selection["public_partitions"] = key_sources_by_content(selection["public_partitions"])
     return content
+
+
+def _extreme_entry(plan: BudgetPlan, metric: str) -> dict[str, Any]:
+    """Max and min: the exponential mechanism's public grid, scale, margin and promise."""
+    if metric not in EXTREME_METRICS:
+        return {}
+    scale = plan.mechanism(metric).noise_scale
+    assert scale is not None
+    m = margin(scale)
+    side = "above" if metric == "max" else "below"
+    return {
+        "exponential_mechanism": {
+            "implementation": "OpenDP make_noisy_max (Gumbel report-noisy-max)",
+            "candidates": GRID_SIZE,
+            "grid": f"{GRID_SIZE} evenly spaced values from min_value to max_value",
+            "score": f"-|kept rows at or {side} the candidate - m|",
+            "gumbel_scale_rows": scale,
+            "margin_m": m,
+            "beta": BETA,
+            "promise": (
+                f"with probability >= {1 - BETA:g} per partition the answer has 1 to "
+                f"{2 * m - 1} kept rows at or {side} it when some candidate has exactly m; "
+                f"reliable where a partition keeps well over 2m = {2 * m} rows; an empty "
+                "partition gets a uniform draw from the grid"
+            ),
+        }
+    }
 
 
 def _ratio_noise_entry(plan: BudgetPlan, metric: str) -> dict[str, Any]:

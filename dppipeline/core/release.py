@@ -29,6 +29,7 @@ from dppipeline.core.budget import (
     MechanismBudget,
 )
 from dppipeline.core.discrete import add_discrete_noise
+from dppipeline.core.extremes import release_extremes
 from dppipeline.core.intervals import has_interval, mean_interval, metric_half_width
 from dppipeline.spec.model import (
     VARIANCE_METRICS,
@@ -41,13 +42,13 @@ from dppipeline.spec.schema import release_schema, transactions_schema
 # Exact, bounded aggregates per partition that engines hand to the release.
 AGGREGATE_COLUMNS = ("privacy_id_count", "count", "sum")
 SUM_SQUARES = "sum_squares"  # sum of clipped values squared (variance only)
-VALUES = "values"  # the kept clipped values, one array per partition (percentiles only)
+VALUES = "values"  # the kept clipped values, one array per partition (percentiles, max, min)
 AGGREGATE_DTYPES = {"privacy_id_count": "int64", "count": "int64", "sum": "float64"}
 # Release column order (also the order in schemas/terminal_stats.json); percentiles sit
-# between variance and privacy_id_count, count_distinct columns after privacy_id_count, each
-# in the order the spec lists them.
+# between variance and privacy_id_count (then max, min), count_distinct columns after
+# privacy_id_count, each in the order the spec lists them.
 METRIC_ORDER = (
-    "count", "sum", "mean", "variance", "stddev", "percentile", "privacy_id_count",
+    "count", "sum", "mean", "variance", "stddev", "percentile", "max", "min", "privacy_id_count",
     "count_distinct",
 )  # fmt: skip
 # PyDP's QuantileTree, with pipeline-dp's shape: 16^4 = 65,536 leaves over [min, max].
@@ -76,7 +77,7 @@ def required_columns(params: AggregationParams) -> tuple[str, ...]:
     columns = list(AGGREGATE_COLUMNS)
     if any(m in VARIANCE_METRICS for m in params.metrics):
         columns.append(SUM_SQUARES)
-    if params.percentiles:
+    if params.keeps_values:
         columns.append(VALUES)
     columns += [distinct_aggregate(c) for c in params.distinct_columns]
     return tuple(columns)
@@ -168,7 +169,8 @@ def _percentiles(plan: BudgetPlan, values: Sequence[np.ndarray]) -> np.ndarray:
     """One PyDP QuantileTree per partition answers all its percentiles at one cost.
 
     Returns an array (partitions x percentiles). PyDP clamps the rank to [0.005, 0.995], so
-    percentile(100) is the 99.5th percentile: a DP maximum that ignores the top 0.5%.
+    percentile(100) is the 99.5th percentile (and, measured, lands near the upper bound on
+    skewed data): `max` (`core.extremes`) is the DP maximum.
     """
     params = plan.params
     spec = plan.mechanism("percentile").build_spec()
@@ -239,6 +241,13 @@ def noise_partitions(
         table = _percentiles(plan, list(exact[VALUES]))
         for i, metric in enumerate(m for m in params.metrics if percentile_of(m) is not None):
             values[metric] = table[:, i]
+    for metric in params.extremes:
+        mechanism = plan.mechanism(metric)
+        assert mechanism.noise_scale is not None
+        assert params.min_value is not None and params.max_value is not None
+        values[metric] = release_extremes(
+            list(exact[VALUES]), metric, params.min_value, params.max_value, mechanism.noise_scale
+        )
     if plan.has("privacy_id_count"):
         values["privacy_id_count"] = _noised(
             plan, "privacy_id_count", exact["privacy_id_count"].to_numpy()

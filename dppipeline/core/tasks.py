@@ -28,6 +28,7 @@ import pandas as pd
 import pyarrow as pa
 
 from dppipeline.core.budget import JobPlan
+from dppipeline.core.extremes import EXTREME_METRICS
 from dppipeline.core.release import (
     release_public,
     release_selection_group,
@@ -252,7 +253,7 @@ def task_for(query: QuerySpec, schema: Schema) -> AggregationTask:
         ),
         max_contributions=total,
         sum_squares=any(m in VARIANCE_METRICS for m in metrics),
-        values=any(percentile_of(m) is not None for m in metrics),
+        values=any(percentile_of(m) is not None or m in EXTREME_METRICS for m in metrics),
         distinct=distinct_columns(metrics),
     )
 

@@ -40,10 +40,11 @@ from dppipeline.storage import Location, is_uri
 if TYPE_CHECKING:
     from dppipeline.spec.schema import Schema
 
-METRICS = ("count", "sum", "mean", "variance", "stddev", "privacy_id_count")
+METRICS = ("count", "sum", "mean", "variance", "stddev", "max", "min", "privacy_id_count")
 # Metrics computed from the variance mechanisms (stddev is its square root: no extra budget).
 VARIANCE_METRICS = ("variance", "stddev")
-# percentile(p), 0 <= p <= 100, is the parametrised metric; percentile(100) is a DP maximum.
+# percentile(p), 0 <= p <= 100, is the parametrised metric (PyDP clamps its rank to 99.5%:
+# `max` and `min`, an exponential mechanism near the extreme rank, are the DP extremes).
 _PERCENTILE = re.compile(r"^percentile\(\s*(\d+(?:\.\d+)?)\s*\)$")
 # count_distinct(COLUMN): distinct non-null values of an input column among the kept rows.
 _COUNT_DISTINCT = re.compile(r"^count_distinct\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*\)$")
@@ -765,7 +766,8 @@ def metric_column(metric: str) -> str:
 
 def _needs_value_bounds(metrics: tuple[str, ...]) -> bool:
     return any(
-        m in ("sum", "mean", *VARIANCE_METRICS) or percentile_of(m) is not None for m in metrics
+        m in ("sum", "mean", "max", "min", *VARIANCE_METRICS) or percentile_of(m) is not None
+        for m in metrics
     )
 
 
@@ -786,7 +788,7 @@ class QuerySpec(_Section):
     metrics: Metrics = Field(
         ("count", "sum", "mean"),
         description=(
-            "count, sum, mean, variance, stddev, privacy_id_count, percentile(P), "
+            "count, sum, mean, variance, stddev, max, min, privacy_id_count, percentile(P), "
             "count_distinct(COLUMN)."
         ),
     )
@@ -824,7 +826,8 @@ class QuerySpec(_Section):
     def _consistent(self) -> QuerySpec:
         if self.needs_value_bounds and self.bounds.min_value is None:
             raise _broken(
-                "min_value and max_value are required for sum, mean, variance and percentiles",
+                "min_value and max_value are required for sum, mean, variance, max, min and "
+                "percentiles",
                 at="bounds.min_value",
             )
         selection = self.partition_selection
@@ -939,8 +942,9 @@ class JobSpec(_Section):
         ("count", "sum", "mean"),
         description=(
             "Any of count, sum, mean, variance, stddev (the square root of the variance, no "
-            "extra budget), privacy_id_count, percentile(P), count_distinct(COLUMN) (distinct "
-            "non-null values of an input column among the kept rows; noise as count)."
+            "extra budget), max, min (an exponential mechanism over 1,024 public candidates in "
+            "[min_value, max_value]), privacy_id_count, percentile(P), count_distinct(COLUMN) "
+            "(distinct non-null values of an input column among the kept rows; noise as count)."
         ),
     )
     noise: Annotated[str, BeforeValidator(_one_of(NOISE_KINDS))] = Field(
