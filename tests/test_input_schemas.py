@@ -22,6 +22,7 @@ import pandas as pd
 import pytest
 
 from dppipeline.commands.generate import generate
+from dppipeline.core.extremes import candidates
 from dppipeline.errors import InputError, SpecError
 from dppipeline.orchestration.runner import run_job
 from dppipeline.spec.hashing import spec_hash
@@ -113,6 +114,16 @@ def test_the_book_scenarios_equal_the_truth_on_every_engine(book, tmp_path, engi
     truth = terminals.groupby("TERMINAL_ID")["clipped"].mean()
     got = mean.set_index("TERMINAL_ID")["mean"].loc[truth.index]
     np.testing.assert_allclose(got, truth, atol=1e-3)  # noise std below 1e-4 here
+
+    # max at a huge epsilon (margin m = 1): a grid candidate with as close to one kept row at
+    # or above it as any candidate has (ties among such candidates are drawn at random)
+    largest = released(out, "max_per_terminal", ["TERMINAL_ID"]).set_index("TERMINAL_ID")["max"]
+    grid = candidates(0.0, 250.0)
+    assert set(largest) <= set(grid)
+    for terminal, values in terminals.groupby("TERMINAL_ID")["clipped"]:
+        above = (values.to_numpy()[None, :] >= grid[:, None]).sum(axis=1)
+        got = int((values >= largest[terminal]).sum())
+        assert abs(got - 1) == np.abs(above - 1).min(), terminal
 
     (spending,) = released(out, "customers_spending_25_or_more", [])["privacy_id_count"]
     assert spending == rows.loc[rows["TX_AMOUNT"] >= 25, "CUSTOMER_ID"].nunique()
