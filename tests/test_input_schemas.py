@@ -170,7 +170,7 @@ def test_a_card_table_with_string_and_bucket_keys_runs_on_every_engine(cards, tm
         load_raw(ROOT / "jobs/configs/card_payments.yaml"),
         {**HUGE, "input.path": str(cards), "output": str(tmp_path / "release")},
     )
-    from dppipeline.orchestration.runner import with_detected_layout
+    from dppipeline.inputs.files import with_detected_layout
 
     spec = with_detected_layout(spec)  # a folder of YYYY-MM-DD.csv: csv, as the CLI detects
     result = run_job(spec, engine, echo=lambda _: None, seed=2)
@@ -496,7 +496,7 @@ def test_hive_style_folders_give_a_column_on_every_engine(cards, tmp_path, engin
     spec = spec.model_copy(
         update={"queries": (spec.queries[1].model_copy(update={"partition_by": ("COUNTRY",)}),)}
     )
-    from dppipeline.orchestration.runner import with_detected_layout
+    from dppipeline.inputs.files import with_detected_layout
 
     result = run_job(with_detected_layout(spec), engine, echo=lambda _: None, seed=5)
     got = released(result.output, "by_country_and_amount", ["COUNTRY"])

@@ -428,7 +428,7 @@ def _spec_from_args(args: argparse.Namespace):
             raise SpecError(f"{args.config}: {field}", exc.rule) from None
         flag = _FIELD_FLAGS.get(field)
         raise SpecError(f"{flag} ({field})" if flag else field, exc.rule) from None
-    from dppipeline.orchestration.runner import with_detected_layout  # noqa: PLC0415
+    from dppipeline.inputs.files import with_detected_layout  # noqa: PLC0415
 
     return with_detected_layout(spec)
 

@@ -16,6 +16,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import pyarrow as pa
@@ -23,6 +24,9 @@ import pyarrow.parquet as pq
 
 from dppipeline.errors import InputError
 from dppipeline.storage import Location, StorageError
+
+if TYPE_CHECKING:
+    from dppipeline.spec.model import JobSpec
 
 _DAY = r"(\d{4}-\d{2}-\d{2})"
 _PARQUET_DIR = re.compile(rf"^date={_DAY}$")
@@ -160,6 +164,25 @@ def detect_layout(root: str | Path) -> str:
             "keep one per folder, or name it with --format (input.format)"
         )
     return "csv" if csv else "parquet"
+
+
+def with_detected_layout(spec: JobSpec) -> JobSpec:
+    """The spec with `input.format` detected when it names none: from the folder's daily
+    layout (a folder of `YYYY-MM-DD.csv` files needs no `--format csv`), or with layout
+    `files` from the files' suffixes. A detected csv is recorded as if given, so the release
+    key is the one `--format csv` gives; parquet stays the unset default. Light on purpose:
+    the CLI calls it before pipeline-dp is imported (see `cli._skip_pld_unless_used`)."""
+    if spec.input.path is None or "format" in spec.input.model_fields_set:
+        return spec
+    if spec.input.layout == "files":
+        parts = discover_files(spec.input.path, None)
+        found_format = "csv" if str(parts[0].files[0]).endswith(".csv") else "parquet"
+    else:
+        found_format = detect_layout(spec.input.path)
+    if found_format == spec.input.format:
+        return spec
+    found = spec.input.model_copy(update={"format": found_format})
+    return spec.model_copy(update={"input": found})
 
 
 def _discover_remote(root: Location, fmt: str) -> list[DailyPartition]:

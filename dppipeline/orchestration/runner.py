@@ -39,10 +39,10 @@ from dppipeline.engines.base import Engine, ReleaseJob
 from dppipeline.errors import InputError, OutputError, UsageError
 from dppipeline.inputs.files import (
     DailyPartition,
-    detect_layout,
     discover_files,
     discover_partitions,
     select_days,
+    with_detected_layout,
 )
 from dppipeline.inputs.quarantine import default_root as quarantine_root
 from dppipeline.inputs.quarantine import run_folder, ship_quarantine, state_dir
@@ -168,24 +168,6 @@ def budget_policy(spec: JobSpec) -> BudgetPolicy:
         cap_delta=spec.budget.cap_delta,
         window_days=spec.budget.window_days,
     )
-
-
-def with_detected_layout(spec: JobSpec) -> JobSpec:
-    """The spec with `input.format` detected when it names none: from the folder's daily
-    layout (a folder of `YYYY-MM-DD.csv` files needs no `--format csv`), or with layout
-    `files` from the files' suffixes. A detected csv is recorded as if given, so the release
-    key is the one `--format csv` gives; parquet stays the unset default."""
-    if spec.input.path is None or "format" in spec.input.model_fields_set:
-        return spec
-    if spec.input.layout == "files":
-        parts = discover_files(spec.input.path, None)
-        found_format = "csv" if str(parts[0].files[0]).endswith(".csv") else "parquet"
-    else:
-        found_format = detect_layout(spec.input.path)
-    if found_format == spec.input.format:
-        return spec
-    found = spec.input.model_copy(update={"format": found_format})
-    return spec.model_copy(update={"input": found})
 
 
 def input_days(spec: JobSpec) -> list[DailyPartition]:

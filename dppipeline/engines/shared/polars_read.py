@@ -105,13 +105,16 @@ def checked(rows: FileRows, schema: Schema) -> pl.LazyFrame:
 
 
 def split_rows(
-    flagged: pl.DataFrame, rows: FileRows, schema: Schema
+    flagged: pl.DataFrame, rows: FileRows, schema: Schema, files: pl.Enum | None = None
 ) -> tuple[pl.DataFrame, pl.DataFrame | None]:
     """(valid rows with schema types, `_source_file` and `_row`; rejected rows as text with
-    file, row and reason, or None)."""
+    file, row and reason, or None). `files`: every file of the read as an Enum, so a valid
+    row's file is a small code (the Linf priority reads the codes; text per row cost 0.5 s of
+    a 5M-row run)."""
     bad = flagged.get_column(BAD)
     rejected = None
     source = pl.lit(rows.path).alias(SOURCE)
+    valid_source = source if files is None else pl.lit(rows.path, dtype=files).alias(SOURCE)
     if bad.any():
         flagged = flagged.rechunk()  # polars can panic filtering a multi-chunk frame by a mask
         bad = bad.rechunk()
@@ -123,7 +126,7 @@ def split_rows(
         )
         flagged = flagged.filter(~bad)
     valid = flagged.select(
-        *[pl.col(parsed_name(n)).alias(n) for n in schema.names], source, pl.col(ROW)
+        *[pl.col(parsed_name(n)).alias(n) for n in schema.names], valid_source, pl.col(ROW)
     )
     return valid, rejected
 
@@ -171,8 +174,9 @@ def read_validated(days: list[DailyPartition], fmt: str, schema: Schema) -> Vali
         _raise_for_unreadable_file(files, schema, fmt)
         raise
     valid_parts, rejected_parts = [], []
+    names = pl.Enum(list(dict.fromkeys(rows.path for rows in files)))
     for rows, flagged in zip(files, collected, strict=True):
-        valid, rejected = split_rows(flagged, rows, schema)
+        valid, rejected = split_rows(flagged, rows, schema, names)
         valid_parts.append(valid)
         if rejected is not None:
             rejected_parts.append(rejected)
