@@ -258,8 +258,9 @@ def test_beam_runs_do_not_depend_on_one_customer(tmp_path, kind):
 
 
 def _planted(leak: str):
-    """`local.aggregate_task` with one leak put back, as a bug would."""
-    exact = local.aggregate_task
+    """`local.aggregate_task_rows` (a task's kept rows -> its aggregates) with one leak put
+    back, as a bug would."""
+    exact = local.aggregate_task_rows
     logger = logging.getLogger("dppipeline.local")
 
     def leaky(rows, task, unit, keys):
@@ -267,7 +268,7 @@ def _planted(leak: str):
         if leak == "pre-selection count in a log line":
             logger.info(f"{task.name}: {len(aggregates):,} partitions aggregated")
         elif leak == "data-dependent crash" and task.name == "q_rare_global":
-            if len(rows.filter(rows["TX_AMOUNT"] > 1000)) > 0:
+            if rows.height > 0:  # the task's rows: those its filter TX_AMOUNT > 1000 keeps
                 raise ZeroDivisionError("an edge case only some data reach")
         elif leak == "value in an error message" and task.name == "q_private":
             raise InputError(f"{task.name}: partition too large ({len(aggregates)} partitions)")
@@ -283,6 +284,6 @@ def _planted(leak: str):
 def test_the_harness_catches_a_planted_leak(tmp_path, monkeypatch, leak):
     """The harness is only as good as what it notices: each leak, put back on purpose, makes
     some neighbouring pair distinguishable."""
-    monkeypatch.setattr(local, "aggregate_task", _planted(leak))
+    monkeypatch.setattr(local, "aggregate_task_rows", _planted(leak))
     found = {kind: neighbour_pair(tmp_path / kind, "local", "parquet", kind) for kind in KINDS}
     assert any(found.values()), f"planted leak not caught: {leak}"

@@ -1,32 +1,41 @@
-"""The local engine: in-process, for tests, demos and data that fits in memory.
+"""The local engine: in-process, on one machine.
 
-Polars reads and validates (multi-threaded) once; each query's task filters and derives its
-keys with Polars expressions, and numpy bounds and aggregates with sorts and bincounts (see
-`bounding.py`); the DP release is `core.release`, as on every engine.
+Polars reads and validates a batch of files at a time (multi-threaded); each query's task
+filters and derives its keys with Polars expressions, keeps of the batch only the rows
+bounding may keep (`pre_bound`), and numpy bounds and aggregates what all batches kept with
+sorts and bincounts (see `bounding.py`); the DP release is `core.release`, as on every engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import polars as pl
 
 from dppipeline.core.tasks import (
     AggregationTask,
     read_schema,
 )
 from dppipeline.engines.base import EngineRun, ReleaseJob, release_to_datasets
-from dppipeline.engines.shared.polars_read import read_validated
-from dppipeline.engines.shared.polars_tasks import aggregate_task
+from dppipeline.engines.shared.polars_read import file_names, read_validated
+from dppipeline.engines.shared.polars_tasks import aggregate_task_rows, pre_bound, task_rows
 from dppipeline.engines.shared.sampling import (
     SamplingKeys,
 )
-from dppipeline.inputs.contract import RejectSummary, check_rejected_fraction
+from dppipeline.inputs.contract import RejectedRow, RejectSummary, check_rejected_fraction
 from dppipeline.inputs.files import DailyPartition
 from dppipeline.inputs.quarantine import write_rejected
 from dppipeline.spec.schema import Schema
+
+# Files read at a time: enough for Polars to read them in parallel, few enough that a batch
+# of the benchmark's daily files (25,000 rows each) stays small next to the kept rows.
+BATCH_FILES = max(32, 8 * (os.cpu_count() or 1))
+# Kept rows held per task before they are thinned together (`pre_bound` of their union).
+COMPACT_ROWS = 2_000_000
 
 
 @dataclass
@@ -48,17 +57,60 @@ def compute_aggregates(
     quarantine: Path,
     salt: bytes,
 ) -> EngineResult:
-    """Read + validate once (`schema`: the columns the tasks read, `read_schema`) -> per
-    task: filter, keys, clip, bound, aggregate per partition."""
-    validated = read_validated(days, fmt, schema)
-    summary = validated.summary
+    """Read + validate (`schema`: the columns the tasks read, `read_schema`) a batch of files
+    at a time; per task and batch: filter, keys, clip and `pre_bound` (the rows bounding may
+    keep); then per task: bound and aggregate per partition. Memory grows with the pairs
+    (times Linf) and one batch of rows, not with every row of the input."""
+    keys = SamplingKeys.from_salt(salt)
+    names = file_names(days)
+    public = {
+        t.name: None if t.public_keys is None else pl.from_pandas(t.public_keys) for t in tasks
+    }
+    kept: dict[str, list[pl.DataFrame]] = {task.name: [] for task in tasks}
+    compacted = dict.fromkeys(kept, 0)  # rows held after the last thinning
+    rejected: list[pl.DataFrame] = []
+    rows_read = 0
+    first: RejectedRow | None = None
+    for batch in _batches(days):
+        validated = read_validated(batch, fmt, schema, names)
+        rows_read += validated.summary.rows_read
+        first = first or validated.summary.first
+        if validated.rejected.height:
+            rejected.append(validated.rejected)
+        for task in tasks:
+            frame = task_rows(validated.rows, task, unit, public[task.name])
+            kept[task.name].append(pre_bound(frame, task, unit, keys))
+            held = sum(f.height for f in kept[task.name])
+            if held > max(COMPACT_ROWS, 2 * compacted[task.name]):  # a batch rarely holds
+                # Linf rows of a pair: what the batches kept, thinned together
+                kept[task.name] = [pre_bound(pl.concat(kept[task.name]), task, unit, keys)]
+                compacted[task.name] = kept[task.name][0].height
+        del validated
+    summary = RejectSummary(rows_read, sum(r.height for r in rejected), first)
     if summary.rows_rejected:
-        path = write_rejected(validated.rejected.to_arrow(), quarantine)
+        path = write_rejected(pl.concat(rejected).to_arrow(), quarantine)
         summary = RejectSummary(summary.rows_read, summary.rows_rejected, summary.first, path)
     check_rejected_fraction(summary, max_rejected_fraction)
-    keys = SamplingKeys.from_salt(salt)
-    aggregates = {task.name: aggregate_task(validated.rows, task, unit, keys) for task in tasks}
+    aggregates = {
+        task.name: aggregate_task_rows(pl.concat(kept[task.name]), task, unit, keys)
+        for task in tasks
+    }
     return EngineResult(aggregates=aggregates, rejects=summary)
+
+
+def _batches(days: list[DailyPartition]) -> Iterator[list[DailyPartition]]:
+    """Files in batches of about BATCH_FILES (whole days; a day's files stay together), in
+    input order, so the first rejected row is the first of the input."""
+    batch: list[DailyPartition] = []
+    files = 0
+    for day in days:
+        batch.append(day)
+        files += len(day.files)
+        if files >= BATCH_FILES:
+            yield batch
+            batch, files = [], 0
+    if batch:
+        yield batch
 
 
 class LocalEngine:

@@ -91,13 +91,14 @@ def bottom_k_per_group(
     if len(group) <= k:
         return np.arange(len(group))
     codes, _ = pd.factorize(group)
-    return _bottom_k(codes, priority, k, tiebreak)
+    return bottom_k_codes(codes, priority, k, tiebreak)
 
 
-def _bottom_k(
+def bottom_k_codes(
     codes: np.ndarray, priority: np.ndarray, k: int, tiebreak: np.ndarray | None
 ) -> np.ndarray:
-    """`bottom_k_per_group` for small non-negative group codes; only the entries of groups
+    """`bottom_k_per_group` for non-negative group codes that are small enough to bincount;
+    only the entries of groups
     larger than k are ranked.
 
     Fast path: each candidate's group code and the top bits of its priority are packed into
@@ -159,14 +160,16 @@ def sample_contributions(
     """
     pair = privacy_codes.astype(np.int64) * n_keys + key_codes.astype(np.int64)
     if max_contributions is not None:
-        rows = _bottom_k(privacy_codes.astype(np.int64), row_priority, max_contributions, values)
+        rows = bottom_k_codes(
+            privacy_codes.astype(np.int64), row_priority, max_contributions, values
+        )
         return ContributionSample(rows=rows, pair_key_codes=np.unique(pair[rows]) % n_keys)
     pair_of_row, pair_ids = pd.factorize(pair)
     # Linf: rows per (privacy unit, partition) pair.
-    rows = _bottom_k(pair_of_row, row_priority, max_contributions_per_partition, values)
+    rows = bottom_k_codes(pair_of_row, row_priority, max_contributions_per_partition, values)
     # (pair) -> its unit and partition; L0: pairs per privacy unit (each pair keeps a row).
     pair_units, pair_keys = pair_ids // n_keys, pair_ids % n_keys
-    chosen_pairs = _bottom_k(
+    chosen_pairs = bottom_k_codes(
         pair_units, pair_priority(pair_units, pair_keys), max_partitions_contributed, pair_keys
     )
     chosen = np.zeros(len(pair_ids), dtype=bool)

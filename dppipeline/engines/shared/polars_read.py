@@ -152,8 +152,16 @@ def _raise_for_unreadable_file(files: Sequence[FileRows], schema: Schema, fmt: s
             raise InputError(f"{rows.path}: cannot read as {fmt}: {first_line(exc)}") from None
 
 
-def read_validated(days: list[DailyPartition], fmt: str, schema: Schema) -> ValidatedInput:
-    """Reads every file of the selected days; splits valid rows from rejected ones."""
+def file_names(days: Sequence[DailyPartition]) -> pl.Enum:
+    """Every file of a read, as valid rows name them (`_source_file`)."""
+    return pl.Enum(list(dict.fromkeys(Location.of(p).display() for d in days for p in d.files)))
+
+
+def read_validated(
+    days: list[DailyPartition], fmt: str, schema: Schema, names: pl.Enum | None = None
+) -> ValidatedInput:
+    """Reads every file of the selected days; splits valid rows from rejected ones. `names`:
+    the files of the whole read when this is one batch of it (`file_names`)."""
     listed = [(path, day.day) for day in days for path in day.files]
     if fmt == "parquet":
         files = [parquet_rows(path, day, schema) for path, day in listed]
@@ -174,7 +182,7 @@ def read_validated(days: list[DailyPartition], fmt: str, schema: Schema) -> Vali
         _raise_for_unreadable_file(files, schema, fmt)
         raise
     valid_parts, rejected_parts = [], []
-    names = pl.Enum(list(dict.fromkeys(rows.path for rows in files)))
+    names = names if names is not None else file_names(days)
     for rows, flagged in zip(files, collected, strict=True):
         valid, rejected = split_rows(flagged, rows, schema, names)
         valid_parts.append(valid)

@@ -20,6 +20,7 @@ from dppipeline.engines.shared.bounding import (
     ContributionSample,
     aggregate_per_partition,
     aggregates_table,
+    bottom_k_codes,
     dense_codes,
     sample_contributions,
 )
@@ -34,6 +35,8 @@ from dppipeline.engines.shared.sampling import (
 )
 
 _CODE = "_key_code"
+PRIORITY = "_priority"  # a row's Linf priority, once `pre_bound` computed it
+DENSE_GROUPS = 1 << 26  # group codes below this are bincounted as they are
 
 
 def key_expr(key: KeyColumn) -> pl.Expr:
@@ -143,7 +146,42 @@ def aggregate_task(
     rows: pl.DataFrame, task: AggregationTask, unit: str, keys: SamplingKeys
 ) -> pd.DataFrame:
     """One task's exact bounded aggregates per partition, sampled with the run's keys."""
-    frame = task_rows(rows, task, unit)
+    return aggregate_task_rows(task_rows(rows, task, unit), task, unit, keys)
+
+
+def pre_bound(
+    frame: pl.DataFrame, task: AggregationTask, unit: str, keys: SamplingKeys
+) -> pl.DataFrame:
+    """The rows of a batch of `task_rows` that bounding may still keep: per (unit, partition)
+    pair its Linf rows of lowest priority (per unit its K rows under `max_contributions`).
+    Keeping the lowest k of each batch, then the lowest k of what the batches kept, keeps
+    exactly the lowest k of all rows (priority, then value, is a total order on rows that
+    are not interchangeable), so a run that reads batch by batch holds about pairs x Linf
+    rows, not every row, and releases what a run holding every row releases. Every pair
+    keeps a row, so L0 sampling sees every pair."""
+    if PRIORITY not in frame.columns:  # computed once per row, kept with the rows it keeps
+        frame = frame.with_columns(pl.Series(PRIORITY, row_priority(frame, keys)))
+    if frame.height == 0:
+        return frame
+    privacy_codes, _ = dense_codes(frame.get_column(unit).to_numpy())
+    values = None if task.clip is None else frame.get_column("_value").to_numpy()
+    priority = frame.get_column(PRIORITY).to_numpy()
+    if task.max_contributions is not None:
+        group, k = privacy_codes, task.max_contributions
+    else:
+        key_codes, key_values = key_codes_of(frame, task.keys)
+        group = privacy_codes * max(len(key_values), 1) + key_codes
+        k = task.max_contributions_per_partition
+    if group.max() >= DENSE_GROUPS:  # sparse codes: renumbered (the bincount would be large)
+        group = pd.factorize(group)[0].astype(np.int64)
+    kept = bottom_k_codes(group, priority, k, values)
+    return frame if len(kept) == frame.height else frame[kept]
+
+
+def aggregate_task_rows(
+    frame: pl.DataFrame, task: AggregationTask, unit: str, keys: SamplingKeys
+) -> pd.DataFrame:
+    """`aggregate_task` on rows `task_rows` already made (or `pre_bound` already thinned)."""
     key_codes, key_values = key_codes_of(frame, task.keys)
     privacy_codes, unit_values = dense_codes(frame.get_column(unit).to_numpy())
     values = None if task.clip is None else frame.get_column("_value").to_numpy()
@@ -155,7 +193,11 @@ def aggregate_task(
         unit_kind=unit_kind_of(unit_values),
         key_codes=key_codes,
         key_values=key_values,
-        row_priority=row_priority(frame, keys),
+        row_priority=(
+            frame.get_column(PRIORITY).to_numpy()
+            if PRIORITY in frame.columns
+            else row_priority(frame, keys)
+        ),
         values=values,
         distinct=distinct_arrays(frame, task),
     )
