@@ -33,9 +33,9 @@ from dppipeline.spec.schema import Schema
 
 # Files read at a time: enough for Polars to read them in parallel, few enough that a batch
 # of the benchmark's daily files (25,000 rows each) stays small next to the kept rows.
-BATCH_FILES = max(32, 8 * (os.cpu_count() or 1))
+BATCH_FILES = max(64, 16 * (os.cpu_count() or 1))
 # Kept rows held per task before they are thinned together (`pre_bound` of their union).
-COMPACT_ROWS = 2_000_000
+COMPACT_ROWS = 4_000_000
 
 
 @dataclass
