@@ -165,3 +165,21 @@ def s3(s3_server, monkeypatch):
         monkeypatch.setenv(name, value)
     storage._remote_fs.cache_clear()  # clients built for another endpoint are not reused
     return s3_server
+
+
+def write_daily_parquet(rows: pd.DataFrame, root: Path) -> Path:
+    """Hand-made transactions (the transactions schema's columns, `TX_DATETIME` as datetime)
+    written as `root/date=YYYY-MM-DD/part-0.parquet`, one folder per day; returns `root`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dppipeline.spec.schema import transactions_schema
+
+    schema = transactions_schema().to_arrow()
+    moments = rows["TX_DATETIME"].astype("datetime64[us]")
+    for day, part in rows.assign(TX_DATETIME=moments).groupby(moments.dt.date):
+        folder = root / f"date={day.isoformat()}"
+        folder.mkdir(parents=True)
+        table = pa.Table.from_pandas(part[schema.names], schema=schema, preserve_index=False)
+        pq.write_table(table, folder / "part-0.parquet")
+    return root

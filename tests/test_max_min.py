@@ -25,6 +25,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import write_daily_parquet
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
@@ -236,23 +237,7 @@ def hand_made(tmp_path_factory) -> tuple[object, pd.DataFrame]:
     rows.insert(0, "TRANSACTION_ID", np.arange(n, dtype=np.int64))
     rows.insert(1, "TX_DATETIME", START + pd.to_timedelta(rng.integers(0, 3 * 86400, n), "s"))
     rows["TX_DATETIME"] = rows["TX_DATETIME"].astype("datetime64[us]")
-    root = tmp_path_factory.mktemp("max_min") / "in"
-    schema = pa.schema(
-        [
-            ("TRANSACTION_ID", pa.int64()),
-            ("TX_DATETIME", pa.timestamp("us")),
-            ("CUSTOMER_ID", pa.int64()),
-            ("TERMINAL_ID", pa.int64()),
-            ("TX_AMOUNT", pa.float64()),
-        ]
-    )
-    for day, part in rows.groupby(rows["TX_DATETIME"].dt.date):
-        folder = root / f"date={day.isoformat()}"
-        folder.mkdir(parents=True)
-        pq.write_table(
-            pa.Table.from_pandas(part, schema=schema, preserve_index=False),
-            folder / "part-0.parquet",
-        )
+    root = write_daily_parquet(rows, tmp_path_factory.mktemp("max_min") / "in")
     return root, rows
 
 

@@ -18,6 +18,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import write_daily_parquet
 
 from dppipeline.orchestration.runner import make_plan, run_job
 from dppipeline.spec.model import build_spec, load_spec
@@ -45,21 +46,7 @@ def transactions(tmp_path_factory) -> tuple[object, pd.DataFrame]:
         }
     )
     rows["TX_DATETIME"] = rows["TX_DATETIME"].astype("datetime64[us]")
-    root = tmp_path_factory.mktemp("queries") / "in"
-    schema = pa.schema(
-        [
-            ("TRANSACTION_ID", pa.int64()),
-            ("TX_DATETIME", pa.timestamp("us")),
-            ("CUSTOMER_ID", pa.int64()),
-            ("TERMINAL_ID", pa.int64()),
-            ("TX_AMOUNT", pa.float64()),
-        ]
-    )
-    for day, part in rows.groupby(rows["TX_DATETIME"].dt.date):
-        folder = root / f"date={day.isoformat()}"
-        folder.mkdir(parents=True)
-        table = pa.Table.from_pandas(part, schema=schema, preserve_index=False)
-        pq.write_table(table, folder / "part-0.parquet")
+    root = write_daily_parquet(rows, tmp_path_factory.mktemp("queries") / "in")
     return root, rows
 
 

@@ -8,9 +8,9 @@ import math
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import write_daily_parquet
 from scipy import stats
 
 from dppipeline.commands.cli import main
@@ -20,15 +20,6 @@ from dppipeline.ledger import Ledger
 from dppipeline.spec.model import build_spec
 
 CUSTOMERS, TERMINALS_EACH, ROWS_EACH, MAX_AMOUNT = 3000, 6, 4, 120.0
-SCHEMA = pa.schema(
-    [
-        ("TRANSACTION_ID", pa.int64()),
-        ("TX_DATETIME", pa.timestamp("us")),
-        ("CUSTOMER_ID", pa.int64()),
-        ("TERMINAL_ID", pa.int64()),
-        ("TX_AMOUNT", pa.float64()),
-    ]
-)
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +43,7 @@ def known(tmp_path_factory):
             "TX_AMOUNT": rng.uniform(0, MAX_AMOUNT, n),
         }
     )
-    root = tmp_path_factory.mktemp("tune") / "in"
-    for day, part in rows.groupby(rows["TX_DATETIME"].dt.date):
-        folder = root / f"date={day.isoformat()}"
-        folder.mkdir(parents=True)
-        pq.write_table(pa.Table.from_pandas(part, schema=SCHEMA, preserve_index=False),
-                       folder / "part-0.parquet")  # fmt: skip
+    root = write_daily_parquet(rows, tmp_path_factory.mktemp("tune") / "in")
     keys = root.parent / "keys.csv"
     keys.write_text("TERMINAL_ID\n" + "\n".join(map(str, range(100))) + "\n")
     return root, keys
