@@ -80,9 +80,10 @@ def compute_aggregates(
         for task in tasks:
             frame = task_rows(validated.rows, task, unit, public[task.name])
             kept[task.name].append(pre_bound(frame, task, unit, keys))
+            # A batch rarely holds more than Linf rows of a pair: what the batches kept is
+            # thinned together once it is large (and twice what the last thinning left).
             held = sum(f.height for f in kept[task.name])
-            if held > max(COMPACT_ROWS, 2 * compacted[task.name]):  # a batch rarely holds
-                # Linf rows of a pair: what the batches kept, thinned together
+            if held > max(COMPACT_ROWS, 2 * compacted[task.name]):
                 kept[task.name] = [pre_bound(pl.concat(kept[task.name]), task, unit, keys)]
                 compacted[task.name] = kept[task.name][0].height
         del validated

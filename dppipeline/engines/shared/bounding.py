@@ -98,9 +98,8 @@ def bottom_k_per_group(
 def bottom_k_codes(
     codes: np.ndarray, priority: np.ndarray, k: int, tiebreak: np.ndarray | None
 ) -> np.ndarray:
-    """`bottom_k_per_group` for non-negative group codes that are small enough to bincount;
-    only the entries of groups
-    larger than k are ranked.
+    """`bottom_k_per_group` for non-negative group codes small enough to bincount; only the
+    entries of groups larger than k are ranked.
 
     Fast path: each candidate's group code and the top bits of its priority are packed into
     one uint64 (signed priority order kept); a value sort (Polars' radix sort, several times
