@@ -53,6 +53,15 @@ def spark():
     )
 
 
+@pytest.fixture(params=["local", "spark", "beam"])
+def engine(request) -> str:
+    """Each engine by name, Spark's session started first (a test module may define its own
+    `engine`, e.g. with engine objects or more variants)."""
+    if request.param == "spark":
+        request.getfixturevalue("spark")
+    return request.param
+
+
 def release_small(
     inputs: dict[str, Path],
     out: Path,

@@ -66,13 +66,6 @@ def cards(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(params=["local", "spark", "beam"])
-def engine(request):
-    if request.param == "spark":
-        request.getfixturevalue("spark")
-    return request.param
-
-
 def released(output: Path, name: str, keys: list[str]) -> pd.DataFrame:
     frame = pd.read_parquet(output / name)
     return frame.sort_values(keys, ignore_index=True) if keys else frame

@@ -268,13 +268,6 @@ def hand_made_spec(root, out, epsilon: float, **bounds) -> object:
     )
 
 
-@pytest.fixture(params=["local", "spark", "beam"])
-def engine(request):
-    if request.param == "spark":
-        request.getfixturevalue("spark")
-    return request.param
-
-
 def test_exact_at_huge_epsilon_on_every_engine(hand_made, tmp_path, engine):
     root, rows = hand_made
     spec = hand_made_spec(root, tmp_path / "release", 1e12)

@@ -111,13 +111,6 @@ def truth(rows: pl.DataFrame) -> pd.DataFrame:
     return terminal_truth(rows, MIN_VALUE, MAX_VALUE)
 
 
-@pytest.fixture(params=["local", "spark", "beam"])
-def engine(request):
-    if request.param == "spark":
-        request.getfixturevalue("spark")  # the session-wide SparkSession
-    return request.param
-
-
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
 def test_public_partitions_equal_oracle_and_truth(dataset, tmp_path, fmt, engine):
     root, rows, l0, linf = dataset

@@ -155,13 +155,6 @@ def tolerance(manifest: dict, query: str, metric: str) -> float:
     return SIGMAS * std + 1e-6
 
 
-@pytest.fixture(params=["local", "spark", "beam"])
-def engine(request):
-    if request.param == "spark":
-        request.getfixturevalue("spark")
-    return request.param
-
-
 def test_every_query_equals_the_truth(transactions, tmp_path, engine):
     root, rows = transactions
     rows = with_buckets(rows)

@@ -75,19 +75,9 @@ def test_a_folder_mixing_layouts_is_refused_in_one_line(small_inputs, tmp_path):
     mixed = tmp_path / "mixed"
     shutil.copytree(small_inputs["parquet"], mixed)
     shutil.copy(sorted(small_inputs["csv"].glob("*.csv"))[0], mixed)
-    done = cli(
-        "run",
-        "--input",
-        mixed,
-        "--output",
-        tmp_path / "out",
-        "--metrics",
-        "count",
-        "--public-partitions",
-        "0..59",
-        *HUGE,
-        "--no-ledger",
-    )
+    args = ["run", "--input", mixed, "--output", tmp_path / "out", "--metrics", "count",
+            "--public-partitions", "0..59", *HUGE, "--no-ledger"]  # fmt: skip
+    done = cli(*args)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert line == (
@@ -95,21 +85,7 @@ def test_a_folder_mixing_layouts_is_refused_in_one_line(small_inputs, tmp_path):
         "2026-01-01.csv): keep one per folder, or name it with --format (input.format)"
     )
     assert not (tmp_path / "out").exists()
-    named = cli(
-        "run",
-        "--input",
-        mixed,
-        "--output",
-        tmp_path / "out",
-        "--metrics",
-        "count",
-        "--public-partitions",
-        "0..59",
-        *HUGE,
-        "--no-ledger",
-        "--format",
-        "parquet",
-    )
+    named = cli(*args, "--format", "parquet")
     assert named.returncode == 0, named.stderr
 
 
