@@ -128,12 +128,10 @@ def test_the_metric_parses_to_one_canonical_form_and_column():
 
 
 def test_the_privacy_unit_and_unknown_columns_are_refused_in_one_line():
-    spec = build_spec({}, {"metrics": ["count_distinct(CUSTOMER_ID)"]})
     with pytest.raises(UsageError, match="counts privacy units: use privacy_id_count"):
-        check_query_columns(spec)
-    spec = build_spec({}, {"metrics": ["count_distinct(MERCHANT)"]})
+        build_spec({}, {"metrics": ["count_distinct(CUSTOMER_ID)"]})
     with pytest.raises(UsageError, match="'MERCHANT' is not an input column"):
-        check_query_columns(spec)
+        build_spec({}, {"metrics": ["count_distinct(MERCHANT)"]})
     check_query_columns(build_spec({}, {"metrics": [DISTINCT_TX, DISTINCT_TERMINAL]}))
 
 

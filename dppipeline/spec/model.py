@@ -1051,6 +1051,17 @@ class JobSpec(_Section):
                 _check_column(schema, query.value, f"{where}value", ("int64", "float64"))
             if query.filter is not None:
                 parse_filter(query.filter, schema, where=f"{where}filter")
+            for column in distinct_columns(query.metrics):
+                if column == unit:  # distinct units: privacy_id_count, sensitivity 1, not Linf
+                    raise SpecError(
+                        f"{where}metrics",
+                        f"count_distinct({column}) counts privacy units: use privacy_id_count",
+                    )
+                if column not in schema.names:
+                    raise SpecError(
+                        f"{where}metrics",
+                        f"count_distinct({column}): {column!r} is not an input column ({listed})",
+                    )
 
     def _check_key(self, schema: Schema, entry: str, where: str) -> None:
         if entry in TIME_BUCKETS:
