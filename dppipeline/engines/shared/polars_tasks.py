@@ -126,8 +126,10 @@ def key_codes_of(frame: pl.DataFrame, keys: Sequence[KeyColumn]) -> tuple[np.nda
 
 
 def row_priority(frame: pl.DataFrame, keys: SamplingKeys) -> np.ndarray:
-    """Each row's Linf priority from its identity; rows built in memory without one are
-    identified by their position."""
+    """Each row's Linf priority from its identity (or as `pre_bound` carried it); rows built
+    in memory without one are identified by their position."""
+    if PRIORITY in frame.columns:
+        return frame.get_column(PRIORITY).to_numpy()
     if SOURCE in frame.columns:
         source = frame.get_column(SOURCE)
         files = list(source.dtype.categories) if isinstance(source.dtype, pl.Enum) else None
@@ -159,13 +161,13 @@ def pre_bound(
     are not interchangeable), so a run that reads batch by batch holds about pairs x Linf
     rows, not every row, and releases what a run holding every row releases. Every pair
     keeps a row, so L0 sampling sees every pair."""
+    priority = row_priority(frame, keys)
     if PRIORITY not in frame.columns:  # computed once per row, kept with the rows it keeps
-        frame = frame.with_columns(pl.Series(PRIORITY, row_priority(frame, keys)))
+        frame = frame.with_columns(pl.Series(PRIORITY, priority))
     if frame.height == 0:
         return frame
     privacy_codes, _ = dense_codes(frame.get_column(unit).to_numpy())
     values = None if task.clip is None else frame.get_column("_value").to_numpy()
-    priority = frame.get_column(PRIORITY).to_numpy()
     if task.max_contributions is not None:
         group, k = privacy_codes, task.max_contributions
     else:
@@ -193,11 +195,7 @@ def aggregate_task_rows(
         unit_kind=unit_kind_of(unit_values),
         key_codes=key_codes,
         key_values=key_values,
-        row_priority=(
-            frame.get_column(PRIORITY).to_numpy()
-            if PRIORITY in frame.columns
-            else row_priority(frame, keys)
-        ),
+        row_priority=row_priority(frame, keys),
         values=values,
         distinct=distinct_arrays(frame, task),
     )
