@@ -14,6 +14,7 @@ import apache_beam as beam
 import numpy as np
 import pandas as pd
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
@@ -271,11 +272,12 @@ def test_write_release_writes_the_release_schema(tmp_path):
     table = pd.DataFrame({"TERMINAL_ID": [1, 2], "count": [3.5, -1.0]})
     from dppipeline.core.release import release_arrow_schema, to_release_table
 
-    schema = release_arrow_schema("TERMINAL_ID", spec.metrics)
+    keys = [("TERMINAL_ID", pa.int64())]
+    schema = release_arrow_schema(keys, spec.metrics)
     with BeamTestPipeline() as pipeline:
         _ = (
             pipeline
-            | beam.Create([(3, to_release_table(table, "TERMINAL_ID", spec.metrics))])
+            | beam.Create([(3, to_release_table(table, keys, spec.metrics))])
             | WriteRelease(tmp_path / "ds[1]", schema)  # a folder name that is no pattern
         )
     files = sorted((tmp_path / "ds[1]").glob("part-*.parquet"))

@@ -37,7 +37,7 @@ from dppipeline.spec.model import (
     metric_column,
     percentile_of,
 )
-from dppipeline.spec.schema import release_schema, transactions_schema
+from dppipeline.spec.schema import release_schema
 
 # Exact, bounded aggregates per partition that engines hand to the release.
 AGGREGATE_COLUMNS = ("privacy_id_count", "count", "sum")
@@ -329,16 +329,14 @@ def release_columns(metrics: Sequence[str], intervals: bool = False) -> list[str
 
 
 def release_arrow_schema(
-    key_columns: Sequence[tuple[str, pa.DataType]] | str,
+    key_columns: Sequence[tuple[str, pa.DataType]],
     metrics: Sequence[str],
     intervals: bool = False,
     integer_counts: bool = False,
 ) -> pa.Schema:
-    """The release's schema: key columns (name, type), then the metric columns in order.
-    A single input column name is accepted for a one-key release. `integer_counts`: count and
-    privacy_id_count as int64 (discrete noise), not float64."""
-    if isinstance(key_columns, str):
-        key_columns = [(key_columns, transactions_schema().field(key_columns).arrow_type)]
+    """The release's schema: key columns (name, type; `KeyColumn.arrow_type`), then the
+    metric columns in order. `integer_counts`: count and privacy_id_count as int64 (discrete
+    noise), not float64."""
     schema = release_schema(list(key_columns), release_columns(metrics, intervals))
     if integer_counts:
         for name in schema.names:
@@ -350,7 +348,7 @@ def release_arrow_schema(
 
 def to_release_table(
     released: pd.DataFrame,
-    key_columns: Sequence[tuple[str, pa.DataType]] | str,
+    key_columns: Sequence[tuple[str, pa.DataType]],
     metrics: Sequence[str],
     intervals: bool = False,
     integer_counts: bool = False,
