@@ -411,6 +411,10 @@ def test_the_spec_hash_follows_a_schema_files_content_not_its_path(tmp_path):
         json.dumps({"name": "tx", "fields": [*columns, {"name": "X", "type": "int64"}]})
     )
     assert spec_hash(spec_of(input={"schema": str(edited)})) != spec_hash(a)
+    before = spec_hash(a)
+    first.write_text(edited.read_text())  # edited in place, in the same process
+    assert spec_hash(spec_of(input={"schema": str(first)})) != before
+    assert spec_hash(a) == before  # a spec is hashed by the columns it read
 
 
 def test_a_string_column_rejects_blanks_and_bad_utf8_on_every_engine(cards, tmp_path, engine):

@@ -93,23 +93,9 @@ def _section(value: BaseModel, where: str, skip: frozenset[str] = frozenset()) -
             content = _plain(field_value)
         if name == "public_partitions":
             content = key_sources_by_content(content)
-        if (where, name) == ("input", "schema"):
-            content = schema_by_content(field_value)
         if content != {}:
             out[name] = content
     return out
-
-
-def schema_by_content(source: Any) -> Any:
-    """An input schema other than the default by its columns (names, types, nullability,
-    role), whether a file or listed inline: a moved or re-described file is the same release,
-    a changed column is not."""
-    from dppipeline.spec.schema import SchemaError, input_schema_from  # noqa: PLC0415
-
-    try:
-        return {"columns": input_schema_from(source).canonical()}
-    except SchemaError as exc:
-        raise InputError(f"input.schema: {exc}") from None
 
 
 def key_sources_by_content(sources: Any) -> Any:
@@ -135,8 +121,14 @@ def file_sha256(path: str | Path) -> str:
 
 
 def canonical_spec(spec: Any) -> dict[str, Any]:
-    """The canonical form of a job spec (see the module docstring)."""
-    return _section(spec, "", frozenset({"queries"}) if spec.is_shorthand else frozenset())
+    """The canonical form of a job spec (see the module docstring). An input schema other
+    than the default counts by the columns the spec read (names, types, nullability, role),
+    whether from a file or listed inline: a moved or re-described file is the same release,
+    a changed column is not, and a file edited after the spec read it changes nothing."""
+    out = _section(spec, "", frozenset({"queries"}) if spec.is_shorthand else frozenset())
+    if "schema" in out.get("input", {}):
+        out["input"]["schema"] = {"columns": spec.source_schema.canonical()}
+    return out
 
 
 def spec_hash(spec: Any) -> str:

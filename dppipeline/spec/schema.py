@@ -154,9 +154,10 @@ def input_schema_from(source: str | list[Any] | tuple[Any, ...] | Mapping[str, A
     return _schema_data({"name": "inline", "fields": list(source)}, "inline")
 
 
-@cache
 def _schema_file(path: str) -> Schema:
-    """A schema JSON file, read once per process."""
+    """A schema JSON file, read each time it is asked for (a spec keeps what it read): a
+    process that lives on (a scheduler, a notebook) must see an edited file, whose release
+    key changes with its columns."""
     from dppipeline.storage import Location, StorageError  # noqa: PLC0415
 
     if not path.endswith(".json"):
