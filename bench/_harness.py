@@ -40,7 +40,7 @@ KEYS_FILE = DATA_DIR / "public_terminals.csv"
 MARKER = "_generated.json"  # skipped by the readers: they ignore names starting with "_"
 
 # Row-count label -> days generated at 25,000 transactions a day.
-DAYS: dict[str, int] = {"1M": 40, "5M": 200, "20M": 800}
+DAYS: dict[str, int] = {"1M": 40, "5M": 200, "20M": 800, "100M": 4000}
 POPULATION: dict[str, int] = {"customers": 5000, "terminals": 1000, "tx_per_day": 25000, "seed": 0}
 PRIVACY_UNIT, KEY, VALUE = "CUSTOMER_ID", "TERMINAL_ID", "TX_AMOUNT"
 EPSILON, DELTA = 1.0, 1e-6
@@ -240,6 +240,22 @@ def ours_command(
         *BOUND_FLAGS,
         *("--public-partitions", str(keys), "--overwrite"),
         *("--ledger", f"sqlite:///{ledger}", "--new-release"),
+        *options,
+    ]
+
+
+BANK_JOB = ROOT / "jobs" / "configs" / "bank_partner_release.yaml"
+
+
+def bank_job_command(
+    engine: str, data: Dataset, output: Path, ledger: Path, *options: str
+) -> list[str]:
+    """`dppipeline run` of the bank's 12-query job (`jobs/configs/bank_partner_release.yaml`)
+    on the same data: what several queries cost against the one-query job."""
+    return [
+        *(sys.executable, "-m", "dppipeline", "run", "--engine", engine),
+        *("--config", str(BANK_JOB), "--input", str(data.folder), "--output", str(output)),
+        *("--overwrite", "--ledger", f"sqlite:///{ledger}", "--new-release"),
         *options,
     ]
 

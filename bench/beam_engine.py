@@ -27,6 +27,7 @@ from bench._harness import (
     Dataset,
     Program,
     Timing,
+    bank_job_command,
     build_job_spec,
     ours_command,
     pipelinedp_command,
@@ -49,6 +50,7 @@ TARGET_SIZES = ("1M",)  # ... at these sizes
 MULTI_PROCESS_OPTIONS = ("--direct_running_mode=multi_processing", "--direct_num_workers=2")
 
 OURS = "dppipeline beam"
+BANK = "dppipeline beam, bank job (12 queries)"
 OURS_2P = "dppipeline beam (2 processes)"
 PIPELINEDP = "PipelineDP BeamBackend"
 BASELINE = "Beam CombinePerKey (non-private)"
@@ -88,6 +90,14 @@ def programs(data: Dataset, keys: Path, args: argparse.Namespace) -> dict[str, P
             {},
             OURS_MARKERS,
             ours_out / name,
+            repeat,
+        ),
+        BANK: Program(
+            BANK,
+            bank_job_command("beam", data, DATA_DIR / f"beam_bank_{label}", LEDGER),
+            {},
+            OURS_MARKERS,
+            DATA_DIR / f"beam_bank_{label}" / "mean_ticket_per_terminal",
             repeat,
         ),
         OURS_2P: Program(
@@ -145,9 +155,10 @@ class Report(ProcessReport):
         "marked); work = running the pipeline (read, compute, write; ours: also the manifest "
         "and the publish)"
     )
-    PROGRAMS = (OURS, OURS_2P, PIPELINEDP, BASELINE)
+    PROGRAMS = (OURS, BANK, OURS_2P, PIPELINEDP, BASELINE)
     RATIOS = (
         ("pipelinedp_over_ours", "PipelineDP / ours", PIPELINEDP, OURS, ".1f", "median"),
+        ("bank_over_ours", "12 queries / 1", BANK, OURS, ".2f", "median"),
         (
             "pipelinedp_over_ours_2proc",
             "PipelineDP / ours (2 proc)",

@@ -35,6 +35,8 @@ import pandas as pd
 import pyarrow.dataset as pads
 
 from bench._harness import (
+    BANK_JOB,
+    DATA_DIR,
     JOB_PARAMETERS,
     JOB_SUMMARY,
     KEY,
@@ -69,6 +71,7 @@ from dppipeline.spec.model import JobSpec
 
 SIZES = ("1M", "5M")
 OURS = "dppipeline local"
+BANK = "dppipeline local, bank job (12 queries)"
 PIPELINEDP = "PipelineDP LocalBackend"
 DUCKDB = "DuckDB (non-private)"
 PACKAGES = ("pipeline-dp", "python-dp", "polars", "duckdb", "pyarrow", "numpy", "pandas")
@@ -82,6 +85,16 @@ def run_ours(spec: JobSpec) -> None:
     """One end-to-end release, as `dppipeline run` does it; the release is read back later."""
     from dppipeline.orchestration.runner import run_job
 
+    run_job(spec, engine="local", overwrite=True, echo=lambda _line: None)
+
+
+def run_bank_job(data: Dataset) -> None:
+    """The bank's 12-query job (`jobs/configs/bank_partner_release.yaml`) on the same data."""
+    from dppipeline.orchestration.runner import run_job
+    from dppipeline.spec.model import build_spec, load_raw
+
+    output = str(DATA_DIR / f"local_bank_{data.label}")
+    spec = build_spec(load_raw(BANK_JOB), {"input.path": str(data.folder), "output": output})
     run_job(spec, engine="local", overwrite=True, echo=lambda _line: None)
 
 
@@ -252,6 +265,7 @@ class LocalReport(Report):
                     "rows": next(t.rows for t in self.timings if t.label == label),
                     "pipelinedp_over_ours": ratio(self.best(label, PIPELINEDP), ours),
                     "ours_over_duckdb": ratio(ours, self.best(label, DUCKDB)),
+                    "bank_over_ours": ratio(self.best(label, BANK), ours),
                 }
             )
         return out
@@ -273,6 +287,7 @@ class LocalReport(Report):
                 f"{r['rows']:,}",
                 fmt_ratio(r["pipelinedp_over_ours"]),
                 fmt_ratio(r["ours_over_duckdb"]),
+                fmt_ratio(r["bank_over_ours"]),
             ]
             for r in self.ratios()
         ]
@@ -287,7 +302,11 @@ class LocalReport(Report):
                 ["rows", "engine", "runs", "seconds", "median", "all runs (s)"],
                 timing_rows,
             ),
-            ("Ratios", ["rows", "PipelineDP / ours", "ours / DuckDB"], ratio_rows),
+            (
+                "Ratios",
+                ["rows", "PipelineDP / ours", "ours / DuckDB", "12 queries / 1"],
+                ratio_rows,
+            ),
             sanity_table(
                 "Sanity check (not timed): mean released count per terminal; "
                 "z = (released - bounded) / noise s.e., expect |z| < 3",
@@ -348,6 +367,9 @@ def bench_size(label: str, keys: Path, args: argparse.Namespace, report: LocalRe
         label, data.rows, OURS, lambda: run_ours(spec), repeat=args.repeat, warmup=1
     )
     released = read_our_release(spec)
+    bank, _ = time_runs(
+        label, data.rows, BANK, lambda: run_bank_job(data), repeat=args.repeat, warmup=1
+    )
 
     con = duckdb.connect()
     try:
@@ -361,7 +383,7 @@ def bench_size(label: str, keys: Path, args: argparse.Namespace, report: LocalRe
     report.stages[label] = stage_breakdown(spec, args.repeat)
     bounded_mean_count, noise_se = bounded_reference(data, keys)
 
-    timings = [ours]  # table order: ours, PipelineDP, DuckDB
+    timings = [ours, bank]  # table order: ours, the bank job, PipelineDP, DuckDB
     pdp_mean: float | None = None
     pdp_partitions: int | None = None
     if not args.skip_pipelinedp:

@@ -17,8 +17,8 @@ from dppipeline.core.tasks import task_for
 from dppipeline.engines.shared.sampling import new_salt
 from dppipeline.engines.spark import bound as spark_bound
 from dppipeline.engines.spark.aggregate import bound_and_aggregate
-from dppipeline.engines.spark.bound import keep_public, sql_literal
-from dppipeline.engines.spark.read import footer_ddl
+from dppipeline.engines.spark.bound import keep_public, shuffled_by_unit, sql_literal
+from dppipeline.engines.spark.read import _spark_file_uri, footer_ddl, hadoop_path
 from dppipeline.spec.model import build_spec
 
 pytestmark = pytest.mark.usefixtures("spark")
@@ -38,6 +38,21 @@ def test_footer_schema_is_what_spark_infers(spark, small_inputs):
     ddl = footer_ddl(NAMES, pq.read_schema(path))
     assert spark.read.schema(ddl).parquet(path).schema == inferred
     assert "`TX_DATETIME` timestamp_ntz" in ddl
+
+
+def test_the_file_table_is_keyed_by_the_names_spark_gives_its_files(spark, tmp_path):
+    """Each row's file and day come from a broadcast table keyed by `_metadata.file_path`;
+    a key that misses falls back to decoding the name on every row (correct, but the slow
+    path this table replaced). The predicted keys are exactly Spark's, odd names included."""
+    names = ["plain.parquet", "a b.parquet", "p%20q.parquet", "c+d.parquet", "é[1].parquet"]
+    folder = tmp_path / "date=2026-01-01 x"
+    folder.mkdir()
+    for name in names:
+        pq.write_table(pa.table({"x": [1]}), folder / name)
+    files = [folder / name for name in names]
+    read = spark.read.parquet(*[hadoop_path(f) for f in files])
+    seen = {r[0] for r in read.select("_metadata.file_path").collect()}
+    assert seen == {_spark_file_uri(spark, f) for f in files}
 
 
 @pytest.mark.parametrize(
@@ -102,22 +117,20 @@ def test_public_filter_as_sql_text_equals_the_semi_join(spark, monkeypatch, keys
     assert len(kept_text) == 2 * len(values)
 
 
-def test_bounding_shuffles_rows_once_by_privacy_unit(spark):
-    """The plan's exchanges: the rows by privacy unit (serving both Linf and L0 bounding, so
-    the per-unit ranking needs no exchange of its own), then the pair aggregates by key; the
-    sampling secrets come as a broadcast one-row table."""
-    spec = build_spec(
-        {},
-        {
-            "input.path": "unused",
-            "output": "unused",
-            "metrics": ["count", "sum"],
-            "bounds.max_partitions_contributed": 2,
-            "bounds.max_contributions_per_partition": 2,
-            "bounds.min_value": 0.0,
-            "bounds.max_value": 10.0,
-        },
-    )
+def count_and_sum_spec(l0: int):
+    """Count and sum per terminal, L0 = `l0`, Linf = 2, values in [0, 10]."""
+    overrides = {"input.path": "unused", "output": "unused", "metrics": ["count", "sum"]}
+    overrides |= {"bounds.max_partitions_contributed": l0}
+    overrides |= {"bounds.max_contributions_per_partition": 2}
+    return build_spec({}, overrides | {"bounds.min_value": 0.0, "bounds.max_value": 10.0})
+
+
+def test_one_query_samples_its_pairs_before_any_exchange(spark):
+    """A one-query job's plan: Linf's bottom-k aggregate runs partially before its exchange
+    (by pair), so no exchange carries more than Linf entries per pair and input task; then
+    the pairs by privacy unit (L0 ranking) and the pair aggregates by key; the sampling
+    secrets come as a broadcast one-row table."""
+    spec = count_and_sum_spec(l0=2)
     rows = spark.createDataFrame(
         pd.DataFrame(
             {
@@ -132,9 +145,49 @@ def test_bounding_shuffles_rows_once_by_privacy_unit(spark):
     task = task_for(spec.queries[0], spec.source_schema)
     aggregates = bound_and_aggregate(rows, task, "CUSTOMER_ID", new_salt())
     plan = aggregates._jdf.queryExecution().executedPlan().toString()
-    exchanges = re.findall(r"Exchange hashpartitioning\((\w+)#", plan)
-    assert exchanges == ["TERMINAL_ID", "CUSTOMER_ID"], plan  # top of the plan first
-    assert "min_by" in plan and "Window" in plan  # Linf bottom-k, L0 ranking
+    exchanges = re.findall(r"Exchange hashpartitioning\(([\w#, ]+?), \d+\)", plan)
+    exchanges = [re.sub(r"#\d+L?", "", e) for e in exchanges]
+    # top of the plan first
+    assert exchanges == ["TERMINAL_ID", "CUSTOMER_ID", "CUSTOMER_ID, TERMINAL_ID"], plan
+    assert "partial_min_by" in plan and "Window" in plan  # Linf bottom-k, L0 ranking
     # The only other exchanges broadcast the one-row table of sampling secrets.
-    assert len(re.findall(r"Exchange", plan)) == 2 + len(re.findall(r"BroadcastExchange", plan))
+    assert len(re.findall(r"Exchange", plan)) == 3 + len(re.findall(r"BroadcastExchange", plan))
     assert aggregates.agg(F.sum("count")).first()[0] == 3
+
+
+def test_queries_of_one_job_bound_the_rows_of_one_shuffle(spark):
+    """A job of several queries shuffles its rows by privacy unit once (`shuffled_by_unit`,
+    persisted); each query's bounding reads them where they lie: its only exchange carries its
+    pair aggregates by key. Same aggregates as the one-query path (the same salt)."""
+    spec = count_and_sum_spec(l0=1)
+    rows = spark.createDataFrame(
+        pd.DataFrame(
+            {
+                "CUSTOMER_ID": [1, 1, 1, 2, 2, 3],
+                "TERMINAL_ID": [7, 8, 7, 7, 7, 8],
+                "TX_AMOUNT": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+                "_source_file": "f",
+                "_row": [1, 2, 3, 4, 5, 6],
+            }
+        )
+    )
+    salt = new_salt()
+    shared = shuffled_by_unit(rows, "CUSTOMER_ID", salt).persist()
+    try:
+        for query in (spec.queries[0], spec.queries[0].model_copy(update={"partition_by": []})):
+            task = task_for(query, spec.source_schema)
+            alone = bound_and_aggregate(rows, task, "CUSTOMER_ID", salt).toPandas()
+            aggregates = bound_and_aggregate(shared, task, "CUSTOMER_ID", salt, by_unit=True)
+            together = aggregates.toPandas()
+            keys = list(alone.columns[:1])
+            pd.testing.assert_frame_equal(
+                alone.sort_values(keys, ignore_index=True),
+                together.sort_values(keys, ignore_index=True),
+            )
+            final = aggregates._jdf.queryExecution().executedPlan().toString()
+            above_cache = final.split("InMemoryRelation")[0]
+            exchanges = re.findall(r"Exchange hashpartitioning\((\w+)", above_cache)
+            # by its key (a global total's key is a constant Spark folds)
+            assert exchanges == [task.key_names[0] if task.key_names else "0"], final
+    finally:
+        shared.unpersist()

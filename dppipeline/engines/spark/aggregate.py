@@ -67,10 +67,11 @@ def partition_aggregates(pairs: DataFrame, task: AggregationTask) -> DataFrame:
 
 
 def bound_and_aggregate(
-    rows: DataFrame, task: AggregationTask, unit: str, salt: bytes
+    rows: DataFrame, task: AggregationTask, unit: str, salt: bytes, *, by_unit: bool = False
 ) -> DataFrame:
-    """Typed input rows -> the task's exact bounded aggregates per partition."""
-    return partition_aggregates(bounded_pairs(rows, task, unit, salt), task)
+    """Typed input rows (`by_unit`: from `shuffled_by_unit`) -> the task's exact bounded
+    aggregates per partition."""
+    return partition_aggregates(bounded_pairs(rows, task, unit, salt, by_unit=by_unit), task)
 
 
 def to_aggregates_frame(exact: pd.DataFrame, task: AggregationTask) -> pd.DataFrame:

@@ -2,15 +2,20 @@
 
 No Python runs per row. Each row gets its Linf sampling priority in the JVM, xxhash64 of a
 per-run secret, its file and its row number (`engines.shared.sampling`; the secrets reach Spark
-as a one-row broadcast table, never as a literal a plan or the UI would show). The (privacy
-unit, keys, clipped value, priority) rows are shuffled once, by privacy unit; each task then
-holds whole units, so both bounding steps run without another exchange. Linf: Spark's bottom-k
-aggregate (`min_by` with k) keeps each (privacy unit, partition) pair's Linf values of lowest
-(priority, value); L0: `row_number()` over each unit's pairs ordered by xxhash64(secret, key,
-unit). Both are deterministic given the salt, so a retried task or a recomputed stage keeps the
-same rows (measurements: docs/engines.md). With `max_contributions` K, one step instead:
-`row_number()` over each unit's rows ordered by (priority, value) keeps its K lowest, in the
-same shuffle; the pairs they fall in are then at most K per unit, with nothing to rank.
+as a one-row broadcast table, never as a literal a plan or the UI would show). Linf: Spark's
+bottom-k aggregate (`min_by` with k) keeps each (privacy unit, partition) pair's Linf values of
+lowest (priority, value); L0: `row_number()` over each unit's pairs ordered by xxhash64(secret,
+key, unit). Both are deterministic given the salt, so a retried task or a recomputed stage
+keeps the same rows; and bottom-k composes (the lowest k of the lowest k's of the parts are
+the lowest k), so where the rows are split does not change what is kept.
+
+What travels: for a job of one query, the bottom-k aggregate runs partially before its
+exchange, so the shuffle carries at most Linf entries per pair and input task, then the pair
+aggregates by unit (for L0) and by key. For a job of several queries, the rows are shuffled
+once by unit for all of them (`shuffled_by_unit`) and each query bounds them where they lie.
+With `max_contributions` K, one step instead: `row_number()` over each unit's rows ordered by
+(priority, value) keeps its K lowest; the pairs they fall in are then at most K per unit, with
+nothing to rank (measurements: docs/engines.md).
 """
 
 from __future__ import annotations
@@ -83,9 +88,11 @@ def distinct_name(i: int) -> str:
     return f"_distinct_{i}"
 
 
-def task_rows(rows: DataFrame, task: AggregationTask, unit: str) -> DataFrame:
+def task_rows(
+    rows: DataFrame, task: AggregationTask, unit: str, identity: tuple[str, ...] = ()
+) -> DataFrame:
     """(unit, keys..., clipped value, count_distinct columns, row identity) of the rows the
-    task's filter keeps."""
+    task's filter keeps; the identity is the file and row, or the priority they gave."""
     if task.filter is not None:
         rows = rows.where(to_spark(task.filter))
     keys = [key_column(k) for k in task.keys] or [F.lit(0).alias(GLOBAL_KEY)]
@@ -95,9 +102,8 @@ def task_rows(rows: DataFrame, task: AggregationTask, unit: str) -> DataFrame:
         low, high = task.clip
         value = F.least(F.greatest(F.col(task.value).cast("double"), F.lit(low)), F.lit(high))
     distinct = [F.col(c).alias(distinct_name(i)) for i, c in enumerate(task.distinct)]
-    return rows.select(
-        unit, *keys, value.alias(VALUE), *distinct, spark_read.SOURCE, spark_read.ROW
-    )
+    identity = identity or (spark_read.SOURCE, spark_read.ROW)
+    return rows.select(unit, *keys, value.alias(VALUE), *distinct, *identity)
 
 
 def sql_literal(value: object) -> str | None:
@@ -150,30 +156,46 @@ def _not_null(x: Column) -> Column:
     return x.isNotNull()
 
 
-def bounded_pairs(rows: DataFrame, task: AggregationTask, unit: str, salt: bytes) -> DataFrame:
+def with_priority(rows: DataFrame, salt: bytes) -> DataFrame:
+    """`rows` with each row's Linf priority, one long computed where the row was read:
+    xxhash64(secret, file, row), in place of the file and row (file names never travel)."""
+    secrets = sampling_secrets(rows.sparkSession, salt)
+    identity = (spark_read.SOURCE, spark_read.ROW)
+    rest = [c for c in rows.columns if c not in identity]
+    priority = F.xxhash64(LINF_SECRET, *identity).alias(PRIORITY)
+    return with_secret(rows, secrets, LINF_SECRET).select(*rest, priority)
+
+
+def shuffled_by_unit(rows: DataFrame, unit: str, salt: bytes) -> DataFrame:
+    """The valid rows of a job of several queries, with their priorities, in one shuffle by
+    privacy unit that every query's bounding reads: Spark knows the rows are partitioned by
+    unit, so no query exchanges its rows again (only its pair aggregates, by key)."""
+    return with_priority(rows, salt).repartition(unit)
+
+
+def bounded_pairs(
+    rows: DataFrame, task: AggregationTask, unit: str, salt: bytes, *, by_unit: bool = False
+) -> DataFrame:
     """Typed input rows -> one row per kept (privacy unit, partition) pair with its count,
-    sum, ...: at most Linf rows per pair and L0 pairs per unit, those of lowest priority."""
+    sum, ...: at most Linf rows per pair and L0 pairs per unit, those of lowest priority.
+    `by_unit`: the rows come from `shuffled_by_unit` (priorities carried, partitioned by
+    unit) rather than from the reader."""
     keys = group_keys(task)
-    rows = task_rows(rows, task, unit)
+    distinct = [distinct_name(i) for i in range(len(task.distinct))]
+    secrets = sampling_secrets(rows.sparkSession, salt)
+    rows = task_rows(rows, task, unit, (PRIORITY,) if by_unit else ())
     if task.public_keys is not None:
         # Before L0 bounding, so no privacy unit spends its L0 on partitions never released;
-        # before the shuffle, so rows of unlisted partitions never travel.
+        # for one query, before any exchange, so rows of unlisted partitions never travel.
         rows = keep_public(rows, keys, task.public_keys)
-    secrets = sampling_secrets(rows.sparkSession, salt)
-    # Each row's Linf priority, one long computed before the shuffle (file names never
-    # travel): xxhash64(secret, file, row).
-    distinct = [distinct_name(i) for i in range(len(task.distinct))]
-    rows = with_secret(rows, secrets, LINF_SECRET).select(
-        unit,
-        *keys,
-        VALUE,
-        *distinct,
-        F.xxhash64(LINF_SECRET, spark_read.SOURCE, spark_read.ROW).alias(PRIORITY),
-    )
-    # One shuffle of the rows by privacy unit serves both bounding steps: every pair and every
-    # unit is then whole in one task, so Spark samples each pair's rows and ranks a unit's
-    # pairs without another exchange.
-    rows = rows.repartition(unit)
+    if not by_unit:
+        rows = with_priority(rows, salt)
+        if task.max_contributions is not None:
+            # A unit's total rows are ranked together: one shuffle of the rows by unit.
+            rows = rows.repartition(unit)
+        # Otherwise no explicit shuffle: Spark's bottom-k aggregate below runs partially
+        # before its exchange (each task keeps a pair's Linf lowest entries), so what
+        # travels grows with the (unit, partition) pairs, not the rows.
     if task.max_contributions is not None:
         # Total rows per unit: the K of lowest (priority, value), whatever their partitions.
         per_unit_rows = Window.partitionBy(unit).orderBy(PRIORITY, VALUE)

@@ -26,6 +26,7 @@ from dppipeline.engines.spark.aggregate import (
     release_on_executors,
     to_aggregates_frame,
 )
+from dppipeline.engines.spark.bound import shuffled_by_unit
 from dppipeline.engines.spark.hadoop_fs import hadoop_resolver
 from dppipeline.engines.spark.session import (
     shuffle_partitions,
@@ -102,7 +103,8 @@ class SparkEngine:
         observation = Observation("validation")
         validated = inputs.validated.observe(observation, *spark_read.observed_counts())
         valid = spark_read.valid_rows(validated, schema)
-        if len(tasks) > 1:  # read and validate once for all queries
+        if len(tasks) > 1:  # read, validate and shuffle by unit once for all queries
+            valid = shuffled_by_unit(valid, spec.privacy_unit, job.salt)
             valid = valid.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             return self._run_tasks(
@@ -135,7 +137,8 @@ class SparkEngine:
         for task in tasks:
             self.spark.sparkContext.setJobGroup("dppipeline", f"dppipeline {task.name}: bound")
             progress(f"{task.name}: filtering, bounding contributions, aggregating")
-            aggregates = bound_and_aggregate(valid, task, unit, job.salt)
+            shared = len(tasks) > 1
+            aggregates = bound_and_aggregate(valid, task, unit, job.salt, by_unit=shared)
             frame = aggregates.limit(limit + 1).toPandas()
             if rejects is None:
                 progress("checking rejected rows")

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
 
+import pandas as pd
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -176,16 +177,12 @@ def _parquet_group(
     footer: pa.Schema,
     sources: dict[str, Source],
 ) -> _Group:
-    file_path = _decoded(F.col("_metadata.file_path"))
     in_path = [n for n in schema.names if n not in footer.names]  # Hive-style folder values
     columns = []
     nanos = False
     for name in schema.names:
         if name in in_path:
-            values = {_file_key(p): columns_from_path(str(p), footer.names, schema)[name]
-                      for p, _ in files}  # fmt: skip
-            by_file = F.create_map(*[F.lit(x) for key, v in values.items() for x in (key, v)])
-            columns.append(F.element_at(by_file, file_path))
+            columns.append(F.col(name))  # from the file table (`_with_file_columns`)
             continue
         arrow, quoted = footer.field(name).type, f"`{name}`"
         if pa.types.is_timestamp(arrow) and arrow.unit == "ns":
@@ -211,16 +208,88 @@ def _parquet_group(
             spark.conf.unset(_NANOS_AS_LONG)
         elif nanos:
             spark.conf.set(_NANOS_AS_LONG, previous)
-    listed = {_file_key(path): (str(path), day) for path, day in files}
-    names = F.create_map(*[F.lit(x) for key, (text, _) in listed.items() for x in (key, text)])
-    days_ = F.create_map(*[F.lit(x) for key, (_, day) in listed.items() for x in (key, day)])
+    frame = _with_file_columns(spark, frame, files, footer=footer, schema=schema)
     frame = frame.select(
         *[column.alias(name) for column, name in zip(columns, schema.names, strict=True)],
-        F.element_at(names, file_path).alias(SOURCE),
-        (F.col("_metadata.row_index") + 1).alias(ROW),
-        F.element_at(days_, file_path).alias(DAY),
+        SOURCE,
+        ROW,
+        DAY,
     )
     return _Group(frame, sources, rules_for(schema, sources, csv=False))
+
+
+_FILE_URI, _KNOWN_SOURCE, _KNOWN_DAY = "_file_uri", "_known_source", "_known_day"
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9/._=-]+")
+
+
+def _with_file_columns(
+    spark: SparkSession,
+    frame: DataFrame,
+    files: list[tuple[Path, dt.date | None]],
+    *,
+    footer: pa.Schema,
+    schema: Schema,
+) -> DataFrame:
+    """`frame` with its row number (`_row`, from 1), and each row's file as the runner listed
+    it (`_source_file`), its day and its Hive-style folder values, from a broadcast table of
+    the files keyed by how Spark names a file it read (`_metadata.file_path`): one hash
+    lookup per row. Decoding that name on every row and looking it up in literal maps, which
+    Spark scans per row, took a third of the engine's time at 5M rows (docs/engines.md).
+    Should Spark name a file otherwise than `_spark_file_uri` predicts, the row falls back
+    to decoding its name: no row is lost."""
+    in_path = [n for n in schema.names if n not in footer.names]
+    folder_values = [columns_from_path(str(path), footer.names, schema) for path, _ in files]
+    table = pd.DataFrame(
+        {
+            _FILE_URI: pd.Series([_spark_file_uri(spark, p) for p, _ in files], dtype=object),
+            _KNOWN_SOURCE: pd.Series([str(p) for p, _ in files], dtype=object),
+            _KNOWN_DAY: pd.Series([day for _, day in files], dtype=object),
+        }
+    )
+    for name in in_path:
+        table[f"_known_{name}"] = [values[name] for values in folder_values]
+    ddl = ", ".join(
+        [f"{_FILE_URI} string, {_KNOWN_SOURCE} string, {_KNOWN_DAY} date"]
+        + [f"`_known_{name}` string" for name in in_path]
+    )
+    known = spark.createDataFrame(table, ddl)
+    # The slow path: Spark's name decoded, looked up in literal maps.
+    decoded = _decoded(F.col(_FILE_URI))
+    keys = [_file_key(path) for path, _ in files]
+
+    def by_file(values: Sequence[object]) -> Column:
+        pairs = [F.lit(x) for key, value in zip(keys, values, strict=True) for x in (key, value)]
+        return F.element_at(F.create_map(*pairs), decoded)
+
+    fallback = {
+        SOURCE: by_file([str(p) for p, _ in files]),
+        DAY: by_file([day for _, day in files]),
+    } | {name: by_file([values[name] for values in folder_values]) for name in in_path}
+    known_column = {SOURCE: _KNOWN_SOURCE, DAY: _KNOWN_DAY} | {n: f"_known_{n}" for n in in_path}
+    read = frame.select(
+        "*",
+        F.col("_metadata.file_path").alias(_FILE_URI),
+        (F.col("_metadata.row_index") + 1).alias(ROW),
+    )
+    joined = read.join(F.broadcast(known), on=_FILE_URI, how="left")
+    # coalesce evaluates the fallback only where the lookup found nothing
+    return joined.select(
+        *frame.columns,
+        ROW,
+        *[F.coalesce(F.col(known_column[c]), fallback[c]).alias(c) for c in fallback],
+    )
+
+
+def _spark_file_uri(spark: SparkSession, path: Path | str | Location) -> str:
+    """How `_metadata.file_path` names a file read from `hadoop_path(path)`: Hadoop's
+    `Path.toUri()` text (percent-encoded; a local file as `file:/...`)."""
+    where = Location.of(path)
+    text = where.uri if not where.is_local else f"file:{where.path.as_posix()}"
+    if _PLAIN_PATH.fullmatch(text.split(":", 1)[1]):
+        return text  # nothing to encode
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    return str(jvm.org.apache.hadoop.fs.Path(text).toUri().toString())
 
 
 def _reason(exc: BaseException) -> str:
