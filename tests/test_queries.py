@@ -510,3 +510,123 @@ def test_spark_executor_release_of_a_multi_key_query(transactions, tmp_path, mon
     assert np.abs(out["count"].to_numpy() - expected["count"].to_numpy()).max() <= tol
     assert out["percentile_50"].between(0, 1000).all()
     assert (out["count_ci_low"] <= out["count"]).all()
+
+
+# --- private selection: every strategy releases exactly the keys with enough customers ---------
+
+# Customers per terminal; each customer visits one terminal only, so L0 = 1 keeps every row.
+CUSTOMERS_PER_TERMINAL = {1: 1, 2: 2, 3: 3, 4: 4, 5: 1, 6: 7}
+SELECTION_BOUNDS = {
+    "max_partitions_contributed": 1,
+    "max_contributions_per_partition": 3,
+    "min_value": 0.0,
+    "max_value": 100.0,
+}
+SELECTION_QUERIES = [
+    {
+        "name": "geometric",
+        "metrics": ["count", "privacy_id_count"],
+        "partition_selection": {"strategy": "truncated_geometric"},
+    },
+    {
+        "name": "laplace_pre_threshold",
+        "metrics": ["sum"],
+        "partition_selection": {"strategy": "laplace_thresholding", "pre_threshold": 3},
+    },
+    {
+        "name": "gaussian",
+        "metrics": ["count"],
+        "partition_selection": {"strategy": "gaussian_thresholding"},
+    },
+]
+# PyDP's Gaussian thresholding keeps a one-unit partition with probability 0.5 from a
+# per-partition epsilon of about 750 (the job refuses it, test_budget.py), so it cannot run at a
+# huge epsilon: 3,000 gives each selection about 545 (L0 = 1), where a partition of one unit is
+# kept with probability delta / 2 and one of two units with probability 1 - 1e-15.
+SELECTION_EPSILON = 3000.0
+
+
+@pytest.fixture(scope="module")
+def few_customers(tmp_path_factory) -> tuple[object, pd.DataFrame]:
+    """(input folder, the rows): terminals with 1 to 7 customers, 1 to 3 rows each."""
+    rng = np.random.default_rng(11)
+    frames, customer = [], 0
+    for terminal, customers in CUSTOMERS_PER_TERMINAL.items():
+        for _ in range(customers):
+            customer += 1
+            n = int(rng.integers(1, 4))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "CUSTOMER_ID": np.full(n, customer, dtype=np.int64),
+                        "TERMINAL_ID": np.full(n, terminal, dtype=np.int64),
+                        "TX_AMOUNT": np.round(rng.uniform(1, 100, n), 2),
+                    }
+                )
+            )
+    rows = pd.concat(frames, ignore_index=True)
+    n = len(rows)
+    rows.insert(0, "TRANSACTION_ID", np.arange(n, dtype=np.int64))
+    rows.insert(1, "TX_DATETIME", START + pd.to_timedelta(rng.integers(0, 2 * 86400, n), "s"))
+    rows["TX_DATETIME"] = rows["TX_DATETIME"].astype("datetime64[us]")
+    root = write_daily_parquet(rows, tmp_path_factory.mktemp("selection") / "in")
+    return root, rows
+
+
+def selection_spec(root, out, accounting: str, epsilon: float):
+    raw = {
+        "name": "selections",
+        "budget": {"epsilon": epsilon, "delta": 1e-6},
+        "bounds": SELECTION_BOUNDS,
+        "input": {"path": str(root)},
+        "output": str(out),
+        "queries": [{**q, "partition_by": ["TERMINAL_ID"]} for q in SELECTION_QUERIES],
+        **ACCOUNTINGS[accounting],
+    }
+    return build_spec(raw)
+
+
+def expected_keys(plan, query: str) -> list[int]:
+    """The terminals the query's selection keeps with probability >= 1 - 1e-9, after checking
+    that every other one is kept with probability <= 1e-6: the release is then this set but
+    with probability below 6e-6 (six terminals)."""
+    group = next(g for g in plan.selections if query in g.queries)
+    strategy = group.mechanism.build_selection(group.pre_threshold)
+    kept = []
+    for terminal, customers in CUSTOMERS_PER_TERMINAL.items():
+        p = strategy.probability_of_keep(customers)
+        assert p >= 1 - 1e-9 or p <= 1e-6, (query, customers, p)
+        if p >= 1 - 1e-9:
+            kept.append(terminal)
+    return kept
+
+
+@pytest.mark.parametrize("accounting", ["pld", "zcdp"])
+def test_every_selection_keeps_the_keys_with_enough_customers(
+    few_customers, tmp_path, engine, accounting
+):
+    root, rows = few_customers
+    spec = selection_spec(root, tmp_path / "release", accounting, SELECTION_EPSILON)
+    plan = make_plan(spec)
+    assert [g.mechanism.kind for g in plan.selections] == [
+        "truncated_geometric", "laplace_thresholding", "gaussian_thresholding"
+    ]  # fmt: skip
+    # One unit is not enough for any strategy; two are, unless pre_threshold asks for 3 (then
+    # the strategy sees units - 2: four units are needed).
+    enough = {1: [2, 3, 4, 6], 2: [4, 6]}
+    assert expected_keys(plan, "geometric") == expected_keys(plan, "gaussian") == enough[1]
+    assert expected_keys(plan, "laplace_pre_threshold") == enough[2]
+
+    result = run_job(spec, engine, echo=lambda _: None, seed=1)
+    manifest = result.manifest.model_dump(mode="json", exclude_unset=True)
+    assert accounting in manifest["accountant"]
+    truth = truth_by(rows, ["TERMINAL_ID"])
+    for query in SELECTION_QUERIES:
+        name = query["name"]
+        out = pd.read_parquet(result.output / name).sort_values("TERMINAL_ID")
+        keys = expected_keys(plan, name)
+        assert out.TERMINAL_ID.tolist() == keys, name
+        for metric in query["metrics"]:
+            error = np.abs(out[metric].to_numpy() - truth.loc[keys, metric].to_numpy()).max()
+            assert error <= tolerance(manifest, name, metric), (name, metric, error)
+    assert len(manifest["selections"]) == 3
