@@ -630,3 +630,98 @@ def test_every_selection_keeps_the_keys_with_enough_customers(
             error = np.abs(out[metric].to_numpy() - truth.loc[keys, metric].to_numpy()).max()
             assert error <= tolerance(manifest, name, metric), (name, metric, error)
     assert len(manifest["selections"]) == 3
+
+
+# --- noise present ----------------------------------------------------------------------------
+
+
+HALF_RANGE = (LOOSE["max_value"] - LOOSE["min_value"]) / 2
+CLAMPED = {  # the post-processed ratios and their clamps (core.release.noise_partitions)
+    "mean": [LOOSE["min_value"], LOOSE["max_value"]],
+    "variance": [0.0, HALF_RANGE**2],
+    "stddev": [0.0, HALF_RANGE],
+}
+
+
+@pytest.mark.parametrize("accounting", ["pld", "zcdp"])
+def test_noise_present_under_tight_accounting(transactions, tmp_path, accounting):
+    """At epsilon 1 two releases of the job differ in every released metric of every
+    public-key query (the private ones release no key at this budget: ~60 customers a
+    terminal against the hundreds the plan says are needed, so only a subset is asserted).
+
+    Integer noise repeats a value with probability P(0) <= 1 / (sqrt(2 pi) s - 1) (discrete
+    Gaussian of scale s): a column whose repeat bound is above 1e-9 is asserted different
+    only as part of its query's row set; the test's failure rate, the sum of those bounds
+    (3e-5: single counts of scale ~1e4), is asserted below 1e-4."""
+    root, _ = transactions
+    releases = []
+    for run in range(2):
+        spec = job_spec(
+            root, tmp_path / f"release{run}", budget={"epsilon": 1.0, "delta": 1e-6},
+            **ACCOUNTINGS[accounting],
+        )  # fmt: skip
+        result = run_job(spec, "local", echo=lambda _: None, seed=1)  # same sampling salt
+        releases.append(result.output)
+    manifest = result.manifest.model_dump(mode="json", exclude_unset=True)
+    assert manifest["noise_multiplier"] > 1  # epsilon 1 over ~30 mechanisms
+    failure_rate = 0.0
+
+    def repeat_bound(name: str, column: str, rows: int) -> float:
+        """Bound on P(the column is equal in both runs): 1 for a clamped ratio, 0 for other
+        continuous noise."""
+        if column in CLAMPED:
+            return 1.0
+        entry = manifest["queries"][name]["budget_split"].get(column)
+        if entry is None or not entry["mechanism"].startswith("discrete"):
+            return 0.0
+        assert entry["mechanism"] == "discrete_gaussian"
+        bound: float = min(1.0, 1 / (math.sqrt(2 * math.pi) * entry["noise_scale"] - 1)) ** rows
+        return bound
+
+    for query in QUERIES:
+        name = query["name"]
+        first, second = (pd.read_parquet(out / name) for out in releases)
+        if query["partition_by"] and "partition_selection" not in query:  # private
+            assert set(first.TERMINAL_ID) <= {1, 2, 3, 4, 5}
+            continue
+        keys = list(query["partition_by"])
+        first, second = (f.sort_values(keys, ignore_index=True) for f in (first, second))
+        assert first[keys].equals(second[keys])
+        repeats = {c: repeat_bound(name, c, len(first)) for c in first.columns.difference(keys)}
+        if any(1e-9 < bound < 1 for bound in repeats.values()):
+            assert not first.equals(second), name
+            failure_rate += math.prod(repeats.values())
+        for column in first.columns.difference(keys):
+            if repeats[column] > 1e-9:
+                continue
+            if column in CLAMPED:
+                # the sums' noise (std ~2.7e7 for the centred sum over LOOSE bounds) swamps
+                # the ratio, often clamped: a value may repeat only as a clamp bound
+                same = first[column] == second[column]
+                assert np.isin(first[column][same], CLAMPED[column]).all(), (name, column)
+                continue
+            assert not np.array_equal(first[column], second[column]), (name, column)
+    assert failure_rate < 1e-4, failure_rate
+
+
+@pytest.mark.parametrize("accounting", ["pld", "zcdp"])
+def test_selection_noise_present_under_tight_accounting(accounting):
+    """At epsilon 1 each selection strategy keeps a partition of the size it needs for a 50%
+    chance (`privacy_units_needed`) with PyDP's probability for it: 4,000 draws through the
+    release's own selection, within a normal approximation of the binomial at failure rate
+    1e-6; neither always nor never."""
+    from scipy.stats import norm
+
+    from dppipeline.core.budget import privacy_units_needed
+    from dppipeline.core.release import select_with
+
+    plan = make_plan(selection_spec(".", "release", accounting, 1.0))
+    draws = 4000
+    for group in plan.selections:
+        units = privacy_units_needed(plan.query(group.queries[0]).plan, 0.5)
+        assert units is not None and units > 2
+        p = group.mechanism.build_selection(group.pre_threshold).probability_of_keep(units)
+        assert 0.5 <= p < 0.6
+        kept = int(select_with(np.full(draws, units), group.mechanism, group.pre_threshold).sum())
+        spread = float(norm.isf(0.5e-6)) * math.sqrt(draws * p * (1 - p))
+        assert abs(kept - draws * p) <= spread, (group.mechanism.kind, kept, draws * p)
