@@ -180,7 +180,7 @@ def mechanism_tolerance(manifest: dict, query: str, mechanism: str) -> float:
     P(|X| >= k) <= 2 exp(-k / s); discrete Gaussian, sub-Gaussian with variance proxy s^2
     (Canonne, Kamath, Steinke 2020), P(|X| >= k) <= 2 exp(-k^2 / (2 s^2)). The std of a
     discrete mechanism at a small scale is far below s, and its tails are not Laplace's of
-    that std (at std 0.57, P(|X| > 14.6 std) is 2e-8, not 1e-9): hence the scale.
+    that std (at std 0.57, P(|X| > 14.6 std) is 1.3e-8, not 1e-9): hence the scale.
     """
     entry = manifest["queries"][query]["budget_split"][mechanism]
     if entry["mechanism"] == "discrete_laplace":
