@@ -592,7 +592,7 @@ def selection_spec(root, out, accounting: str, epsilon: float):
 def expected_keys(plan, query: str) -> list[int]:
     """The terminals the query's selection keeps with probability >= 1 - 1e-9, after checking
     that every other one is kept with probability <= 1e-6: the release is then this set but
-    with probability below 6e-6 (six terminals)."""
+    with probability below 6e-6 per query (six terminals)."""
     group = next(g for g in plan.selections if query in g.queries)
     strategy = group.mechanism.build_selection(group.pre_threshold)
     kept = []
@@ -608,6 +608,8 @@ def expected_keys(plan, query: str) -> list[int]:
 def test_every_selection_keeps_the_keys_with_enough_customers(
     few_customers, tmp_path, engine, accounting
 ):
+    """Three selection groups on the same key, one per strategy: each releases exactly the
+    terminals with enough customers, and each released value is its query's truth."""
     root, rows = few_customers
     spec = selection_spec(root, tmp_path / "release", accounting, SELECTION_EPSILON)
     plan = make_plan(spec)
