@@ -1,10 +1,19 @@
 """Several queries in one job, on every engine: filters, time buckets, global totals,
-multi-column keys, key products and ranges, shared private selection.
+multi-column keys, key products and ranges, shared private selection, and every metric.
 
 Exact tier: a hand-made input, bounds loose enough that nothing is sampled or clipped, and an
-epsilon so large that the noise is far below the tolerances (computed from the manifest's
-noise standard deviations: 8 sigma, a failure rate below 1e-14 per value). The truth is
-computed here with pandas, independently of the engines.
+epsilon so large that the noise is far below the tolerances, under each accounting (`basic`
+with Laplace noise; `pld` and `zcdp` with Gaussian noise). The truth is computed here with
+pandas, independently of the engines. Tolerances come from each mechanism's noise as the
+manifest states it (std, or for discrete noise its scale) with tails that hold for the
+distribution drawn, failure rate 1e-9 per value; mean, variance and stddev get the interval
+of their formula over the noise boxes of the sums they are computed from.
+
+Private selection (every strategy, with and without pre_threshold): a second job on an input
+where each customer visits one terminal, so that the keys with enough customers are known.
+
+Noise present: at epsilon 1 under pld and zcdp two releases differ, and the selections drawn
+from the plan keep a partition at their 50% size with the planned probability.
 """
 
 from __future__ import annotations
@@ -26,9 +35,12 @@ from dppipeline.spec.model import build_spec, load_spec
 START = dt.datetime(2026, 1, 26)  # a Monday; the data spans two month boundaries
 N_DAYS = 40
 EPSILON = 1e12
-# |noise| <= SIGMAS std fails with probability 1e-9 per value for Laplace noise (the heaviest
-# tails here: P(|X| > t std) = exp(-t sqrt(2))); 8 std gave 1.2e-5 per value.
-SIGMAS = math.log(1e9) / math.sqrt(2)
+FAILURE_RATE = 1e-9  # per value: with a few hundred values, below 1e-6 per test
+ACCOUNTINGS = {
+    "basic": {},  # laplace, as the job's default
+    "pld": {"accounting": "pld", "noise": "gaussian"},
+    "zcdp": {"accounting": "zcdp", "noise": "gaussian"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +126,16 @@ QUERIES = [
         "partition_by": ["TERMINAL_ID"],
         "metrics": ["privacy_id_count"],
     },
+    {
+        "name": "spread_by_day",
+        "partition_by": ["day"],
+        "metrics": ["count", "stddev", "max", "min", "count_distinct(TERMINAL_ID)"],
+        "partition_selection": {"public_partitions": {"day": "input_range"}},
+        # still loose (asserted), but L0 x Linf 1,000 x smaller than LOOSE: under pld and zcdp
+        # at a huge epsilon the multiplier stays near 1e-5, and the sum of squares' noise
+        # (1.25e8 Linf sensitivity) would make stddev a few percent off
+        "bounds": {"max_partitions_contributed": 40, "max_contributions_per_partition": 10},
+    },
 ]
 
 
@@ -150,15 +172,105 @@ def with_buckets(rows: pd.DataFrame) -> pd.DataFrame:
     return rows
 
 
+def mechanism_tolerance(manifest: dict, query: str, mechanism: str) -> float:
+    """|noise| bound of one mechanism, exceeded with probability FAILURE_RATE.
+
+    Continuous: Laplace tails from the std, P(|X| > t) = exp(-t sqrt(2) / std), which bound
+    a Gaussian of the same std too. Discrete (OpenDP, `noise_scale` s): discrete Laplace,
+    P(|X| >= k) <= 2 exp(-k / s); discrete Gaussian, sub-Gaussian with variance proxy s^2
+    (Canonne, Kamath, Steinke 2020), P(|X| >= k) <= 2 exp(-k^2 / (2 s^2)). The std of a
+    discrete mechanism at a small scale is far below s, and its tails are not Laplace's of
+    that std (at std 0.57, P(|X| > 14.6 std) is 1.3e-8, not 1e-9): hence the scale.
+    """
+    entry = manifest["queries"][query]["budget_split"][mechanism]
+    if entry["mechanism"] == "discrete_laplace":
+        return entry["noise_scale"] * math.log(2 / FAILURE_RATE)
+    if entry["mechanism"] == "discrete_gaussian":
+        return entry["noise_scale"] * math.sqrt(2 * math.log(2 / FAILURE_RATE))
+    assert entry["mechanism"] in ("laplace", "gaussian"), entry
+    return entry["noise_stddev"] * math.log(1 / FAILURE_RATE) / math.sqrt(2) + 1e-9
+
+
 def tolerance(manifest: dict, query: str, metric: str) -> float:
-    std = manifest["queries"][query]["metrics"][metric]["noise_stddev"]
-    return SIGMAS * std + 1e-6
+    """|released - exact| bound of an additive metric (count, sum, privacy_id_count,
+    count_distinct(COLUMN)); a sum released with mean is centred sum + mid * count."""
+    split = manifest["queries"][query]["budget_split"]
+    if metric == "sum" and "centred_sum" in split:
+        mid = (LOOSE["min_value"] + LOOSE["max_value"]) / 2
+        return mechanism_tolerance(manifest, query, "centred_sum") + mid * mechanism_tolerance(
+            manifest, query, "count"
+        )
+    name = metric.replace("(", "_").rstrip(")")  # count_distinct(C) -> count_distinct_C
+    return mechanism_tolerance(manifest, query, name)
 
 
-def test_every_query_equals_the_truth(transactions, tmp_path, engine):
+def box(centre: np.ndarray, width: float) -> tuple[np.ndarray, np.ndarray]:
+    """[centre - width, centre + width], widened by float rounding (engines sum in their own
+    order)."""
+    width = width + 1e-9 * (1 + np.abs(centre))
+    return centre - width, centre + width
+
+
+def ratio_range(top: tuple, bottom: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Range of top / max(1, bottom) over two boxes (bottom's low end >= 1 here): at corners,
+    the ratio being monotone in each argument."""
+    corners = [t / np.maximum(1.0, b) for t in top for b in bottom]
+    return np.minimum.reduce(corners), np.maximum.reduce(corners)
+
+
+def mean_variance_ranges(
+    manifest: dict, query: str, values: pd.Series
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{mean, variance, stddev: (low, high)} per partition of kept `values` (a Series of
+    arrays): each formula of `core.release.noise_partitions`, evaluated over the boxes in
+    which the noisy count, centred sum and centred sum of squares lie."""
+    low, high = LOOSE["min_value"], LOOSE["max_value"]
+    mid, r2 = (low + high) / 2, ((high - low) / 2) ** 2
+    count = values.map(len).to_numpy(dtype=np.float64)
+    centred = values.map(lambda v: np.sum(v - mid)).to_numpy()
+    squares = values.map(lambda v: np.sum((v - mid) ** 2 - r2 / 2)).to_numpy()
+    counts = box(count, mechanism_tolerance(manifest, query, "count"))
+    assert (counts[0] >= 1).all()
+    mean_low, mean_high = ratio_range(
+        box(centred, mechanism_tolerance(manifest, query, "centred_sum")), counts
+    )
+    ranges = {"mean": (np.clip(mid + mean_low, low, high), np.clip(mid + mean_high, low, high))}
+    split = manifest["queries"][query]["budget_split"]
+    if "centred_sum_of_squares" in split:
+        tol = mechanism_tolerance(manifest, query, "centred_sum_of_squares")
+        sq_low, sq_high = ratio_range(box(squares, tol), counts)
+        straddles = (mean_low <= 0) & (mean_high >= 0)
+        mean_sq_low = np.where(straddles, 0.0, np.minimum(mean_low**2, mean_high**2))
+        mean_sq_high = np.maximum(mean_low**2, mean_high**2)
+        variance = (
+            np.clip(sq_low + r2 / 2 - mean_sq_high, 0, r2),
+            np.clip(sq_high + r2 / 2 - mean_sq_low, 0, r2),
+        )
+        ranges["variance"] = variance
+        ranges["stddev"] = (np.sqrt(variance[0]), np.sqrt(variance[1]))
+    return ranges
+
+
+def extreme_candidates(values: np.ndarray, metric: str, margin: int) -> np.ndarray:
+    """The grid candidates of highest score -|rows beyond c - m| (`core.extremes`, scored
+    here independently): at a huge epsilon the exponential mechanism draws one of them."""
+    grid = np.linspace(LOOSE["min_value"], LOOSE["max_value"], 1024)
+    ordered = np.sort(values)
+    if metric == "max":
+        beyond = len(ordered) - np.searchsorted(ordered, grid, side="left")
+    else:
+        beyond = np.searchsorted(ordered, grid, side="right")
+    score = -np.abs(beyond - margin)
+    best: np.ndarray = grid[score == score.max()]
+    return best
+
+
+@pytest.mark.parametrize("accounting", list(ACCOUNTINGS))
+def test_every_query_equals_the_truth(transactions, tmp_path, engine, accounting):
     root, rows = transactions
     rows = with_buckets(rows)
-    result = run_job(job_spec(root, tmp_path / "release"), engine, echo=lambda _: None, seed=1)
+    spec = job_spec(root, tmp_path / "release", **ACCOUNTINGS[accounting])
+    result = run_job(spec, engine, echo=lambda _: None, seed=1)
     manifest = result.manifest.model_dump(mode="json", exclude_unset=True)
     assert sorted(p.name for p in result.output.iterdir()) == sorted(
         [q["name"] for q in QUERIES] + ["manifest.json"]
@@ -167,20 +279,29 @@ def test_every_query_equals_the_truth(transactions, tmp_path, engine):
     def released(name):
         return pd.read_parquet(result.output / name)
 
-    def check(frame, expected, query, metrics):
+    assert accounting in manifest["accountant"]
+    assert (manifest.get("noise_multiplier") is None) == (accounting == "basic")
+
+    def check(frame, expected, query, metrics, kept=None):
+        """Additive metrics within their tolerance; mean and variance (from the kept values
+        of each partition, `kept`) within their formula's range."""
         for metric in metrics:
-            if metric == "mean":  # a ratio: bounded by the count's and sum's noise
-                assert np.allclose(frame[metric], expected[metric], rtol=1e-6, atol=1e-6)
+            released = frame[metric].to_numpy()
+            if metric in ("mean", "variance", "stddev"):
+                low, high = mean_variance_ranges(manifest, query, kept)[metric]
+                assert ((low <= released) & (released <= high)).all(), (query, metric)
                 continue
             tol = tolerance(manifest, query, metric)
-            assert np.abs(frame[metric].to_numpy() - expected[metric].to_numpy()).max() <= tol
+            error = np.abs(released - expected[metric].to_numpy()).max()
+            assert error <= tol, (query, metric, error, tol)
 
     # Filter + integer range of public keys; key 4 is listed but has no row: zero + noise.
     out = released("by_terminal_filtered").sort_values("TERMINAL_ID")
     assert out["TERMINAL_ID"].tolist() == [1, 2, 3, 4]
     kept = rows[(rows.TX_AMOUNT >= 25) & rows.TERMINAL_ID.between(1, 3)]
     expected = truth_by(kept, ["TERMINAL_ID"]).reindex([1, 2, 3, 4], fill_value=0)
-    check(out.iloc[:3], expected.iloc[:3], "by_terminal_filtered", ["count", "sum", "mean"])
+    values = kept.groupby("TERMINAL_ID")["TX_AMOUNT"].agg(np.array)
+    check(out.iloc[:3], expected.iloc[:3], "by_terminal_filtered", ["count", "sum", "mean"], values)
     check(out, expected, "by_terminal_filtered", ["count", "privacy_id_count"])
     assert list(out.columns) == ["TERMINAL_ID", "count", "sum", "mean", "privacy_id_count"]
 
@@ -214,8 +335,11 @@ def test_every_query_equals_the_truth(transactions, tmp_path, engine):
     out = released("totals")
     assert len(out) == 1 and "TERMINAL_ID" not in out
     expected = truth_by(rows, [])
-    check(out, expected, "totals", ["count", "sum", "mean", "privacy_id_count"])
-    assert out["variance"].iloc[0] == pytest.approx(rows.TX_AMOUNT.var(ddof=0), rel=1e-6)
+    totals = pd.Series([rows.TX_AMOUNT.to_numpy()])
+    check(out, expected, "totals", ["count", "sum", "mean", "privacy_id_count", "variance"], totals)
+    assert rows.TX_AMOUNT.var(ddof=0) == pytest.approx(
+        np.mean(mean_variance_ranges(manifest, "totals", totals)["variance"]), rel=1e-3
+    )  # the range is around pandas' population variance
     out = released("small_or_terminal_5")
     kept = rows[
         (rows.TX_AMOUNT < 10) | ((rows.TERMINAL_ID == 5) & ~rows.TX_AMOUNT.between(100, 400))
@@ -249,6 +373,30 @@ def test_every_query_equals_the_truth(transactions, tmp_path, engine):
     check(count, truth_by(rows, ["TERMINAL_ID"]), "private_count", ["count"])
     expected = truth_by(rows[rows.TX_AMOUNT > 250], ["TERMINAL_ID"])
     check(big, expected, "private_customers_big", ["privacy_id_count"])
+    # stddev, max, min and count_distinct per day. Max and min: at a huge epsilon (Gumbel noise
+    # far below one row, margin m = 1) a candidate of highest score; count_distinct: count's.
+    out = released("spread_by_day").sort_values("day")
+    assert out["day"].tolist() == days
+    assert list(out.columns) == [
+        "day", "count", "stddev", "max", "min", "count_distinct_TERMINAL_ID"
+    ]  # fmt: skip
+    values = rows.groupby("day")["TX_AMOUNT"].agg(np.array).reindex(days)
+    expected = truth_by(rows, ["day"]).reindex(days)
+    expected["count_distinct(TERMINAL_ID)"] = rows.groupby("day").TERMINAL_ID.nunique()
+    out = out.rename(columns={"count_distinct_TERMINAL_ID": "count_distinct(TERMINAL_ID)"})
+    check(out, expected, "spread_by_day", ["count", "count_distinct(TERMINAL_ID)"])
+    check(out, expected, "spread_by_day", ["stddev"], values)
+    assert np.allclose(out["stddev"], values.map(np.std), rtol=1e-3)  # not a vacuous range
+    assert manifest["queries"]["spread_by_day"]["budget_split"]["count"]["l0_sensitivity"] == 40
+    per_unit_day = rows.groupby(["CUSTOMER_ID", "day"]).size()
+    assert per_unit_day.max() <= 10 and rows.day.nunique() <= 40  # the bounds keep every row
+    metrics = manifest["queries"]["spread_by_day"]["metrics"]
+    for metric in ("max", "min"):
+        margin = metrics[metric]["exponential_mechanism"]["margin_m"]
+        assert margin == 1
+        for day, released_value in zip(out["day"], out[metric], strict=True):
+            assert released_value in extreme_candidates(values[day], metric, margin), (day, metric)
+
     selection = manifest["queries"]["private_count"]["partition_selection"]
     assert selection["shared_with"] == ["private_customers_big"]
     assert list(manifest["selections"]) == ["TERMINAL_ID"]
@@ -365,3 +513,220 @@ def test_spark_executor_release_of_a_multi_key_query(transactions, tmp_path, mon
     assert np.abs(out["count"].to_numpy() - expected["count"].to_numpy()).max() <= tol
     assert out["percentile_50"].between(0, 1000).all()
     assert (out["count_ci_low"] <= out["count"]).all()
+
+
+# --- private selection: every strategy releases exactly the keys with enough customers ---------
+
+# Customers per terminal; each customer visits one terminal only, so L0 = 1 keeps every row.
+CUSTOMERS_PER_TERMINAL = {1: 1, 2: 2, 3: 3, 4: 4, 5: 1, 6: 7}
+SELECTION_BOUNDS = {
+    "max_partitions_contributed": 1,
+    "max_contributions_per_partition": 3,
+    "min_value": 0.0,
+    "max_value": 100.0,
+}
+SELECTION_QUERIES = [
+    {
+        "name": "geometric",
+        "metrics": ["count", "privacy_id_count"],
+        "partition_selection": {"strategy": "truncated_geometric"},
+    },
+    {
+        "name": "laplace_pre_threshold",
+        "metrics": ["sum"],
+        "partition_selection": {"strategy": "laplace_thresholding", "pre_threshold": 3},
+    },
+    {
+        "name": "gaussian",
+        "metrics": ["count"],
+        "partition_selection": {"strategy": "gaussian_thresholding"},
+    },
+]
+# PyDP's Gaussian thresholding keeps a one-unit partition with probability 0.5 from a
+# per-partition epsilon of about 750 (the job refuses it, test_budget.py), so it cannot run at a
+# huge epsilon: 3,000 gives each selection about 545 (L0 = 1), where a partition of one unit is
+# kept with probability delta / 2 and one of two units with probability 1 - 1e-15.
+SELECTION_EPSILON = 3000.0
+
+
+@pytest.fixture(scope="module")
+def few_customers(tmp_path_factory) -> tuple[object, pd.DataFrame]:
+    """(input folder, the rows): terminals with 1 to 7 customers, 1 to 3 rows each."""
+    rng = np.random.default_rng(11)
+    frames, customer = [], 0
+    for terminal, customers in CUSTOMERS_PER_TERMINAL.items():
+        for _ in range(customers):
+            customer += 1
+            n = int(rng.integers(1, 4))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "CUSTOMER_ID": np.full(n, customer, dtype=np.int64),
+                        "TERMINAL_ID": np.full(n, terminal, dtype=np.int64),
+                        "TX_AMOUNT": np.round(rng.uniform(1, 100, n), 2),
+                    }
+                )
+            )
+    rows = pd.concat(frames, ignore_index=True)
+    n = len(rows)
+    rows.insert(0, "TRANSACTION_ID", np.arange(n, dtype=np.int64))
+    rows.insert(1, "TX_DATETIME", START + pd.to_timedelta(rng.integers(0, 2 * 86400, n), "s"))
+    rows["TX_DATETIME"] = rows["TX_DATETIME"].astype("datetime64[us]")
+    root = write_daily_parquet(rows, tmp_path_factory.mktemp("selection") / "in")
+    return root, rows
+
+
+def selection_spec(root, out, accounting: str, epsilon: float):
+    raw = {
+        "name": "selections",
+        "budget": {"epsilon": epsilon, "delta": 1e-6},
+        "bounds": SELECTION_BOUNDS,
+        "input": {"path": str(root)},
+        "output": str(out),
+        "queries": [{**q, "partition_by": ["TERMINAL_ID"]} for q in SELECTION_QUERIES],
+        **ACCOUNTINGS[accounting],
+    }
+    return build_spec(raw)
+
+
+def expected_keys(plan, query: str) -> list[int]:
+    """The terminals the query's selection keeps with probability >= 1 - 1e-9, after checking
+    that every other one is kept with probability <= 1e-6: the release is then this set but
+    with probability below 6e-6 per query (six terminals)."""
+    group = next(g for g in plan.selections if query in g.queries)
+    strategy = group.mechanism.build_selection(group.pre_threshold)
+    kept = []
+    for terminal, customers in CUSTOMERS_PER_TERMINAL.items():
+        p = strategy.probability_of_keep(customers)
+        assert p >= 1 - 1e-9 or p <= 1e-6, (query, customers, p)
+        if p >= 1 - 1e-9:
+            kept.append(terminal)
+    return kept
+
+
+@pytest.mark.parametrize("accounting", ["pld", "zcdp"])
+def test_every_selection_keeps_the_keys_with_enough_customers(
+    few_customers, tmp_path, engine, accounting
+):
+    """Three selection groups on the same key, one per strategy: each releases exactly the
+    terminals with enough customers, and each released value is its query's truth."""
+    root, rows = few_customers
+    spec = selection_spec(root, tmp_path / "release", accounting, SELECTION_EPSILON)
+    plan = make_plan(spec)
+    assert [g.mechanism.kind for g in plan.selections] == [
+        "truncated_geometric", "laplace_thresholding", "gaussian_thresholding"
+    ]  # fmt: skip
+    # One unit is not enough for any strategy; two are, unless pre_threshold asks for 3 (then
+    # the strategy sees units - 2: four units are needed).
+    enough = {1: [2, 3, 4, 6], 2: [4, 6]}
+    assert expected_keys(plan, "geometric") == expected_keys(plan, "gaussian") == enough[1]
+    assert expected_keys(plan, "laplace_pre_threshold") == enough[2]
+
+    result = run_job(spec, engine, echo=lambda _: None, seed=1)
+    manifest = result.manifest.model_dump(mode="json", exclude_unset=True)
+    assert accounting in manifest["accountant"]
+    truth = truth_by(rows, ["TERMINAL_ID"])
+    for query in SELECTION_QUERIES:
+        name = query["name"]
+        out = pd.read_parquet(result.output / name).sort_values("TERMINAL_ID")
+        keys = expected_keys(plan, name)
+        assert out.TERMINAL_ID.tolist() == keys, name
+        for metric in query["metrics"]:
+            error = np.abs(out[metric].to_numpy() - truth.loc[keys, metric].to_numpy()).max()
+            assert error <= tolerance(manifest, name, metric), (name, metric, error)
+    assert len(manifest["selections"]) == 3
+
+
+# --- noise present ----------------------------------------------------------------------------
+
+
+HALF_RANGE = (LOOSE["max_value"] - LOOSE["min_value"]) / 2
+CLAMPED = {  # the post-processed ratios and their clamps (core.release.noise_partitions)
+    "mean": [LOOSE["min_value"], LOOSE["max_value"]],
+    "variance": [0.0, HALF_RANGE**2],
+    "stddev": [0.0, HALF_RANGE],
+}
+
+
+@pytest.mark.parametrize("accounting", ["pld", "zcdp"])
+def test_noise_present_under_tight_accounting(transactions, tmp_path, accounting):
+    """At epsilon 1 two releases of the job differ in every released metric of every
+    public-key query (the private ones release no key at this budget: ~60 customers a
+    terminal against the hundreds the plan says are needed, so only a subset is asserted).
+
+    Integer noise repeats a value with probability P(0) <= 1 / (sqrt(2 pi) s - 1) (discrete
+    Gaussian of scale s): a column whose repeat bound is above 1e-9 is asserted different
+    only as part of its query's row set; the test's failure rate, the sum of those bounds
+    (3e-5: single counts of scale ~1e4), is asserted below 1e-4."""
+    root, _ = transactions
+    releases = []
+    for run in range(2):
+        spec = job_spec(
+            root, tmp_path / f"release{run}", budget={"epsilon": 1.0, "delta": 1e-6},
+            **ACCOUNTINGS[accounting],
+        )  # fmt: skip
+        result = run_job(spec, "local", echo=lambda _: None, seed=1)  # same sampling salt
+        releases.append(result.output)
+    manifest = result.manifest.model_dump(mode="json", exclude_unset=True)
+    assert manifest["noise_multiplier"] > 1  # epsilon 1 over ~30 mechanisms
+    failure_rate = 0.0
+
+    def repeat_bound(name: str, column: str, rows: int) -> float:
+        """Bound on P(the column is equal in both runs): 1 for a clamped ratio, 0 for other
+        continuous noise."""
+        if column in CLAMPED:
+            return 1.0
+        entry = manifest["queries"][name]["budget_split"].get(column)
+        if entry is None or not entry["mechanism"].startswith("discrete"):
+            return 0.0
+        assert entry["mechanism"] == "discrete_gaussian"
+        bound: float = min(1.0, 1 / (math.sqrt(2 * math.pi) * entry["noise_scale"] - 1)) ** rows
+        return bound
+
+    for query in QUERIES:
+        name = query["name"]
+        first, second = (pd.read_parquet(out / name) for out in releases)
+        if query["partition_by"] and "partition_selection" not in query:  # private
+            assert set(first.TERMINAL_ID) <= {1, 2, 3, 4, 5}
+            continue
+        keys = list(query["partition_by"])
+        first, second = (f.sort_values(keys, ignore_index=True) for f in (first, second))
+        assert first[keys].equals(second[keys])
+        repeats = {c: repeat_bound(name, c, len(first)) for c in first.columns.difference(keys)}
+        if any(1e-9 < bound < 1 for bound in repeats.values()):
+            assert not first.equals(second), name
+            failure_rate += math.prod(repeats.values())
+        for column in first.columns.difference(keys):
+            if repeats[column] > 1e-9:
+                continue
+            if column in CLAMPED:
+                # the sums' noise (std ~2.7e7 for the centred sum over LOOSE bounds) swamps
+                # the ratio, often clamped: a value may repeat only as a clamp bound
+                same = first[column] == second[column]
+                assert np.isin(first[column][same], CLAMPED[column]).all(), (name, column)
+                continue
+            assert not np.array_equal(first[column], second[column]), (name, column)
+    assert failure_rate < 1e-4, failure_rate
+
+
+@pytest.mark.parametrize("accounting", ["pld", "zcdp"])
+def test_selection_noise_present_under_tight_accounting(accounting):
+    """At epsilon 1 each selection strategy keeps a partition of the size it needs for a 50%
+    chance (`privacy_units_needed`) with PyDP's probability for it: 4,000 draws through the
+    release's own selection, within a normal approximation of the binomial at failure rate
+    1e-6; neither always nor never."""
+    from scipy.stats import norm
+
+    from dppipeline.core.budget import privacy_units_needed
+    from dppipeline.core.release import select_with
+
+    plan = make_plan(selection_spec(".", "release", accounting, 1.0))
+    draws = 4000
+    for group in plan.selections:
+        units = privacy_units_needed(plan.query(group.queries[0]).plan, 0.5)
+        assert units is not None and units > 2
+        p = group.mechanism.build_selection(group.pre_threshold).probability_of_keep(units)
+        assert 0.5 <= p < 0.6
+        kept = int(select_with(np.full(draws, units), group.mechanism, group.pre_threshold).sum())
+        spread = float(norm.isf(0.5e-6)) * math.sqrt(draws * p * (1 - p))
+        assert abs(kept - draws * p) <= spread, (group.mechanism.kind, kept, draws * p)
