@@ -32,14 +32,15 @@ class WorkerPool:
     port: int
     log: Path
 
-    def pipeline_args(self, workers: int = 2) -> list[str]:
-        """Beam pipeline options that run a job on this pool with `workers` SDK workers."""
+    def pipeline_args(self) -> list[str]:
+        """Beam pipeline options that run a job on this pool. Beam's embedded job service
+        (`job_endpoint=embed`) asks for one SDK worker per job, whatever
+        `--direct_num_workers` says; that worker runs bundles on several threads."""
         return [
             "--runner=PortableRunner",
             "--job_endpoint=embed",
             "--environment_type=EXTERNAL",
             f"--environment_config=127.0.0.1:{self.port}",
-            f"--direct_num_workers={workers}",
         ]
 
     def workers_started(self) -> list[str]:
