@@ -67,15 +67,19 @@ def key_column(key: KeyColumn) -> Column:
         return day.alias(key.name)
     if key.bucket == "week":
         return F.date_sub(day, F.weekday(day)).alias(key.name)
+    # ISO text from zero-padded fields: `format_string` (Java's String.format on every row)
+    # took about 4 s per month-keyed query at 5M rows. The rows here are on days of the
+    # input's period (years 1 to 9999), where padding to 4 digits is exact.
+    parts = [_padded(F.year(day), 4)]
+    if key.bucket in ("month", "hour"):
+        parts += [F.lit("-"), _padded(F.month(day), 2)]
     if key.bucket == "hour":
-        text = F.format_string(
-            "%04d-%02d-%02dT%02d", F.year(day), F.month(day), F.dayofmonth(day), F.hour(moment)
-        )
-    elif key.bucket == "month":
-        text = F.format_string("%04d-%02d", F.year(day), F.month(day))
-    else:
-        text = F.format_string("%04d", F.year(day))
-    return text.alias(key.name)
+        parts += [F.lit("-"), _padded(F.dayofmonth(day), 2), F.lit("T"), _padded(F.hour(moment), 2)]
+    return F.concat(*parts).alias(key.name)
+
+
+def _padded(number: Column, digits: int) -> Column:
+    return F.lpad(number.cast("string"), digits, "0")
 
 
 def group_keys(task: AggregationTask) -> list[str]:
