@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -174,6 +175,17 @@ def s3(s3_server, monkeypatch):
         monkeypatch.setenv(name, value)
     storage._remote_fs.cache_clear()  # clients built for another endpoint are not reused
     return s3_server
+
+
+def with_ids_and_times(rows: pd.DataFrame, rng, start, days: int) -> pd.DataFrame:
+    """`rows` (unit, terminal, amount) with TRANSACTION_ID 0..n-1 and a TX_DATETIME drawn
+    uniformly over `days` days from `start` (microseconds, as the schema stores it)."""
+    n = len(rows)
+    rows = rows.reset_index(drop=True)
+    rows.insert(0, "TRANSACTION_ID", np.arange(n, dtype=np.int64))
+    moments = start + pd.to_timedelta(rng.integers(0, days * 86400, n), "s")
+    rows.insert(1, "TX_DATETIME", moments.astype("datetime64[us]"))
+    return rows
 
 
 def write_daily_parquet(rows: pd.DataFrame, root: Path) -> Path:

@@ -25,7 +25,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import write_daily_parquet
+from conftest import with_ids_and_times, write_daily_parquet
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
@@ -232,11 +232,7 @@ def hand_made(tmp_path_factory) -> tuple[object, pd.DataFrame]:
                 }
             )
         )
-    rows = pd.concat(frames, ignore_index=True)
-    n = len(rows)
-    rows.insert(0, "TRANSACTION_ID", np.arange(n, dtype=np.int64))
-    rows.insert(1, "TX_DATETIME", START + pd.to_timedelta(rng.integers(0, 3 * 86400, n), "s"))
-    rows["TX_DATETIME"] = rows["TX_DATETIME"].astype("datetime64[us]")
+    rows = with_ids_and_times(pd.concat(frames, ignore_index=True), rng, START, days=3)
     root = write_daily_parquet(rows, tmp_path_factory.mktemp("max_min") / "in")
     return root, rows
 

@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import write_daily_parquet
+from conftest import with_ids_and_times, write_daily_parquet
 
 from dppipeline.orchestration.runner import make_plan, run_job
 from dppipeline.spec.model import build_spec, load_spec
@@ -567,26 +567,21 @@ def few_customers(tmp_path_factory) -> tuple[object, pd.DataFrame]:
                     }
                 )
             )
-    rows = pd.concat(frames, ignore_index=True)
-    n = len(rows)
-    rows.insert(0, "TRANSACTION_ID", np.arange(n, dtype=np.int64))
-    rows.insert(1, "TX_DATETIME", START + pd.to_timedelta(rng.integers(0, 2 * 86400, n), "s"))
-    rows["TX_DATETIME"] = rows["TX_DATETIME"].astype("datetime64[us]")
+    rows = with_ids_and_times(pd.concat(frames, ignore_index=True), rng, START, days=2)
     root = write_daily_parquet(rows, tmp_path_factory.mktemp("selection") / "in")
     return root, rows
 
 
 def selection_spec(root, out, accounting: str, epsilon: float):
-    raw = {
-        "name": "selections",
-        "budget": {"epsilon": epsilon, "delta": 1e-6},
-        "bounds": SELECTION_BOUNDS,
-        "input": {"path": str(root)},
-        "output": str(out),
-        "queries": [{**q, "partition_by": ["TERMINAL_ID"]} for q in SELECTION_QUERIES],
+    return job_spec(
+        root,
+        out,
+        name="selections",
+        budget={"epsilon": epsilon, "delta": 1e-6},
+        bounds=SELECTION_BOUNDS,
+        queries=[{**q, "partition_by": ["TERMINAL_ID"]} for q in SELECTION_QUERIES],
         **ACCOUNTINGS[accounting],
-    }
-    return build_spec(raw)
+    )
 
 
 def expected_keys(plan, query: str) -> list[int]:
