@@ -77,6 +77,24 @@ def bucket(s3, small_inputs, request) -> str:
     return uri
 
 
+def assert_same_release(uri: str, folder) -> None:
+    """The `terminal_stats` release published at `uri` on the store, read back with pandas,
+    equals the one in the local `folder` at a huge epsilon: the same columns, terminals
+    0..59, count and sum within 2 x 8 noise standard deviations of the local manifest."""
+    from_store = read_release(uri).sort_values("TERMINAL_ID", ignore_index=True)
+    from_disk = pd.read_parquet(folder / "terminal_stats")
+    from_disk = from_disk.sort_values("TERMINAL_ID", ignore_index=True)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    metrics = manifest["queries"]["terminal_stats"]["metrics"]
+    assert list(from_store.columns) == list(from_disk.columns)
+    assert from_store["TERMINAL_ID"].tolist() == from_disk["TERMINAL_ID"].tolist()
+    assert from_store["TERMINAL_ID"].tolist() == list(range(60))
+    for metric in ("count", "sum"):
+        tolerance = 2 * 8 * metrics[metric]["noise_stddev"]
+        np.testing.assert_allclose(from_store[metric], from_disk[metric], rtol=0, atol=tolerance)
+    assert from_disk["count"].sum() > 1000  # not two empty releases
+
+
 @pytest.mark.parametrize("engine", ["local", "beam"])
 def test_a_release_from_s3_to_s3_equals_the_same_jobs_local_release(
     s3, bucket, tmp_path, small_inputs, engine
@@ -99,17 +117,7 @@ def test_a_release_from_s3_to_s3_equals_the_same_jobs_local_release(
                     *JOB, *huge, "--no-ledger")  # fmt: skip
     assert local.returncode == 0, local.stderr
 
-    from_s3 = read_release(f"{bucket}/release").sort_values("TERMINAL_ID", ignore_index=True)
-    from_disk = pd.read_parquet(tmp_path / "rel" / "terminal_stats")
-    from_disk = from_disk.sort_values("TERMINAL_ID", ignore_index=True)
-    manifest = json.loads((tmp_path / "rel" / "manifest.json").read_text())
-    metrics = manifest["queries"]["terminal_stats"]["metrics"]
-    assert list(from_s3.columns) == list(from_disk.columns)
-    assert len(from_s3) == 60 and from_s3["TERMINAL_ID"].tolist() == list(range(60))
-    for metric in ("count", "sum"):
-        tolerance = 2 * 8 * metrics[metric]["noise_stddev"]
-        np.testing.assert_allclose(from_s3[metric], from_disk[metric], rtol=0, atol=tolerance)
-    assert from_disk["count"].sum() > 1000  # not two empty releases
+    assert_same_release(f"{bucket}/release", tmp_path / "rel")
 
 
 def test_the_store_layout_rerun_overwrite_and_check_release(s3, bucket, tmp_path):
