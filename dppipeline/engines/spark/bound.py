@@ -160,10 +160,9 @@ def _not_null(x: Column) -> Column:
     return x.isNotNull()
 
 
-def with_priority(rows: DataFrame, salt: bytes) -> DataFrame:
+def with_priority(rows: DataFrame, secrets: DataFrame) -> DataFrame:
     """`rows` with each row's Linf priority, one long computed where the row was read:
     xxhash64(secret, file, row), in place of the file and row (file names never travel)."""
-    secrets = sampling_secrets(rows.sparkSession, salt)
     identity = (spark_read.SOURCE, spark_read.ROW)
     rest = [c for c in rows.columns if c not in identity]
     priority = F.xxhash64(LINF_SECRET, *identity).alias(PRIORITY)
@@ -174,7 +173,7 @@ def shuffled_by_unit(rows: DataFrame, unit: str, salt: bytes) -> DataFrame:
     """The valid rows of a job of several queries, with their priorities, in one shuffle by
     privacy unit that every query's bounding reads: Spark knows the rows are partitioned by
     unit, so no query exchanges its rows again (only its pair aggregates, by key)."""
-    return with_priority(rows, salt).repartition(unit)
+    return with_priority(rows, sampling_secrets(rows.sparkSession, salt)).repartition(unit)
 
 
 def bounded_pairs(
@@ -193,7 +192,7 @@ def bounded_pairs(
         # for one query, before any exchange, so rows of unlisted partitions never travel.
         rows = keep_public(rows, keys, task.public_keys)
     if not by_unit:
-        rows = with_priority(rows, salt)
+        rows = with_priority(rows, secrets)
         if task.max_contributions is not None:
             # A unit's total rows are ranked together: one shuffle of the rows by unit.
             rows = rows.repartition(unit)

@@ -134,10 +134,10 @@ class SparkEngine:
         limit = driver_release_max_partitions()
         exact: dict[str, pd.DataFrame] = {}
         rejects = None
+        shared = len(tasks) > 1  # `valid` is then `shuffled_by_unit` (see `run`)
         for task in tasks:
             self.spark.sparkContext.setJobGroup("dppipeline", f"dppipeline {task.name}: bound")
             progress(f"{task.name}: filtering, bounding contributions, aggregating")
-            shared = len(tasks) > 1
             aggregates = bound_and_aggregate(valid, task, unit, job.salt, by_unit=shared)
             frame = aggregates.limit(limit + 1).toPandas()
             if rejects is None:
