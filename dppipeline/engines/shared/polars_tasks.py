@@ -212,6 +212,8 @@ def pre_bound(
     are not interchangeable), so a run that reads batch by batch holds about pairs x Linf
     rows, not every row, and releases what a run holding every row releases. Every pair
     keeps a row, so L0 sampling sees every pair."""
+    if task.scaled:  # every row of a kept pair counts: nothing to thin per batch
+        return frame
     priority = row_priority(frame, keys)
     if PRIORITY not in frame.columns:  # computed once per row, kept with the rows it keeps
         frame = frame.with_columns(pl.Series(PRIORITY, priority))
@@ -246,7 +248,8 @@ def aggregate_task_rows(
         unit_kind=unit_kind_of(unit_values),
         key_codes=key_codes,
         key_values=key_values,
-        row_priority=row_priority(frame, keys),
+        # Scaled Linf bounding samples no rows: no row priorities to compute.
+        row_priority=np.zeros(frame.height) if task.scaled else row_priority(frame, keys),
         values=values,
         distinct=distinct_arrays(frame, task),
     )
@@ -285,6 +288,7 @@ def bound_and_aggregate(
         ),
         values=values,
         max_contributions=task.max_contributions,
+        scaled=task.scaled,
     )
     if on_sample is not None:
         on_sample(sample)
