@@ -51,6 +51,7 @@ BANK_MAX_SIZE = "20M"  # the 12-query job: minutes per run above
 MASTER = "local[2]"
 
 OURS = "dppipeline spark"
+SCALED = "dppipeline spark, linf_bounding: scale"
 BANK = "dppipeline spark, bank job (12 queries)"
 BANK_TARGET = 2.0  # the 12-query job against the one-query job, same data
 PIPELINEDP = "PipelineDP SparkRDDBackend"
@@ -106,6 +107,7 @@ def programs(data: Dataset, keys: Path, args: argparse.Namespace) -> dict[str, P
     interpreter from the project root, with PYSPARK_PYTHON set to it (ours sets that itself)."""
     label, repeat = data.label, args.repeat
     ours_out = DATA_DIR / f"spark_release_{label}"
+    scaled_out = DATA_DIR / f"spark_scaled_{label}"
     pdp_out = DATA_DIR / f"spark_pipelinedp_{label}.parquet"
     baseline_out = DATA_DIR / f"spark_baseline_{label}"
     baseline = [sys.executable, "-c", BASELINE_PROGRAM, str(data.folder), str(baseline_out), MASTER]
@@ -116,6 +118,14 @@ def programs(data: Dataset, keys: Path, args: argparse.Namespace) -> dict[str, P
             {"DPPIPELINE_SPARK_MASTER": MASTER},
             OURS_MARKERS,
             ours_out / build_job_spec(data, keys).name,
+            repeat,
+        ),
+        SCALED: Program(
+            SCALED,
+            ours_command("spark", data, keys, scaled_out, LEDGER, "--linf-bounding", "scale"),
+            {"DPPIPELINE_SPARK_MASTER": MASTER},
+            OURS_MARKERS,
+            scaled_out / build_job_spec(data, keys).name,
             repeat,
         ),
         BANK: Program(
@@ -150,7 +160,11 @@ def programs(data: Dataset, keys: Path, args: argparse.Namespace) -> dict[str, P
 
 
 # The programs whose released counts the sanity check reads back: JSON prefix -> (program, name).
-RELEASED = {"ours": (OURS, "ours"), "pipelinedp": (PIPELINEDP, "PipelineDP")}
+RELEASED = {
+    "ours": (OURS, "ours"),
+    "scaled": (SCALED, "ours, scaled"),
+    "pipelinedp": (PIPELINEDP, "PipelineDP"),
+}
 
 
 def java_version() -> str | None:
@@ -166,7 +180,7 @@ class Report(ProcessReport):
     NAME = "spark_engine"
     TITLE = "Spark engine benchmark"
     PHASES = "start = process start to SparkSession ready; work = read, compute, write"
-    PROGRAMS = (OURS, BANK, PIPELINEDP, BASELINE, TUNED)
+    PROGRAMS = (OURS, SCALED, BANK, PIPELINEDP, BASELINE, TUNED)
     RATIOS = (
         ("ours_over_baseline", "ours / baseline", OURS, BASELINE, ".2f", "median"),
         (
@@ -177,6 +191,7 @@ class Report(ProcessReport):
             ".2f",
             "median",
         ),
+        ("scaled_over_baseline", "scaled / baseline", SCALED, BASELINE, ".2f", "median"),
         ("pipelinedp_over_ours", "PipelineDP / ours", PIPELINEDP, OURS, ".1f", "median"),
         (
             "bank_over_ours",

@@ -32,6 +32,7 @@ RATIOS = {
     ),
     "spark_engine": (
         ("ours_over_baseline", "ours / groupBy"),
+        ("scaled_over_baseline", "scaled Linf / groupBy"),
         ("pipelinedp_over_ours", "PipelineDP / ours"),
         ("bank_over_ours", "12 queries / 1"),
     ),
