@@ -231,7 +231,7 @@ def test_each_unit_moves_a_partition_by_at_most_linf_rows_whatever_its_rows():
 
 def aggregated(rows: pd.DataFrame, keys: SamplingKeys, *, scaled: bool = True) -> pd.DataFrame:
     """Scaled (or sampled) bounded aggregates of terminals 1..5 on the numpy path, L0 = 5."""
-    units, unit_values = pd.factorize(rows[UNIT])
+    units, _ = pd.factorize(rows[UNIT])
     terminal = rows[KEY].to_numpy() - 1
     values = rows["TX_AMOUNT"].clip(LOW, HIGH).to_numpy()
     priority = row_priorities(keys, ["f"], np.zeros(len(rows), np.int64), rows["_row"].to_numpy())

@@ -21,6 +21,7 @@ import os
 import re
 import socket
 import unicodedata
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -139,6 +140,10 @@ class Ledger:
                     f"cannot create the folder of ledger {self.location}: {exc.strerror}"
                 ) from None
         self._engine = _engine(self.location, self.timeout)
+        # Connections close when the ledger is dropped or, at the latest, at exit (the CLI
+        # exits without finalizing objects): SQLite then checkpoints its WAL into the file,
+        # so that ledger.sqlite alone holds every commit.
+        self._closer = weakref.finalize(self, self._engine.dispose)
         self._migrate()
 
     @property
@@ -147,7 +152,7 @@ class Ledger:
         return self.location.path
 
     def close(self) -> None:
-        self._engine.dispose()
+        self._closer()
 
     def __enter__(self) -> Ledger:
         return self
