@@ -156,12 +156,14 @@ def sample_contributions(
     values: np.ndarray | None = None,
     max_contributions: int | None = None,
     scaled: bool = False,
+    row_counts: np.ndarray | None = None,
 ) -> ContributionSample:
     """Keeps <= Linf rows per (privacy unit, partition) and <= L0 partitions per privacy unit,
     those of lowest priority; a partition counts once for L0 whatever its number of rows.
     With `max_contributions` K: the K rows of lowest priority per privacy unit instead.
     `scaled`: every row of the kept pairs, for `aggregate_per_partition` to scale each pair's
-    aggregates to Linf rows (`bounds.linf_bounding: scale`) instead of sampling its rows.
+    aggregates to Linf rows (`bounds.linf_bounding: scale`) instead of sampling its rows;
+    `row_counts`: the rows each entry stands for when entries are partial pairs (scaled only).
 
     Args: dense int64 codes of the privacy unit and of the partition key (0..n_keys-1); each
     row's Linf priority; `pair_priority(unit codes, key codes)`, the L0 priority of pairs;
@@ -197,7 +199,11 @@ def sample_contributions(
         rows=kept,
         pair_key_codes=pair_keys[chosen_pairs],
         row_pair=row_pair,
-        pair_rows=np.bincount(row_pair, minlength=len(chosen_pairs)),
+        pair_rows=np.bincount(
+            row_pair,
+            weights=None if row_counts is None else row_counts[kept],
+            minlength=len(chosen_pairs),
+        ).astype(np.int64),
         linf=max_contributions_per_partition,
     )
 
@@ -211,6 +217,7 @@ def aggregate_per_partition(
     sum_squares: bool = False,
     keep_values: bool = False,
     distinct: Sequence[tuple[str, np.ndarray]] = (),
+    squares: np.ndarray | None = None,
 ) -> BoundedAggregates:
     """privacy_id_count, count and sum (optionally the sum of squares, the kept values
     themselves and, per (column, its value of every row) in `distinct`, each partition's
@@ -218,7 +225,10 @@ def aggregate_per_partition(
     if sample.row_pair is not None:
         if keep_values or distinct:
             raise ValueError("scaled Linf bounding keeps no rows: no values, no distinct sets")
-        return _aggregate_scaled_pairs(sample, values, n_keys, sum_squares=sum_squares)
+        kept_squares = None if squares is None else squares[sample.rows]
+        return _aggregate_scaled_pairs(
+            sample, values, n_keys, sum_squares=sum_squares, squares=kept_squares
+        )
     kept_keys = key_codes[sample.rows]
     privacy_id_count = np.bincount(sample.pair_key_codes, minlength=n_keys)
     count = np.bincount(kept_keys, minlength=n_keys)
@@ -248,7 +258,12 @@ def aggregate_per_partition(
 
 
 def _aggregate_scaled_pairs(
-    sample: ContributionSample, values: np.ndarray | None, n_keys: int, *, sum_squares: bool
+    sample: ContributionSample,
+    values: np.ndarray | None,
+    n_keys: int,
+    *,
+    sum_squares: bool,
+    squares: np.ndarray | None = None,
 ) -> BoundedAggregates:
     """Scaled Linf bounding: a kept pair of c rows counts min(c, Linf) and adds its clipped
     sum (and sum of squares) times min(1, Linf / c), so that it adds at most what Linf of its
@@ -273,7 +288,11 @@ def _aggregate_scaled_pairs(
         privacy_id_count=privacy_id_count[present].astype(np.int64),
         count=np.rint(count[present]).astype(np.int64),
         sum=per_partition(kept_values)[present],
-        sum_squares=per_partition(kept_values**2)[present] if sum_squares else None,
+        sum_squares=(
+            per_partition(kept_values**2 if squares is None else squares)[present]
+            if sum_squares
+            else None
+        ),
     )
 
 

@@ -212,8 +212,8 @@ def pre_bound(
     are not interchangeable), so a run that reads batch by batch holds about pairs x Linf
     rows, not every row, and releases what a run holding every row releases. Every pair
     keeps a row, so L0 sampling sees every pair."""
-    if task.scaled:  # every row of a kept pair counts: nothing to thin per batch
-        return frame
+    if task.scaled:  # every row of a pair counts: its rows add up to one partial per batch
+        return pair_partials(frame, task, unit)
     priority = row_priority(frame, keys)
     if PRIORITY not in frame.columns:  # computed once per row, kept with the rows it keeps
         frame = frame.with_columns(pl.Series(PRIORITY, priority))
@@ -231,6 +231,21 @@ def pre_bound(
         group = pd.factorize(group)[0].astype(np.int64)
     kept = bottom_k_codes(group, priority, k, values)
     return frame if len(kept) == frame.height else frame[kept]
+
+
+ROWS, SQUARES = "_rows", "_squares"  # a scaled pair's partial: its rows, its sum of squares
+
+
+def pair_partials(frame: pl.DataFrame, task: AggregationTask, unit: str) -> pl.DataFrame:
+    """Scaled Linf bounding: task rows (or partials of earlier batches) -> one row per
+    (unit, partition) pair with its rows (`_rows`), clipped sum (`_value`) and, for the
+    variance, sum of squares. Scaling needs no more, so memory follows the pairs."""
+    rows = pl.col(ROWS).sum() if ROWS in frame.columns else pl.len()
+    squares = pl.col(SQUARES) if SQUARES in frame.columns else pl.col("_value") ** 2
+    sums = [pl.col("_value").sum(), rows.cast(pl.Int64).alias(ROWS)]
+    if task.sum_squares:
+        sums.append(squares.sum().alias(SQUARES))
+    return frame.group_by([unit, *task.key_names]).agg(sums)
 
 
 def aggregate_task_rows(
@@ -252,6 +267,8 @@ def aggregate_task_rows(
         row_priority=np.zeros(frame.height) if task.scaled else row_priority(frame, keys),
         values=values,
         distinct=distinct_arrays(frame, task),
+        row_counts=frame.get_column(ROWS).to_numpy() if ROWS in frame.columns else None,
+        squares=frame.get_column(SQUARES).to_numpy() if SQUARES in frame.columns else None,
     )
     return aggregates_table(bounded, key_values)
 
@@ -269,11 +286,15 @@ def bound_and_aggregate(
     values: np.ndarray | None,
     on_sample: Callable[[ContributionSample], None] | None = None,
     distinct: Sequence[tuple[str, np.ndarray]] = (),
+    row_counts: np.ndarray | None = None,
+    squares: np.ndarray | None = None,
 ) -> BoundedAggregates:
     """Linf and L0 sampling with the run's keys, then exact sums per partition: the one
     bounding step of the local engine and of Beam's unit shards. `key_values`: the canonical
     keys of codes 0..n-1 (the L0 priority hashes them); `on_sample` sees the sample (Beam's
-    debug statistic); `distinct`: (column, value of each row) of its count_distinct columns."""
+    debug statistic); `distinct`: (column, value of each row) of its count_distinct columns;
+    `row_counts`, `squares`: for scaled bounding over `pair_partials`, the rows and the sum of
+    squares each entry stands for (`values` then holds its sum)."""
     n_keys = max(len(key_values), 1)
     seeds = partition_seeds(keys, key_values, [k.kind for k in task.keys])
     sample = sample_contributions(
@@ -289,6 +310,7 @@ def bound_and_aggregate(
         values=values,
         max_contributions=task.max_contributions,
         scaled=task.scaled,
+        row_counts=row_counts,
     )
     if on_sample is not None:
         on_sample(sample)
@@ -300,4 +322,5 @@ def bound_and_aggregate(
         sum_squares=task.sum_squares,
         keep_values=task.values,
         distinct=distinct,
+        squares=squares,
     )
