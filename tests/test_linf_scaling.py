@@ -96,6 +96,11 @@ def test_cli_flag(capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and "--linf-bounding (bounds.linf_bounding): scale keeps no rows" in err
     assert len(err.splitlines()) == 1
+    code = main(
+        ["plan", "--linf-bounding", "scale", "--metrics", "count", "--public-partitions", "1..5"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0 and "Linf (max_contributions_per_partition)=1 (scaled pairs)" in out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -88,6 +88,7 @@ def _render_query(
             if params.max_contributions is not None
             else f"  bounds: L0 (max_partitions_contributed)={params.max_partitions_contributed}, "
             f"Linf (max_contributions_per_partition)={params.max_contributions_per_partition}"
+            + (" (scaled pairs)" if query.bounds.linf_bounding == "scale" else "")
         )
         + (
             f", values clipped to [{_num(params.min_value)}, {_num(params.max_value)}]"
