@@ -452,8 +452,9 @@ def _planned_run(
     # Progress lines only: the release is committed and published.
     if book is not None:
         say(ledger_line(book, f"committed run {run_id}"))
-    for name, query in manifest.queries.items():
-        say(f"[{engine_impl.name}] {name}: released {query.released_partitions:,} partitions")
+    if datasets is None or rows is None or isinstance(target, FolderTarget | StoreTarget):
+        for name, query in manifest.queries.items():
+            say(f"[{engine_impl.name}] {name}: released {query.released_partitions:,} partitions")
     say(f"[{engine_impl.name}] release written to {target.display()}")
     return RunResult(target.where, run_id, manifest.released_partitions, manifest, datasets)
 
