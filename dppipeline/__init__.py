@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from dppipeline.version import __version__
 
 _PUBLIC = {
     "load_job": "dppipeline.api.jobs",
@@ -48,6 +48,7 @@ __all__ = [
     "Session",
     "SpecError",
     "UsageError",
+    "__version__",
     "load_job",
     "plan",
     "query",

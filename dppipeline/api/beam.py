@@ -18,7 +18,7 @@ from dppipeline.api.jobs import JobSource, load_job
 from dppipeline.core.manifest import Manifest
 
 
-class ReleaseTransform(beam.PTransform):  # type: ignore[misc]  # Beam ships no types
+class ReleaseTransform(beam.PTransform[Any, dict[str, Any]]):
     """rows (dicts or beam.Row with the job's input columns) -> {query: PCollection of
     released rows as dicts}. The same validation (rejected rows kept aside in the quarantine;
     above max_rejected_fraction the pipeline fails with an InputError before any released
