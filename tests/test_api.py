@@ -123,6 +123,11 @@ def test_load_job_takes_yaml_text_a_file_a_dict_and_overrides(tmp_path):
     assert job.budget.epsilon == 0.5 and dppipeline.load_job(job) is job
     with pytest.raises(dppipeline.SpecError, match=r"budget.epsilon: must be > 0"):
         dppipeline.load_job({"budget": {"epsilon": -1}})
+    # overrides of a shorthand Job reach its query; its hash is the written-out spec's
+    yaml = ROOT / "jobs" / "configs" / "terminal_stats.yaml"
+    overridden = dppipeline.load_job(dppipeline.load_job(yaml), bounds__max_value=100.0)
+    assert overridden.queries[0].bounds.max_value == 100.0
+    assert overridden.spec_hash() == dppipeline.load_job(yaml, bounds__max_value=100.0).spec_hash()
 
 
 def test_a_pandas_frame_releases_what_the_cli_releases(small_inputs, cli_release, tmp_path):
@@ -166,6 +171,19 @@ def test_a_spark_frame_releases_in_the_callers_session(spark, small_inputs, cli_
 
     with pytest.raises(dppipeline.InputError, match="DataFrame: missing column TX_AMOUNT"):
         dppipeline.release(JOB, frame.drop("TX_AMOUNT"), echo=lambda _: None)
+    # the Spark engine's rules (engines/spark/rules.py) reject a non-finite amount
+    from pyspark.sql import functions as F
+
+    bad = frame.withColumn(
+        "TX_AMOUNT",
+        F.when(F.col("TRANSACTION_ID") == 5, F.lit(float("inf"))).otherwise(F.col("TX_AMOUNT")),
+    )
+    job = {**JOB, "input": {"max_rejected_fraction": 0.01}}
+    dppipeline.release(job, bad, quarantine=tmp_path / "q", echo=lambda _: None)
+    (kept,) = (tmp_path / "q").glob("*/rejected.parquet")
+    rejected = pd.read_parquet(kept)
+    assert rejected["TX_AMOUNT"].tolist() == ["Infinity"]
+    assert rejected["_reason"].tolist() == ["TX_AMOUNT is not finite"]
 
 
 def test_a_pcollection_releases_in_the_callers_pipeline(small_inputs, cli_release, tmp_path):
@@ -193,6 +211,31 @@ def test_a_pcollection_releases_in_the_callers_pipeline(small_inputs, cli_releas
         assert ledger_row(ledger) == cli_ledger
         assert transform.manifest is not None
         assert_that(released["terminal_stats"], same_as_cli)
+
+
+def test_a_pcollection_with_too_many_bad_rows_fails_its_pipeline(tmp_path):
+    """Rows breaking the contract are kept in the quarantine; above max_rejected_fraction the
+    released rows never leave the transform: the pipeline fails with the InputError."""
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+
+    from dppipeline.beam import ReleaseTransform
+
+    rows = [{"CUSTOMER_ID": c, "TERMINAL_ID": c % 3, "TX_AMOUNT": 10.0} for c in range(20)]
+    rows[4] = {**rows[4], "TX_AMOUNT": math.nan}
+    job = {**JOB, "partition_selection": {"public_partitions": "0..2"}}
+    failed = pytest.raises(Exception, match=r"rejected 1 of 20 rows .* TX_AMOUNT is not finite")
+    with failed, TestPipeline() as pipeline:
+        released = (
+            pipeline
+            | beam.Create(rows)
+            | ReleaseTransform(job, quarantine=tmp_path / "q", echo=lambda _: None)
+        )
+        _ = released["terminal_stats"] | beam.Map(print)
+    (kept,) = (tmp_path / "q").glob("*/rejected-*.parquet")
+    rejected = pd.read_parquet(kept)  # the row, named by its batch and place in it
+    assert rejected["CUSTOMER_ID"].tolist() == ["4"]
+    assert rejected["_reason"].tolist() == ["TX_AMOUNT is not finite"]
 
 
 def book_frame(tmp_path: Path) -> pd.DataFrame:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dppipeline.spec.model import JobSpec, build_spec, load_spec, parse_raw, resolve_paths
+from dppipeline.spec.model import JobSpec, build_spec, load_raw, parse_raw, resolve_paths
 
 Job = JobSpec  # the job spec: frozen, validated; each error names the field and the rule
 
@@ -25,16 +25,23 @@ def load_job(source: JobSource, **overrides: Any) -> JobSpec:
         name.replace("__", "."): value for name, value in overrides.items() if value is not None
     }
     if isinstance(source, JobSpec):
-        if not dotted:
-            return source
-        return build_spec(source.to_dict(), dotted)
+        return build_spec(job_fields(source), dotted) if dotted else source
     if isinstance(source, Mapping):
         return build_spec(source, dotted, source="job")
     if isinstance(source, Path) or ("\n" not in source and source.endswith((".yaml", ".yml"))):
-        spec = load_spec(source)
-        return build_spec(spec.to_dict(), dotted) if dotted else spec
+        return build_spec(load_raw(source), dotted, source=str(source))
     raw = resolve_paths(parse_raw(source.encode(), "job spec text"), Path.cwd())
     return build_spec(raw, dotted, source="job spec text")
+
+
+def job_fields(spec: JobSpec) -> dict[str, Any]:
+    """The spec's fields as a dict `build_spec` takes back: a shorthand job without the one
+    query it expands to, so that overrides of its fields reach the query, and its hash (the
+    release key) stays the one of the same spec written out."""
+    fields = spec.to_dict()
+    if spec.is_shorthand:
+        del fields["queries"]
+    return fields
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic
 
-from dppipeline.api.jobs import JobSource, load_job
+from dppipeline.api.jobs import JobSource, job_fields, load_job
 from dppipeline.api.release import Frame, Release, release
 
 
@@ -111,7 +111,7 @@ class Session(Generic[Frame]):
         }
         from dppipeline.spec.model import build_spec  # noqa: PLC0415
 
-        spec = build_spec(spec.to_dict(), overrides, source="session job")
+        spec = build_spec(job_fields(spec), overrides, source="session job")
         return release(
             spec, self.data, ledger=self.ledger, dataset_id=self._dataset_id, seed=self._seed
         )
