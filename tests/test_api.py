@@ -342,6 +342,35 @@ def test_a_ledger_needs_a_scope_and_a_named_dataset_is_one_release(small_inputs,
         assert len(book.rows()) == 4  # unnamed data: a new release each time; named: once
 
 
+def test_in_memory_rows_are_filtered_by_the_stated_period(tmp_path):
+    """No daily partitions: the spec's period keeps rows by their time column (as layout
+    `files` does), and `input_range` keys need that period, refused in one line without it."""
+    rows = pd.DataFrame({
+        "CUSTOMER_ID": [1, 2, 3],
+        "TERMINAL_ID": [1, 2, 1],
+        "TX_DATETIME": pd.to_datetime(["2026-01-01 10:00", "2026-01-02 23:59", "2026-01-03 00:00"]),
+    })  # fmt: skip
+    keys = {"TERMINAL_ID": "1..2", "day": "input_range"}
+    job = {
+        "queries": [{"name": "daily", "partition_by": ["TERMINAL_ID", "day"], "metrics": ["count"],
+                     "partition_selection": {"public_partitions": keys}},
+                    {"name": "total", "partition_by": [], "metrics": ["count"]}],
+        "budget": {"epsilon": 1e12, "delta": 0.0},
+    }  # fmt: skip
+    with pytest.raises(dppipeline.UsageError, match=r"public_partitions.day: input_range needs"):
+        dppipeline.release(job, rows, echo=lambda _: None)
+    period = {"start_date": "2026-01-01", "end_date": "2026-01-02"}
+    release = dppipeline.release({**job, "input": period}, rows, echo=lambda _: None)
+    assert release["total"]["count"].tolist() == [2]  # the row of 2026-01-03 is outside
+    counts = {(t, d.isoformat()): c for t, d, c in release["daily"].itertuples(index=False)}
+    assert counts == {
+        (1, "2026-01-01"): 1,
+        (1, "2026-01-02"): 0,
+        (2, "2026-01-01"): 0,
+        (2, "2026-01-02"): 1,
+    }  # fmt: skip
+
+
 def test_the_api_program_type_checks_strictly(tmp_path):
     """mypy --strict on a program that uses only the public API passes; the same program
     with a type error fails (the check can fail)."""

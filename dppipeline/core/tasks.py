@@ -380,6 +380,11 @@ def _column_keys(
             raise UsageError(
                 f"{where}.{key.name}: {INPUT_RANGE} is for the time keys {', '.join(TIME_BUCKETS)}"
             )
+        if not days:  # in-memory rows without a stated period: nothing to cover
+            raise UsageError(
+                f"{where}.{key.name}: {INPUT_RANGE} needs input.start_date and input.end_date "
+                "for in-memory data (no daily partitions say which days it covers)"
+            )
         buckets = {b for d in days for b in buckets_of(key.bucket, d)}
         return sorted(buckets, key=str)  # ISO text order
     match = _RANGE.match(source)
