@@ -67,6 +67,7 @@ bench: setup  ## benchmarks against PipelineDP and a non-private baseline; noise
 	$(PY) -m bench.spark_engine
 	$(PY) -m bench.beam_engine
 	$(PY) -m bench.accounting
+	$(PY) -m bench.summary
 
 clean:  ## remove generated data and caches (keeps .venv)
 	rm -rf $(DEMO) .pytest_cache .ruff_cache bench/data

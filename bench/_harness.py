@@ -41,6 +41,19 @@ MARKER = "_generated.json"  # skipped by the readers: they ignore names starting
 
 # Row-count label -> days generated at 25,000 transactions a day.
 DAYS: dict[str, int] = {"1M": 40, "5M": 200, "20M": 800, "100M": 4000}
+SIZE_ORDER: tuple[str, ...] = tuple(DAYS)  # smallest first
+
+
+def up_to(found: dict[str, Any], label: str, largest: dict[str, str]) -> dict[str, Any]:
+    """The programs of `found` that run at size `label`: those `largest` names stop above the
+    size it gives them (too slow or too large for this machine there)."""
+    return {
+        name: program
+        for name, program in found.items()
+        if name not in largest or SIZE_ORDER.index(label) <= SIZE_ORDER.index(largest[name])
+    }
+
+
 POPULATION: dict[str, int] = {"customers": 5000, "terminals": 1000, "tx_per_day": 25000, "seed": 0}
 PRIVACY_UNIT, KEY, VALUE = "CUSTOMER_ID", "TERMINAL_ID", "TX_AMOUNT"
 EPSILON, DELTA = 1.0, 1e-6

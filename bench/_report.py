@@ -19,7 +19,7 @@ import platform
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -165,7 +165,7 @@ def fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-_NUMERIC = re.compile(r"^([-+]?[\d,]+(\.\d+)?x?|n/a)$")
+_NUMERIC = re.compile(r"^([-+]?[\d,]+(\.\d+)?x?|n/a|-)$")
 
 
 def _right_aligned(rows: Sequence[Sequence[str]], width: int) -> list[bool]:
@@ -355,6 +355,37 @@ class ProcessReport(Report):
 
     def sanity_tables(self) -> list[Table]:
         raise NotImplementedError
+
+    def wall_table(self, column: str, cell: Callable[[Timing], str]) -> Table:
+        """Per size and program: median wall seconds, every run, peak MB, and one more column."""
+        rows = [
+            [
+                f"{t.rows:,}",
+                t.program,
+                f"median of {len(t.runs)}" if len(t.runs) > 1 else "1 run",
+                f"{t.median:.2f}",
+                ", ".join(f"{r.seconds:.2f}{'*' if r.disturbed else ''}" for r in t.runs),
+                f"{t.peak_mb:,.0f}",
+                cell(t),
+            ]
+            for t in self.timings
+            if t.runs
+        ]
+        headers = ["rows", "program", "runs", "seconds", "all runs (s)", "peak MB (tree)", column]
+        title = "Wall time of each process, start to exit (seconds), and peak memory (MB)"
+        return title, headers, rows
+
+    def released_sanity(self, raw_column: str) -> Table:
+        """The sanity check of ours and PipelineDP against the bounded mean before noise."""
+        title = (
+            "Sanity check (not timed): mean released count per terminal (last run); bounded "
+            "= local engine's exact bounded mean before noise; z = (released - bounded) / "
+            "noise s.e., expect |z| < 3"
+        )
+        released = [("ours", "ours", "ours z"), ("pipelinedp", "PipelineDP", "PDP z")]
+        partitions = [("ours", "ours partitions"), ("pipelinedp", "PDP partitions")]
+        raw = ("baseline_raw_mean_count", raw_column)
+        return sanity_table(title, self.sanity, released, raw, partitions)
 
     def how_run(self) -> list[str]:
         """The preamble's lines on how each program runs and what the seconds and MB are."""

@@ -2,17 +2,17 @@
 
 Why: the local engine exists because PipelineDP's LocalBackend pushes every row through Python
 generators, which is too slow for nightly jobs. This benchmark keeps that claim honest by timing,
-in one run and on the same generated Parquet files:
+in one run and on the same generated Parquet files, each program as its own process from start
+to exit (bench._harness measures the wall time and the memory of the process tree):
 
-1. `dppipeline.orchestration.runner.run_job` on the local engine, end to end (read, validate,
-   bound, release, publish): what a user waits for;
-2. PipelineDP's `DPEngine` on `LocalBackend` with the same parameters, fed Python tuples read
-   with pyarrow: the reference implementation;
-3. a non-private DuckDB `GROUP BY`: the floor, what the same aggregation costs without DP.
+1. `python -m dppipeline run --engine local` (ours), and the bank's 12-query job on the same data;
+2. `python -m bench._pipelinedp_local`: PipelineDP's `DPEngine` on `LocalBackend` with the same
+   parameters, fed Python tuples read with pyarrow: the reference implementation (up to
+   PIPELINEDP_MAX_SIZE: above it, its Python tuples no longer fit this machine);
+3. a `python -c` DuckDB `GROUP BY`: the non-private floor.
 
-Every timing is wall time and includes reading the Parquet input. Ours and DuckDB: one warm-up,
-then best of `--repeat`; PipelineDP once (it is slow). Run with `make bench` or
-`python -m bench.local_engine [--sizes 1M,5M] [--skip-pipelinedp] [--repeat N]`.
+`--stages` adds where our time goes, from extra in-process runs. Run with `make bench` or
+`python -m bench.local_engine [--sizes 5M,20M,100M] [--skip-pipelinedp] [--repeat N]`.
 Results go to stdout and to `bench/results/local_engine.{md,json}`; progress to stderr.
 """
 
@@ -22,160 +22,133 @@ import argparse
 import contextlib
 import gc
 import importlib
-import statistics
+import re
+import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-import duckdb
-import pandas as pd
-import pyarrow.dataset as pads
-
 from bench._harness import (
-    BANK_JOB,
     DATA_DIR,
-    JOB_PARAMETERS,
-    JOB_SUMMARY,
     KEY,
-    LINF,
-    N_TERMINALS,
-    POPULATION,
-    PRIVACY_UNIT,
+    SAMPLE_INTERVAL_S,
     VALUE,
     Dataset,
-    bounded_reference,
+    Program,
+    bank_job_command,
     build_job_spec,
     ensure_dataset,
+    ours_command,
+    pipelinedp_command,
     progress,
+    run_benchmark,
+    up_to,
     write_public_keys,
-    z_score,
 )
-from bench._programs import add_job_flags, dp_aggregate
 from bench._report import (
-    Report,
+    ProcessReport,
     Table,
-    fmt_ratio,
     machine_facts,
     parse_bench_args,
-    ratio,
-    sanity_table,
     start_args,
 )
 from dppipeline.spec.model import JobSpec
 
-# dppipeline.orchestration.runner and pipeline_dp are imported inside the functions that use
-# them: see bench._report.quiet_imports.
+LOG_DIR = DATA_DIR / "local_logs"
+LEDGER = DATA_DIR / "local_ledger.sqlite"  # not the project's: see ours_command
+SIZES = ("1M", "5M", "20M", "100M")
+DEFAULT_SIZES = ("5M", "20M", "100M")
+TARGETS = {"5M": 5.0, "20M": 5.0, "100M": 10.0}  # ours / DuckDB, the issue's targets
+MEMORY_TARGET_MB = {"100M": 2048.0}  # ours' peak at 100M rows
+PIPELINEDP_MAX_SIZE = "20M"  # 7 GB of Python tuples at 20M rows; 100M would not fit in 24 GiB
+BANK_MAX_SIZE = "20M"  # 4.3 GB at 20M rows (800,000 terminal-days); 100M would not fit
 
-SIZES = ("1M", "5M")
 OURS = "dppipeline local"
 BANK = "dppipeline local, bank job (12 queries)"
 PIPELINEDP = "PipelineDP LocalBackend"
 DUCKDB = "DuckDB (non-private)"
 PACKAGES = ("pipeline-dp", "python-dp", "polars", "duckdb", "pyarrow", "numpy", "pandas")
 
+# The non-private floor, as a user would write it: one SQL over the daily files, the result
+# written to Parquet. Run with `python -c`, so that it imports nothing but duckdb.
+DUCKDB_PROGRAM = f"""\
+import sys
+import duckdb
+source, target = sys.argv[1:3]
+duckdb.sql(
+    "COPY (SELECT {KEY}, count(*) AS count, sum({VALUE}) AS sum, avg({VALUE}) AS mean "
+    f"FROM read_parquet('{{source}}/date=*/*.parquet') GROUP BY 1) TO '{{target}}' (FORMAT parquet)"
+)
+print("bench-marker: output written", file=sys.stderr, flush=True)
+"""
+
+OURS_MARKERS = {
+    "ready": re.compile(r"^\[local\] reading "),
+    "done": re.compile(r"^\[local\] release written to "),
+}
+SCRIPT_MARKERS = {"done": re.compile(r"^bench-marker: output written")}
+
+
+def programs(data: Dataset, keys: Path, args: argparse.Namespace) -> dict[str, Program]:
+    """The contenders in run order (PipelineDP last, when not skipped and the size allows)."""
+    label, repeat = data.label, args.repeat
+    ours_out = DATA_DIR / f"local_release_{label}"
+    pdp_out = DATA_DIR / f"local_pipelinedp_{label}.parquet"
+    duckdb_out = DATA_DIR / f"local_duckdb_{label}.parquet"
+    found = {
+        OURS: Program(
+            OURS,
+            ours_command("local", data, keys, ours_out, LEDGER),
+            {},
+            OURS_MARKERS,
+            ours_out / build_job_spec(data, keys).name,
+            repeat,
+        ),
+        BANK: Program(
+            BANK,
+            bank_job_command("local", data, DATA_DIR / f"local_bank_{label}", LEDGER),
+            {},
+            OURS_MARKERS,
+            DATA_DIR / f"local_bank_{label}" / "mean_ticket_per_terminal",
+            repeat,
+        ),
+        DUCKDB: Program(
+            DUCKDB,
+            [sys.executable, "-c", DUCKDB_PROGRAM, str(data.folder), str(duckdb_out)],
+            {},
+            SCRIPT_MARKERS,
+            duckdb_out,
+            repeat,
+        ),
+        PIPELINEDP: Program(
+            PIPELINEDP,
+            pipelinedp_command("bench._pipelinedp_local", data, pdp_out),
+            {},
+            SCRIPT_MARKERS,
+            pdp_out,
+            1,
+        ),
+    }
+    if args.skip_pipelinedp:
+        del found[PIPELINEDP]
+    return up_to(found, label, {PIPELINEDP: PIPELINEDP_MAX_SIZE, BANK: BANK_MAX_SIZE})
+
+
+RELEASED = {"ours": (OURS, "ours"), "pipelinedp": (PIPELINEDP, "PipelineDP")}
+
 
 # ---------------------------------------------------------------------------------------------
-# The three contenders
+# Where our time goes (--stages): in-process runs with the engine's stages wrapped
 
 
 def run_ours(spec: JobSpec) -> None:
-    """One end-to-end release, as `dppipeline run` does it; the release is read back later."""
+    """One end-to-end release in this process, as `dppipeline run` does it."""
     from dppipeline.orchestration.runner import run_job
 
     run_job(spec, engine="local", overwrite=True, echo=lambda _line: None)
-
-
-def run_bank_job(data: Dataset) -> None:
-    """The bank's 12-query job (`jobs/configs/bank_partner_release.yaml`) on the same data."""
-    from dppipeline.orchestration.runner import run_job
-    from dppipeline.spec.model import build_spec, load_raw
-
-    output = str(DATA_DIR / f"local_bank_{data.label}")
-    spec = build_spec(load_raw(BANK_JOB), {"input.path": str(data.folder), "output": output})
-    run_job(spec, engine="local", overwrite=True, echo=lambda _line: None)
-
-
-def read_our_release(spec: JobSpec) -> pd.DataFrame:
-    """The published release table, for the sanity check (not timed)."""
-    assert spec.output is not None
-    return pd.read_parquet(Path(spec.output) / spec.name)
-
-
-def run_pipelinedp(data: Dataset) -> list[tuple[Any, Any]]:
-    """PipelineDP's DPEngine on LocalBackend, from Parquet to materialised results."""
-    import pipeline_dp  # imported late: see bench._report.quiet_imports
-
-    table = pads.dataset([str(f) for f in data.files], format="parquet").to_table(
-        columns=[PRIVACY_UNIT, KEY, VALUE]
-    )
-    rows = list(
-        zip(
-            table.column(PRIVACY_UNIT).to_pylist(),
-            table.column(KEY).to_pylist(),
-            table.column(VALUE).to_pylist(),
-            strict=True,
-        )
-    )
-    del table
-    job = argparse.ArgumentParser()
-    add_job_flags(job)  # the defaults: the benchmark's parameters
-    return list(dp_aggregate(pipeline_dp, pipeline_dp.LocalBackend(), rows, job.parse_args([])))
-
-
-DUCKDB_SQL = (
-    "SELECT {key}, count(*) AS n, sum({value}) AS total, avg({value}) AS mean "
-    "FROM read_parquet('{glob}') GROUP BY 1"
-)
-
-
-def run_duckdb(con: duckdb.DuckDBPyConnection, data: Dataset) -> pd.DataFrame:
-    """The non-private floor: the same per-terminal aggregates, no bounding and no noise."""
-    sql = DUCKDB_SQL.format(key=KEY, value=VALUE, glob=data.glob)
-    return con.execute(sql).df()
-
-
-# ---------------------------------------------------------------------------------------------
-# Timing
-
-
-@dataclass
-class Timing:
-    """All runs of one engine at one size; `best` is what the tables report."""
-
-    label: str
-    rows: int
-    engine: str
-    runs: list[float] = field(default_factory=list)
-    warmups: int = 0
-
-    @property
-    def best(self) -> float:
-        return min(self.runs)
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.runs)
-
-
-def time_runs(
-    label: str, rows: int, engine: str, fn: Callable[[], Any], *, repeat: int, warmup: int
-) -> tuple[Timing, Any]:
-    """Runs `fn` warm-up + repeat times; returns the timings and the last run's result."""
-    timing = Timing(label, rows, engine, warmups=warmup)
-    result: Any = None
-    for i in range(warmup + repeat):
-        gc.collect()  # garbage of the previous run must not be charged to this one
-        start = time.perf_counter()
-        result = fn()
-        elapsed = time.perf_counter() - start
-        kind = "warm-up" if i < warmup else f"run {i - warmup + 1}/{repeat}"
-        progress(f"{label}: {engine} {kind}: {elapsed:.3f} s")
-        if i >= warmup:
-            timing.runs.append(elapsed)
-    return timing, result
 
 
 ENGINE, TASKS = "dppipeline.engines.local.engine", "dppipeline.engines.shared.polars_tasks"
@@ -244,200 +217,101 @@ def stage_breakdown(spec: JobSpec, repeat: int) -> dict[str, float]:
 
 
 @dataclass
-class LocalReport(Report):
-    """In-process timings (best of `--repeat`), the sanity check and the stage breakdown."""
-
+class Report(ProcessReport):
     NAME = "local_engine"
     TITLE = "Local engine benchmark"
+    PHASES = (
+        "start = process start to the first input read (imports, plan, discovery; PipelineDP "
+        "and DuckDB: not marked); work = read, bound, release, write"
+    )
+    PROGRAMS = (OURS, BANK, PIPELINEDP, DUCKDB)
+    RATIOS = (
+        ("ours_over_duckdb", "ours / DuckDB", OURS, DUCKDB, ".1f", "median"),
+        ("pipelinedp_over_ours", "PipelineDP / ours", PIPELINEDP, OURS, ".1f", "median"),
+        ("bank_over_ours", "12 queries / 1", BANK, OURS, ".2f", "median"),
+        ("ours_peak_over_duckdb_peak", "ours / DuckDB MB", OURS, DUCKDB, ".1f", "peak"),
+    )
+    RATIO_TITLE = (
+        "Ratios (median seconds; targets: ours / DuckDB <= "
+        + ", ".join(f"{t:g}x at {label}" for label, t in TARGETS.items())
+        + "; ours' peak <= "
+        + ", ".join(f"{mb:,.0f} MB at {label}" for label, mb in MEMORY_TARGET_MB.items())
+        + ")"
+    )
+    stages: dict[str, dict[str, float]] = field(default_factory=dict)  # --stages
 
-    stages: dict[str, dict[str, float]] = field(default_factory=dict)
+    def target(self, label: str, first: float | None) -> tuple[float | None, str]:
+        goal = TARGETS.get(label)
+        if goal is None or first is None:
+            return goal, "-"
+        verdict = "met" if first <= goal else f"missed ({first:.1f}x)"
+        if label in MEMORY_TARGET_MB and (peak := self.peak(label, OURS)) is not None:
+            fits = peak <= MEMORY_TARGET_MB[label]
+            verdict += f"; memory {'met' if fits else 'missed'} ({peak:,.0f} MB)"
+        return goal, verdict
 
-    def best(self, label: str, engine: str) -> float | None:
-        return next((t.best for t in self.timings if (t.label, t.engine) == (label, engine)), None)
+    def timing_tables(self) -> list[Table]:
+        per_row = ("peak bytes / input row", lambda t: f"{t.peak_mb * 2**20 / t.rows:.0f}")
+        return [self.wall_table(*per_row)]
 
-    def ratios(self) -> list[dict[str, Any]]:
-        out = []
-        for label in dict.fromkeys(t.label for t in self.timings):
-            ours = self.best(label, OURS)
-            out.append(
-                {
-                    "label": label,
-                    "rows": next(t.rows for t in self.timings if t.label == label),
-                    "pipelinedp_over_ours": ratio(self.best(label, PIPELINEDP), ours),
-                    "ours_over_duckdb": ratio(ours, self.best(label, DUCKDB)),
-                    "bank_over_ours": ratio(self.best(label, BANK), ours),
-                }
-            )
-        return out
+    def sanity_tables(self) -> list[Table]:
+        return [self.released_sanity("DuckDB raw")]
 
     def tables(self) -> list[Table]:
-        timing_rows = [
-            [
-                f"{t.rows:,}",
-                t.engine,
-                f"best of {len(t.runs)}" if len(t.runs) > 1 else "1 run",
-                f"{t.best:.3f}",
-                f"{t.median:.3f}",
-                ", ".join(f"{r:.3f}" for r in t.runs),
-            ]
-            for t in self.timings
-        ]
-        ratio_rows = [
-            [
-                f"{r['rows']:,}",
-                fmt_ratio(r["pipelinedp_over_ours"]),
-                fmt_ratio(r["ours_over_duckdb"]),
-                fmt_ratio(r["bank_over_ours"]),
-            ]
-            for r in self.ratios()
-        ]
-        labels = list(self.stages)
-        stage_names = list(next(iter(self.stages.values()))) if self.stages else []
-        stage_rows = [
-            [name, *(f"{self.stages[label][name]:.3f}" for label in labels)] for name in stage_names
-        ]
+        stages = self.stages
+        if not stages:
+            return super().tables()
+        labels = list(stages)
+        names = list(next(iter(stages.values())))
+        rows = [[name, *(f"{stages[label][name]:.3f}" for label in labels)] for name in names]
+        title = "Where our time goes (in-process, fastest of --repeat instrumented runs), seconds"
+        return [*super().tables(), (title, ["stage", *labels], rows)]
+
+    def how_run(self) -> list[str]:
         return [
-            (
-                "Wall time, seconds, including reading the Parquet input",
-                ["rows", "engine", "runs", "seconds", "median", "all runs (s)"],
-                timing_rows,
-            ),
-            (
-                "Ratios",
-                ["rows", "PipelineDP / ours", "ours / DuckDB", "12 queries / 1"],
-                ratio_rows,
-            ),
-            sanity_table(
-                "Sanity check (not timed): mean released count per terminal; "
-                "z = (released - bounded) / noise s.e., expect |z| < 3",
-                self.sanity,
-                [("ours", "ours", "ours z"), ("pipelinedp", "PipelineDP", "PDP z")],
-                ("duckdb_raw_mean_count", "DuckDB raw"),
-                [("ours", "ours partitions"), ("pipelinedp", "PDP partitions")],
-                bounded_key="ours_bounded_exact_mean_count",
-            ),
-            (
-                "Where our time goes (fastest of the extra instrumented runs), seconds",
-                ["stage", *labels],
-                stage_rows,
-            ),
+            "Each program is its own process; seconds are wall time from process start to exit "
+            f"(imports, read, compute, write), median of {self.args['repeat']} run(s) after "
+            "one untimed warm-up process (PipelineDP: 1 run, up to "
+            f"{PIPELINEDP_MAX_SIZE} rows). The OS page cache holds the input.",
+            "Peak MB: the highest sum of RSS over the process tree, sampled every "
+            f"{SAMPLE_INTERVAL_S:g} s. DuckDB is non-private (no bounding, no noise): a floor, "
+            "not a competitor.",
         ]
 
-    def preamble(self) -> list[str]:
-        return [
-            JOB_SUMMARY,
-            "Each timing is wall time including reading the Parquet input "
-            f"(OS page cache warm). Ours and DuckDB: 1 warm-up, then best of "
-            f"{self.args['repeat']}; PipelineDP: 1 run.",
-            "DuckDB is non-private (no bounding, no noise): a floor, not a competitor. "
-            "Raw counts are larger than bounded ones: Linf keeps at most "
-            f"{LINF} transactions per customer and terminal.",
-        ]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "args": self.args,
-            "machine": self.machine,
-            "parameters": {"population": POPULATION, **JOB_PARAMETERS},
-            "note": "wall time in seconds including reading the Parquet input",
-            "timings": [
-                {
-                    "label": t.label,
-                    "rows": t.rows,
-                    "engine": t.engine,
-                    "warmups": t.warmups,
-                    "runs_s": t.runs,
-                    "best_s": t.best,
-                    "median_s": t.median,
-                }
-                for t in self.timings
-            ],
-            "ratios": self.ratios(),
-            "sanity": self.sanity,
-            "stages_s": self.stages,
-        }
-
-
-def bench_size(label: str, keys: Path, args: argparse.Namespace, report: LocalReport) -> None:
-    """All contenders on one data size; PipelineDP last so its garbage cannot slow the others."""
-    data = ensure_dataset(label)
-    spec = build_job_spec(data, keys)
-
-    ours, _ = time_runs(
-        label, data.rows, OURS, lambda: run_ours(spec), repeat=args.repeat, warmup=1
-    )
-    released = read_our_release(spec)
-    bank, _ = time_runs(
-        label, data.rows, BANK, lambda: run_bank_job(data), repeat=args.repeat, warmup=1
-    )
-
-    con = duckdb.connect()
-    try:
-        floor, raw = time_runs(
-            label, data.rows, DUCKDB, lambda: run_duckdb(con, data), repeat=args.repeat, warmup=1
-        )
-    finally:
-        con.close()
-
-    progress(f"{label}: {OURS} stage breakdown (best of {args.repeat} instrumented runs)")
-    report.stages[label] = stage_breakdown(spec, args.repeat)
-    bounded_mean_count, noise_se = bounded_reference(data, keys)
-
-    timings = [ours, bank]  # table order: ours, the bank job, PipelineDP, DuckDB
-    pdp_mean: float | None = None
-    pdp_partitions: int | None = None
-    if not args.skip_pipelinedp:
-        progress(f"{label}: {PIPELINEDP}, one run (slow: every row goes through Python)")
-        reference, result = time_runs(
-            label, data.rows, PIPELINEDP, lambda: run_pipelinedp(data), repeat=1, warmup=0
-        )
-        timings.append(reference)
-        pdp_mean = sum(metrics.count for _, metrics in result) / len(result)
-        pdp_partitions = len(result)
-        del result
-        gc.collect()
-
-    report.timings.extend([*timings, floor])
-    ours_mean = float(released["count"].mean())
-    report.sanity.append(
-        {
-            "label": label,
-            "rows": data.rows,
-            "ours_mean_count": ours_mean,
-            "pipelinedp_mean_count": pdp_mean,
-            "ours_bounded_exact_mean_count": bounded_mean_count,
-            "noise_standard_error_of_mean_count": noise_se,
-            "ours_z": z_score(ours_mean, bounded_mean_count, noise_se),
-            "pipelinedp_z": z_score(pdp_mean, bounded_mean_count, noise_se),
-            "duckdb_raw_mean_count": float(raw["n"].sum()) / N_TERMINALS,
-            "ours_partitions": len(released),
-            "pipelinedp_partitions": pdp_partitions,
-        }
-    )
+    def other_json(self) -> dict[str, Any]:
+        return {"duckdb_program": DUCKDB_PROGRAM, "stages_s": self.stages}
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.local_engine",
-        description="Time the local engine against PipelineDP LocalBackend and DuckDB.",
+        description="Time the local engine against PipelineDP LocalBackend and DuckDB, each as "
+        "its own process.",
     )
     parser.add_argument(
-        "--repeat", type=int, default=3, help="timed runs of ours and DuckDB (best is kept)"
+        "--repeat", type=int, default=3, help="runs of each program per size (median is kept)"
     )
-    return parse_bench_args(parser, argv, SIZES, default_sizes=SIZES, processes=False)
+    parser.add_argument(
+        "--stages",
+        action="store_true",
+        help="also time our stages in extra in-process runs (read, bound, release, write)",
+    )
+    return parse_bench_args(parser, argv, SIZES, default_sizes=DEFAULT_SIZES)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    report = LocalReport(
+    report = Report(
         args=start_args(args, "python -m bench.local_engine", argv), machine=machine_facts(PACKAGES)
     )
-    keys = write_public_keys()
-    started = time.perf_counter()
-    for label in args.sizes:
-        bench_size(label, keys, args, report)
-    report.finish(started)
-    return 0
+    if args.stages:  # in this process, before the timed processes run
+        keys = write_public_keys()
+        for label in args.sizes:
+            progress(f"{label}: {OURS} stage breakdown (best of {args.repeat} instrumented runs)")
+            spec = build_job_spec(ensure_dataset(label), keys)
+            report.stages[label] = stage_breakdown(spec, args.repeat)
+    status = run_benchmark(report, args, programs, RELEASED, DUCKDB, LOG_DIR, ".2f")
+    return status
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ FLAG_FIELDS: dict[str, str] = {
     "max_partitions_contributed": "bounds.max_partitions_contributed",
     "max_contributions_per_partition": "bounds.max_contributions_per_partition",
     "max_contributions": "bounds.max_contributions",
+    "linf_bounding": "bounds.linf_bounding",
     "min_value": "bounds.min_value",
     "max_value": "bounds.max_value",
     "public_partitions": "partition_selection.public_partitions",
@@ -146,6 +147,12 @@ def _add_privacy_flags(parser: argparse.ArgumentParser) -> None:
         "--max-contributions",
         type=int,
         help="rows kept per privacy unit across all partitions (instead of L0 and Linf)",
+    )
+    add(
+        "--linf-bounding",
+        choices=("sample", "scale"),
+        help="sample (default): Linf rows kept per pair; scale: a pair's count capped at Linf "
+        "and its sum scaled to match (count, sum, mean, variance only)",
     )
     add("--min-value", type=float, help="lower clipping bound (sum, mean)")
     add("--max-value", type=float, help="upper clipping bound (sum, mean)")

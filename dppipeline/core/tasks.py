@@ -139,6 +139,8 @@ class AggregationTask:
     public_keys: pd.DataFrame | None = None  # drop unlisted keys before bounding
     max_contributions: int | None = None
     distinct: tuple[str, ...] = ()  # count_distinct(COLUMN) columns, over the kept rows
+    # Linf by sampling rows, or by scaling each pair's count and sums (`bounds.linf_bounding`)
+    scaled: bool = False
 
     @property
     def key_names(self) -> list[str]:
@@ -245,6 +247,7 @@ def task_for(query: QuerySpec, schema: Schema) -> AggregationTask:
         sum_squares=any(m in VARIANCE_METRICS for m in metrics),
         values=any(percentile_of(m) is not None or m in EXTREME_METRICS for m in metrics),
         distinct=distinct_columns(metrics),
+        scaled=bounds.linf_bounding == "scale",
     )
 
 

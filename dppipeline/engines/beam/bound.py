@@ -124,13 +124,16 @@ class _ClipAndShard(beam.DoFn):
 
 class _SampleRowsPerPair(CompactingCombineFn):
     """Linf: the lowest-priority `k` rows of each (privacy unit, partition) pair (uniform);
-    with `per_unit`, of each privacy unit across its partitions (`max_contributions`)."""
+    with `per_unit`, of each privacy unit across its partitions (`max_contributions`); with
+    k None, every row (scaled Linf bounding scales the pair's aggregates after L0)."""
 
-    def __init__(self, k: int, per_unit: bool = False):
-        self._k, self._per_unit = k, per_unit
+    def __init__(self, k: int | None, per_unit: bool = False):
+        self._k, self._per_unit = k, per_unit  # k None: every row (scaled Linf bounding)
 
     def _merge(self, blocks: list[ContributionBlock]) -> ContributionBlock:
         block = ContributionBlock.concat(blocks)
+        if self._k is None:
+            return block
         return (
             block.bottom_k_per_unit(self._k) if self._per_unit else block.bottom_k_per_pair(self._k)
         )
@@ -163,9 +166,10 @@ class _SamplePartitionsPerUnit(beam.DoFn):
             return []
         unit_codes, unit_values, key_codes, key_values, _ = block.pair_codes()
         pairs = self._pairs
-        # The rows are already <= Linf per pair; the sample keeps them all and keeps the L0
-        # pairs of lowest priority per unit, with the local engine's code (under
-        # max_contributions: already <= K per unit, which the same code keeps whole).
+        # The rows are already <= Linf per pair (scaled: all rows, scaled after L0); the
+        # sample keeps them all and keeps the L0 pairs of lowest priority per unit, with the
+        # local engine's code (under max_contributions: already <= K per unit, which the same
+        # code keeps whole).
         bounded = bound_and_aggregate(
             self._task,
             self._keys,
@@ -218,7 +222,7 @@ class BoundContributions(beam.PTransform):
                 else "SampleRowsPerPrivacyUnit"
             )
             >> beam.CombinePerKey(
-                _SampleRowsPerPair(task.max_contributions_per_partition)
+                _SampleRowsPerPair(None if task.scaled else task.max_contributions_per_partition)
                 if task.max_contributions is None
                 else _SampleRowsPerPair(task.max_contributions, per_unit=True)
             )

@@ -57,10 +57,15 @@ class BoundedAggregates:
 
 @dataclass(frozen=True)
 class ContributionSample:
-    """What bounding kept: row indices, and the partition of every kept (unit, partition) pair."""
+    """What bounding kept: row indices, and the partition of every kept (unit, partition) pair.
+    Scaled Linf bounding keeps every row of a kept pair, and says which pair (an index into
+    `pair_key_codes`) each kept row belongs to and how many rows each pair has."""
 
     rows: np.ndarray
     pair_key_codes: np.ndarray
+    row_pair: np.ndarray | None = None  # scaled: the kept pair of each kept row
+    pair_rows: np.ndarray | None = None  # scaled: rows of each kept pair
+    linf: int = 0  # scaled: max_contributions_per_partition
 
 
 def dense_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -150,10 +155,13 @@ def sample_contributions(
     pair_priority: PairPriority,
     values: np.ndarray | None = None,
     max_contributions: int | None = None,
+    scaled: bool = False,
 ) -> ContributionSample:
     """Keeps <= Linf rows per (privacy unit, partition) and <= L0 partitions per privacy unit,
     those of lowest priority; a partition counts once for L0 whatever its number of rows.
     With `max_contributions` K: the K rows of lowest priority per privacy unit instead.
+    `scaled`: every row of the kept pairs, for `aggregate_per_partition` to scale each pair's
+    aggregates to Linf rows (`bounds.linf_bounding: scale`) instead of sampling its rows.
 
     Args: dense int64 codes of the privacy unit and of the partition key (0..n_keys-1); each
     row's Linf priority; `pair_priority(unit codes, key codes)`, the L0 priority of pairs;
@@ -166,8 +174,12 @@ def sample_contributions(
         )
         return ContributionSample(rows=rows, pair_key_codes=np.unique(pair[rows]) % n_keys)
     pair_of_row, pair_ids = pd.factorize(pair)
-    # Linf: rows per (privacy unit, partition) pair.
-    rows = bottom_k_codes(pair_of_row, row_priority, max_contributions_per_partition, values)
+    # Linf: rows per (privacy unit, partition) pair (scaled: all, each pair scaled later).
+    rows = (
+        np.arange(len(pair))
+        if scaled
+        else bottom_k_codes(pair_of_row, row_priority, max_contributions_per_partition, values)
+    )
     # (pair) -> its unit and partition; L0: pairs per privacy unit (each pair keeps a row).
     pair_units, pair_keys = pair_ids // n_keys, pair_ids % n_keys
     chosen_pairs = bottom_k_codes(
@@ -175,9 +187,18 @@ def sample_contributions(
     )
     chosen = np.zeros(len(pair_ids), dtype=bool)
     chosen[chosen_pairs] = True
+    kept = rows[chosen[pair_of_row[rows]]]
+    if not scaled:
+        return ContributionSample(rows=kept, pair_key_codes=pair_keys[chosen_pairs])
+    position = np.full(len(pair_ids), -1, dtype=np.int64)
+    position[chosen_pairs] = np.arange(len(chosen_pairs))
+    row_pair = position[pair_of_row[kept]]
     return ContributionSample(
-        rows=rows[chosen[pair_of_row[rows]]],
+        rows=kept,
         pair_key_codes=pair_keys[chosen_pairs],
+        row_pair=row_pair,
+        pair_rows=np.bincount(row_pair, minlength=len(chosen_pairs)),
+        linf=max_contributions_per_partition,
     )
 
 
@@ -194,6 +215,10 @@ def aggregate_per_partition(
     """privacy_id_count, count and sum (optionally the sum of squares, the kept values
     themselves and, per (column, its value of every row) in `distinct`, each partition's
     distinct non-null values) of the kept rows, for partitions with any kept row."""
+    if sample.row_pair is not None:
+        if keep_values or distinct:
+            raise ValueError("scaled Linf bounding keeps no rows: no values, no distinct sets")
+        return _aggregate_scaled_pairs(sample, values, n_keys, sum_squares=sum_squares)
     kept_keys = key_codes[sample.rows]
     privacy_id_count = np.bincount(sample.pair_key_codes, minlength=n_keys)
     count = np.bincount(kept_keys, minlength=n_keys)
@@ -219,6 +244,36 @@ def aggregate_per_partition(
             column: distinct_values(kept_keys, column_values[sample.rows], present, n_keys)
             for column, column_values in distinct
         },
+    )
+
+
+def _aggregate_scaled_pairs(
+    sample: ContributionSample, values: np.ndarray | None, n_keys: int, *, sum_squares: bool
+) -> BoundedAggregates:
+    """Scaled Linf bounding: a kept pair of c rows counts min(c, Linf) and adds its clipped
+    sum (and sum of squares) times min(1, Linf / c), so that it adds at most what Linf of its
+    rows could (docs/bounding.md); partitions then add up their pairs."""
+    assert sample.row_pair is not None and sample.pair_rows is not None
+    n_pairs = len(sample.pair_key_codes)
+    rows_per_pair = sample.pair_rows
+    scale = np.minimum(1.0, sample.linf / rows_per_pair)
+    kept_values = np.zeros(len(sample.rows)) if values is None else values[sample.rows]
+
+    def per_partition(per_row: np.ndarray) -> np.ndarray:
+        per_pair = np.bincount(sample.row_pair, weights=per_row, minlength=n_pairs) * scale
+        return np.bincount(sample.pair_key_codes, weights=per_pair, minlength=n_keys)
+
+    privacy_id_count = np.bincount(sample.pair_key_codes, minlength=n_keys)
+    count = np.bincount(
+        sample.pair_key_codes, weights=np.minimum(rows_per_pair, sample.linf), minlength=n_keys
+    )
+    present = np.flatnonzero(privacy_id_count)
+    return BoundedAggregates(
+        key_codes=present,
+        privacy_id_count=privacy_id_count[present].astype(np.int64),
+        count=np.rint(count[present]).astype(np.int64),
+        sum=per_partition(kept_values)[present],
+        sum_squares=per_partition(kept_values**2)[present] if sum_squares else None,
     )
 
 

@@ -118,11 +118,62 @@ def key_codes_of(frame: pl.DataFrame, keys: Sequence[KeyColumn]) -> tuple[np.nda
         codes, values = dense_codes(frame.get_column(keys[0].name).to_numpy())
         return codes, pd.DataFrame({keys[0].name: values})
     names = [k.name for k in keys]
-    coded = frame.select(names).with_columns(
-        (pl.struct(names).rank("dense") - 1).cast(pl.Int64).alias(_CODE)
+    columns = [frame.get_column(name) for name in names]
+    if any(c.null_count() for c in columns):  # nulls: Polars ranks the struct (slower)
+        coded = frame.select(names).with_columns(
+            (pl.struct(names).rank("dense") - 1).cast(pl.Int64).alias(_CODE)
+        )
+        values = coded.unique(_CODE).sort(_CODE).drop(_CODE).to_pandas()
+        return coded.get_column(_CODE).to_numpy(), canonical_keys(values, keys)
+    # Each column coded on its own (no sort for integers and dates), the codes combined
+    # into one integer per row, then compacted: 2.6x faster than ranking a struct of
+    # (terminal, day) at 5M rows.
+    per_column = [_column_codes(c) for c in columns]
+    sizes = [len(uniques) for _, uniques in per_column]
+    if float(np.prod(sizes, dtype=np.float64)) >= 2.0**62:  # the combined code would overflow
+        combined = pd.factorize(pd.MultiIndex.from_arrays([codes for codes, _ in per_column]))[
+            0
+        ].astype(np.int64)
+    else:
+        combined = np.zeros(frame.height, dtype=np.int64)
+        for (codes, _), size in zip(per_column, sizes, strict=True):
+            combined = combined * size + codes
+    codes, first = _compact(combined)
+    values = pd.DataFrame(
+        {
+            name: uniques.gather(c[first]).to_pandas()
+            for name, (c, uniques) in zip(names, per_column, strict=True)
+        }
     )
-    values = coded.unique(_CODE).sort(_CODE).drop(_CODE).to_pandas()
-    return coded.get_column(_CODE).to_numpy(), canonical_keys(values, keys)
+    return codes, canonical_keys(values, keys)
+
+
+def _column_codes(column: pl.Series) -> tuple[np.ndarray, pl.Series]:
+    """(code per row, value per code) of one key column without nulls: integers and dates by
+    offset, anything else by rank."""
+    if column.dtype.is_integer() or column.dtype.is_temporal():
+        codes, first = _compact(column.to_physical().cast(pl.Int64).to_numpy())
+        return codes, column.gather(first)
+    return (column.rank("dense") - 1).cast(pl.Int64).to_numpy(), column.unique().sort()
+
+
+def _compact(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(codes 0..m-1 for the m distinct values, the first position of each code's value);
+    by offset when the values span a compact range, else by hashing."""
+    if len(values) == 0:
+        return values.astype(np.int64), np.zeros(0, dtype=np.int64)
+    low, high = int(values.min()), int(values.max())
+    if high - low < max(4 * len(values), 1 << 16):
+        offsets = values - low
+        first = np.full(high - low + 1, -1, dtype=np.int64)
+        first[offsets[::-1]] = np.arange(len(values) - 1, -1, -1)  # the first write wins last
+        present = first >= 0
+        remap = np.cumsum(present) - 1
+        return remap[offsets], first[present]
+    codes, _ = pd.factorize(values)
+    first = np.full(codes.max() + 1, -1, dtype=np.int64)
+    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
+    return codes.astype(np.int64), first
 
 
 def row_priority(frame: pl.DataFrame, keys: SamplingKeys) -> np.ndarray:
@@ -161,6 +212,8 @@ def pre_bound(
     are not interchangeable), so a run that reads batch by batch holds about pairs x Linf
     rows, not every row, and releases what a run holding every row releases. Every pair
     keeps a row, so L0 sampling sees every pair."""
+    if task.scaled:  # every row of a kept pair counts: nothing to thin per batch
+        return frame
     priority = row_priority(frame, keys)
     if PRIORITY not in frame.columns:  # computed once per row, kept with the rows it keeps
         frame = frame.with_columns(pl.Series(PRIORITY, priority))
@@ -195,7 +248,8 @@ def aggregate_task_rows(
         unit_kind=unit_kind_of(unit_values),
         key_codes=key_codes,
         key_values=key_values,
-        row_priority=row_priority(frame, keys),
+        # Scaled Linf bounding samples no rows: no row priorities to compute.
+        row_priority=np.zeros(frame.height) if task.scaled else row_priority(frame, keys),
         values=values,
         distinct=distinct_arrays(frame, task),
     )
@@ -234,6 +288,7 @@ def bound_and_aggregate(
         ),
         values=values,
         max_contributions=task.max_contributions,
+        scaled=task.scaled,
     )
     if on_sample is not None:
         on_sample(sample)

@@ -184,14 +184,13 @@ def bounded_pairs(
     `by_unit`: the rows come from `shuffled_by_unit` (priorities carried, partitioned by
     unit) rather than from the reader."""
     keys = group_keys(task)
-    distinct = [distinct_name(i) for i in range(len(task.distinct))]
     secrets = sampling_secrets(rows.sparkSession, salt)
     rows = task_rows(rows, task, unit, (PRIORITY,) if by_unit else ())
     if task.public_keys is not None:
         # Before L0 bounding, so no privacy unit spends its L0 on partitions never released;
         # for one query, before any exchange, so rows of unlisted partitions never travel.
         rows = keep_public(rows, keys, task.public_keys)
-    if not by_unit:
+    if not by_unit and not task.scaled:  # scaled Linf bounding ranks no rows
         rows = with_priority(rows, secrets)
         if task.max_contributions is not None:
             # A unit's total rows are ranked together: one shuffle of the rows by unit.
@@ -207,6 +206,50 @@ def bounded_pairs(
             .where(F.col("_rank") <= task.max_contributions)
             .drop("_rank")
         )
+    pairs = scaled_pairs(rows, task, unit) if task.scaled else sampled_pairs(rows, task, unit)
+    # L0: per privacy unit, the pairs of lowest xxhash64(secret, key..., unit) (a global total
+    # has one pair per unit: nothing to rank).
+    if not task.keys or task.max_contributions is not None:
+        return pairs
+    rank = F.xxhash64(L0_SECRET, *task.key_names, unit)
+    per_unit = Window.partitionBy(unit).orderBy(rank, *task.key_names)
+    return (
+        with_secret(pairs, secrets, L0_SECRET)
+        .withColumn("_rank", F.row_number().over(per_unit))
+        .where(F.col("_rank") <= task.max_partitions_contributed)
+        .drop("_rank", L0_SECRET)
+    )
+
+
+def scaled_pairs(rows: DataFrame, task: AggregationTask, unit: str) -> DataFrame:
+    """Linf by scaling (`bounds.linf_bounding: scale`): per (privacy unit, partition) pair of
+    c rows, min(c, Linf) and its clipped sums times min(1, Linf / c), which add at most what
+    Linf of its rows could (docs/bounding.md). Hash aggregates only, partial before their
+    exchange, as in a plain groupBy."""
+    linf = task.max_contributions_per_partition
+    sums = [F.sum(VALUE).alias("_sum")]
+    if task.sum_squares:
+        sums.append(F.sum(F.col(VALUE) * F.col(VALUE)).alias("_sum_squares"))
+    scale = F.least(F.lit(1.0), F.lit(float(linf)) / F.col("_rows"))
+    scaled = [
+        F.least(F.col("_rows"), F.lit(linf)).alias("count"),
+        (F.col("_sum") * scale).alias("sum"),
+    ]
+    if task.sum_squares:
+        scaled.append((F.col("_sum_squares") * scale).alias(SUM_SQUARES))
+    keys = group_keys(task)
+    return (
+        rows.groupBy(unit, *keys)
+        .agg(F.count(F.lit(1)).alias("_rows"), *sums)
+        .select(unit, *keys, *scaled)
+    )
+
+
+def sampled_pairs(rows: DataFrame, task: AggregationTask, unit: str) -> DataFrame:
+    """Linf by sampling: per (privacy unit, partition) pair, the aggregates of its Linf rows
+    of lowest (priority, value)."""
+    keys = group_keys(task)
+    distinct = [distinct_name(i) for i in range(len(task.distinct))]
     # Linf: per pair, Spark's bottom-k aggregate (`min_by` with k) keeps the values of the Linf
     # lowest (priority, value) entries, in that order: the same values and the same
     # floating-point sums whatever order the rows arrive in.
@@ -244,18 +287,6 @@ def bounded_pairs(
     if task.values:
         pair_aggregates.append(values.alias("_values"))
     # (privacy unit, key) -> count, sum, ...
-    pairs = (
-        rows.groupBy(unit, *keys).agg(kept.alias("_values")).select(unit, *keys, *pair_aggregates)
-    )
-    # L0: per privacy unit, the pairs of lowest xxhash64(secret, key..., unit) (a global total
-    # has one pair per unit: nothing to rank).
-    if not task.keys or task.max_contributions is not None:
-        return pairs
-    rank = F.xxhash64(L0_SECRET, *task.key_names, unit)
-    per_unit = Window.partitionBy(unit).orderBy(rank, *task.key_names)
     return (
-        with_secret(pairs, secrets, L0_SECRET)
-        .withColumn("_rank", F.row_number().over(per_unit))
-        .where(F.col("_rank") <= task.max_partitions_contributed)
-        .drop("_rank", L0_SECRET)
+        rows.groupBy(unit, *keys).agg(kept.alias("_values")).select(unit, *keys, *pair_aggregates)
     )
