@@ -18,6 +18,7 @@ import unicodedata
 
 EXIT_IO = 1
 EXIT_USAGE = 2
+EXIT_BUDGET = 3
 EXIT_BUG = 70  # EX_SOFTWARE in sysexits.h
 
 EXCERPT_CHARS = 40  # characters of a user's text an error message quotes at most
@@ -51,6 +52,29 @@ class InputError(DPPipelineError):
 
 class OutputError(DPPipelineError):
     """The output location cannot be written as asked (e.g. a release already exists)."""
+
+
+class BudgetExceededError(DPPipelineError):
+    """The ledger refuses the spend (cap exhausted, or a spec that would change the scope's
+    cap); nothing was read or spent (exit code 3: do not retry). `remaining_epsilon` and
+    `remaining_delta`: what the scope's cap still allows (inf without a cap on it; None when
+    the refusal is not about what is left)."""
+
+    exit_code = EXIT_BUDGET
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        remaining_epsilon: float | None = None,
+        remaining_delta: float | None = None,
+    ):
+        super().__init__(message)
+        self.remaining_epsilon = remaining_epsilon
+        self.remaining_delta = remaining_delta
+
+
+BudgetExceeded = BudgetExceededError  # the public API's name
 
 
 # --- quoting what a user typed ---------------------------------------------------------------

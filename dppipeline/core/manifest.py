@@ -22,7 +22,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from dppipeline import __version__
 from dppipeline.core.budget import BudgetPlan, JobPlan, privacy_units_needed
 from dppipeline.core.extremes import BETA, EXTREME_METRICS, GRID_SIZE, margin
 from dppipeline.core.intervals import (
@@ -44,6 +43,7 @@ from dppipeline.spec.model import (
     percentile_of,
 )
 from dppipeline.storage import Location, StorageError
+from dppipeline.version import __version__
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 2

@@ -176,11 +176,19 @@ def input_schema(source: Schema, unit: str, tasks: Sequence[AggregationTask]) ->
     return source.subset(names)
 
 
+def in_memory(spec: JobSpec) -> bool:
+    """Rows handed over in memory (the Python API, which clears `input.path`): no file, no
+    day of a file; read like layout `files`, filtered by the period if the spec states one."""
+    return spec.input.path is None
+
+
 def read_schema(spec: JobSpec, tasks: Sequence[AggregationTask]) -> Schema:
-    """What engines read and validate for this job (`input_schema`). With layout `files` no
-    row is checked against a file's day: the period filter on the time column selects rows."""
+    """What engines read and validate for this job (`input_schema`). With layout `files` (and
+    in-memory rows) no row is checked against a file's day: the period filter on the time
+    column selects rows."""
     schema = input_schema(spec.source_schema, spec.privacy_unit, tasks)
-    return schema.without_event_time() if spec.input.layout == "files" else schema
+    by_period = spec.input.layout == "files" or in_memory(spec)
+    return schema.without_event_time() if by_period else schema
 
 
 def job_task(spec: JobSpec, query: QuerySpec) -> AggregationTask:
@@ -194,10 +202,11 @@ def job_task(spec: JobSpec, query: QuerySpec) -> AggregationTask:
 
 
 def period_filter(spec: JobSpec) -> FilterExpr | None:
-    """Layout `files`: start_date <= time column < end_date + 1 day (UTC)."""
+    """Layout `files` (and in-memory rows): start_date <= time column < end_date + 1 day (UTC)."""
     first, last = spec.input.start_date, spec.input.end_date
     time = spec.source_schema.time_column
-    if spec.input.layout != "files" or first is None or last is None or time is None:
+    by_period = spec.input.layout == "files" or in_memory(spec)
+    if not by_period or first is None or last is None or time is None:
         return None
     start = dt.datetime.combine(first, dt.time())
     end = dt.datetime.combine(last + dt.timedelta(days=1), dt.time())
@@ -374,6 +383,11 @@ def _column_keys(
             raise UsageError(
                 f"{where}.{key.name}: {INPUT_RANGE} is for the time keys {', '.join(TIME_BUCKETS)}"
             )
+        if not days:  # in-memory rows without a stated period: nothing to cover
+            raise UsageError(
+                f"{where}.{key.name}: {INPUT_RANGE} needs input.start_date and input.end_date "
+                "for in-memory data (no daily partitions say which days it covers)"
+            )
         buckets = {b for d in days for b in buckets_of(key.bucket, d)}
         return sorted(buckets, key=str)  # ISO text order
     match = _RANGE.match(source)
@@ -440,11 +454,13 @@ def buckets_of(bucket: str, day: dt.date) -> list[object]:
 
 def covered_days(spec: JobSpec, parts: Sequence[DailyPartition]) -> list[dt.date]:
     """The days the input covers: each daily partition's, or every day of a `files` layout's
-    period ([start_date, end_date], which the spec requires)."""
-    if spec.input.layout != "files":
+    period ([start_date, end_date], which the spec requires); in-memory rows: the period the
+    spec states, else none."""
+    if spec.input.layout != "files" and not in_memory(spec):
         return [p.day for p in parts if p.day is not None]
     first, last = spec.input.start_date, spec.input.end_date
-    assert first is not None and last is not None
+    if first is None or last is None:
+        return []
     return [first + dt.timedelta(days=n) for n in range((last - first).days + 1)]
 
 

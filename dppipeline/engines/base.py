@@ -42,6 +42,9 @@ class ReleaseJob:
     progress: Callable[[str], None] = field(default=lambda _: None)
     # A quarantine on a store: the runner uploads `quarantine` there after the engine ran.
     quarantine_shipped_to: Location | None = None
+    # In-memory input (the Python API) instead of `days`: a Polars frame (local engine), a
+    # Spark DataFrame (Spark), a PCollection (Beam, whose run then only builds the graph).
+    rows: object | None = field(default=None, repr=False)
 
     @staticmethod
     def sampling_salt(seed: int | None = None) -> bytes:
@@ -68,10 +71,13 @@ class ReleaseJob:
 
 @dataclass(frozen=True)
 class EngineRun:
-    """What an engine reports back: operator-only counts and the released rows per query."""
+    """What an engine reports back: operator-only counts and the released rows per query
+    (`rejects` None: a Beam transform whose rows are read when the caller's pipeline runs)."""
 
-    rejects: RejectSummary
+    rejects: RejectSummary | None
     released_partitions: dict[str, int]
+    # In-memory runs whose release is not a staged file (Beam: a PCollection per query)
+    datasets: Mapping[str, object] | None = None
 
 
 def write_dataset(released: pd.DataFrame, job: ReleaseJob, query: str, dataset_dir: Path) -> int:

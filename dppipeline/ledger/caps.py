@@ -19,17 +19,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dppipeline.core.events import PrivacyEvent, approx_dp, composed_epsilon, merged
-from dppipeline.errors import DPPipelineError
+from dppipeline.errors import BudgetExceededError
 
 CAP_TOLERANCE = 1e-9  # relative: float sums of shares (0.1 + 0.2) must fit a cap of 0.3
 CHARGED_STATES = ("reserved", "reading", "committed", "failed")
-
-
-class BudgetExceededError(DPPipelineError):
-    """The ledger refuses the spend (cap exhausted, or a spec that would change the scope's
-    cap); nothing was read or spent (exit code 3: do not retry)."""
-
-    exit_code = 3
 
 
 @dataclass(frozen=True)
@@ -183,24 +176,32 @@ def check_cap(
         if fits(policy, with_new):
             continue
         used = spend_of(window, policy)
+        left_epsilon = (
+            math.inf if policy.cap_epsilon is None else max(policy.cap_epsilon - used.epsilon, 0.0)
+        )
+        left_delta = (
+            math.inf if policy.cap_delta is None else max(policy.cap_delta - used.summed[1], 0.0)
+        )
         problems = []
         if policy.cap_epsilon is not None and not with_new.epsilon <= policy.cap_epsilon * (
             1 + CAP_TOLERANCE
         ):
-            left = max(policy.cap_epsilon - used.epsilon, 0.0)
             problems.append(
-                f"epsilon {new.epsilon:g} needed, {left:.4g} left of {policy.cap_epsilon:g}"
+                f"epsilon {new.epsilon:g} needed, {left_epsilon:.4g} left of {policy.cap_epsilon:g}"
             )
         if policy.cap_delta is not None and with_new.summed[1] > policy.cap_delta * (
             1 + CAP_TOLERANCE
         ):
-            left = max(policy.cap_delta - used.summed[1], 0.0)
-            problems.append(f"delta {new.delta:g} needed, {left:g} left of {policy.cap_delta:g}")
+            problems.append(
+                f"delta {new.delta:g} needed, {left_delta:g} left of {policy.cap_delta:g}"
+            )
         span = f" in a {policy.window_days}-day window" if policy.window_days else ""
         helps = policy.cap_epsilon is not None and used.composition_helps
         spent = f" (spent: {used.describe()})" if helps else ""
         raise BudgetExceededError(
-            f"privacy budget of scope {scope!r} exhausted{span}: " + "; ".join(problems) + spent
+            f"privacy budget of scope {scope!r} exhausted{span}: " + "; ".join(problems) + spent,
+            remaining_epsilon=left_epsilon,
+            remaining_delta=left_delta,
         )
 
 

@@ -23,9 +23,14 @@ from __future__ import annotations
 import datetime as dt
 import errno
 import logging
-from collections.abc import Callable, Sequence
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dppipeline.core.budget import AggregationParams, JobPlan, plan_job
 from dppipeline.core.events import release_events
@@ -45,10 +50,11 @@ from dppipeline.inputs.files import (
     with_detected_layout,
 )
 from dppipeline.inputs.quarantine import default_root as quarantine_root
-from dppipeline.inputs.quarantine import run_folder, ship_quarantine, state_dir
+from dppipeline.inputs.quarantine import private_folder, run_folder, ship_quarantine, state_dir
 from dppipeline.ledger import (
     BudgetPolicy,
     Ledger,
+    LedgerRow,
     ReleaseKey,
     Reservation,
     input_fingerprint,
@@ -75,6 +81,22 @@ class RunResult:
     run_id: str
     released_partitions: int
     manifest: Manifest
+    # In-memory runs: what the engine handed back per query (Beam: the released PCollections)
+    datasets: Mapping[str, object] | None = None
+
+
+@dataclass(frozen=True)
+class InputRows:
+    """In-memory input (the Python API): the caller's rows as the engine takes them (a Polars
+    frame, a Spark DataFrame, a Beam PCollection). No file fingerprint exists, so the release
+    key's input fingerprint is `dataset_id` when the caller names the data, else a fresh id:
+    every such call is a new release, charged."""
+
+    rows: object
+    dataset_id: str | None = None
+
+    def fingerprint(self) -> str:
+        return f"dataset:{self.dataset_id}" if self.dataset_id else f"memory:{uuid.uuid4().hex}"
 
 
 def make_plan(spec: JobSpec) -> JobPlan:
@@ -156,7 +178,10 @@ def load_engine(name: str, options: Sequence[str] = ()) -> Engine:
 
 def default_scope(spec: JobSpec) -> str:
     """What a cap protects unless the spec names it: the input dataset and the privacy unit."""
-    assert spec.input.path is not None
+    if spec.input.path is None:  # in-memory input: the API names the scope
+        if spec.budget.scope is None:
+            raise UsageError("scope: required with a ledger for in-memory data (or budget.scope)")
+        return spec.budget.scope
     where = Location.of(spec.input.path)
     name = where.path.resolve().name if where.is_local else where.name
     return spec.budget.scope or f"{name}/{spec.privacy_unit}"
@@ -187,6 +212,9 @@ def input_days(spec: JobSpec) -> list[DailyPartition]:
 def input_period(spec: JobSpec, days: list[DailyPartition]) -> tuple[dt.date, dt.date]:
     """The first and last day a run covers: its daily partitions', or the `files` layout's
     declared period (rows outside it are filtered out by the time column)."""
+    if spec.input.path is None:  # in-memory rows: the period the spec states, else today
+        today = dt.datetime.now(dt.UTC).date()
+        return spec.input.start_date or today, spec.input.end_date or today
     if spec.input.layout == "files":
         assert spec.input.start_date is not None and spec.input.end_date is not None
         return spec.input.start_date, spec.input.end_date
@@ -196,18 +224,26 @@ def input_period(spec: JobSpec, days: list[DailyPartition]) -> tuple[dt.date, dt
 
 
 def release_key(
-    spec: JobSpec, days: list[DailyPartition], spec_hash: str | None = None
+    spec: JobSpec,
+    days: list[DailyPartition],
+    spec_hash: str | None = None,
+    rows: InputRows | None = None,
 ) -> ReleaseKey:
-    """The ledger key of a spend on these days: scope, spec hash (or another request's
-    hash), input fingerprint, date range."""
-    assert spec.input.path is not None
-    files = [path for day in days for path in day.files]
+    """The ledger key of a spend on these days (or these in-memory rows): scope, spec hash
+    (or another request's hash), input fingerprint, date range."""
+    if rows is not None:
+        fingerprint = rows.fingerprint()
+    else:
+        assert spec.input.path is not None
+        files = [path for day in days for path in day.files]
+        fingerprint = input_fingerprint(files, spec.input.path)
+    first, last = input_period(spec, days)
     return ReleaseKey(
         scope=default_scope(spec),
         spec_hash=spec_hash or spec.spec_hash(),
-        input_fingerprint=input_fingerprint(files, spec.input.path),
-        start_date=input_period(spec, days)[0],
-        end_date=input_period(spec, days)[1],
+        input_fingerprint=fingerprint,
+        start_date=first,
+        end_date=last,
     )
 
 
@@ -298,6 +334,31 @@ def run_job(
         )  # fmt: skip
 
 
+def release_rows(
+    spec: JobSpec,
+    rows: InputRows,
+    engine: Engine,
+    *,
+    quarantine: str | Path | None = None,
+    seed: int | None = None,
+    echo: Callable[[str], None] | None = None,
+    ledger: Ledger | str | Path | None = None,
+    new_release: bool = False,
+    overwrite: bool = False,
+) -> RunResult:
+    """`run_job` over in-memory rows (the Python API): the same plan, reservation, `reading`
+    mark, engine, manifest and commit. Without `spec.output` the release is staged in a
+    private temporary folder the caller reads back (`RunResult.output`) and removes; with it,
+    it is published there like a file run's."""
+    say = _tolerant(echo or _to_stderr)
+    memory_input = spec.input.model_copy(update={"path": None})
+    spec = spec.model_copy(update={"input": memory_input})
+    return _planned_run(
+        spec, engine, overwrite=overwrite, quarantine=quarantine, seed=seed, say=say,
+        ledger=ledger, new_release=new_release, rows=rows,
+    )  # fmt: skip
+
+
 def _planned_run(
     spec: JobSpec,
     engine_impl: Engine,
@@ -308,11 +369,11 @@ def _planned_run(
     say: Callable[[str], None],
     ledger: Ledger | str | Path | None,
     new_release: bool,
+    rows: InputRows | None = None,
 ) -> RunResult:
-    """`run_job` from the plan on."""
-    assert spec.output is not None
+    """`run_job` (or `release_rows`) from the plan on."""
     plan = make_plan(spec)  # before any data is read
-    days = input_days(spec)
+    days = input_days(spec) if rows is None else []
     book = open_ledger(ledger)
     spec_hash = spec.spec_hash()  # public key files by content
     tasks = plan_tasks(spec, plan, days)  # reads public key lists, not data
@@ -321,7 +382,11 @@ def _planned_run(
     run_id = new_run_id()
     chosen = _as_path_or_uri(quarantine or spec.input.quarantine)
     target: ReleaseTarget
-    if Location.of(spec.output).is_local:
+    if spec.output is None:
+        assert rows is not None, "run_job checks the output"
+        where, shipped_to = _quarantine_folders(chosen, run_id, None)
+        target = MemoryTarget(run_id)
+    elif Location.of(spec.output).is_local:
         output = Path(spec.output)
         where, shipped_to = _quarantine_folders(chosen, run_id, output)
         guard = {
@@ -337,7 +402,9 @@ def _planned_run(
             input_path=spec.input.path,
             quarantine=Location.of(str(chosen)) if chosen else None,
         )
-    key = release_key(spec, days, spec_hash) if book is not None else None
+    key = release_key(spec, days, spec_hash, rows) if book is not None else None
+    if rows is not None and book is not None:
+        _check_memory_period(spec, book, key)
     with target.lock():
         if book is not None:
             assert key is not None
@@ -369,8 +436,9 @@ def _planned_run(
             salt=ReleaseJob.sampling_salt(seed),
             progress=lambda line: say(f"[{engine_impl.name}] {line}"),
             quarantine_shipped_to=shipped_to,
+            rows=None if rows is None else rows.rows,
         )
-        manifest = _release(
+        manifest, datasets = _release(
             job,
             engine_impl,
             target,
@@ -384,10 +452,73 @@ def _planned_run(
     # Progress lines only: the release is committed and published.
     if book is not None:
         say(ledger_line(book, f"committed run {run_id}"))
-    for name, query in manifest.queries.items():
-        say(f"[{engine_impl.name}] {name}: released {query.released_partitions:,} partitions")
+    if datasets is None or rows is None or isinstance(target, FolderTarget | StoreTarget):
+        for name, query in manifest.queries.items():
+            say(f"[{engine_impl.name}] {name}: released {query.released_partitions:,} partitions")
     say(f"[{engine_impl.name}] release written to {target.display()}")
-    return RunResult(target.where, run_id, manifest.released_partitions, manifest)
+    return RunResult(target.where, run_id, manifest.released_partitions, manifest, datasets)
+
+
+def _check_memory_period(spec: JobSpec, book: Ledger, key: ReleaseKey | None) -> None:
+    """In-memory rows without a stated period are charged to today's date: refused in a scope
+    whose cap holds per window of data days, which needs the data's real days."""
+    assert key is not None
+    if spec.input.start_date is not None and spec.input.end_date is not None:
+        return
+    if book.effective_policy(key.scope, budget_policy(spec)).window_days is not None:
+        raise UsageError(
+            f"input.start_date: required for in-memory data in scope {key.scope!r}, whose cap "
+            "holds per window of data days (give input.start_date and input.end_date)"
+        )
+
+
+class MemoryTarget:
+    """An in-memory release: staged in a private temporary folder that the API reads back and
+    removes; nothing is published anywhere else. The ledger records it as `memory:<run_id>`."""
+
+    def __init__(self, run_id: str):
+        self.where = Path(tempfile.mkdtemp(prefix=f"dppipeline-{run_id}-"))
+        self._run_id = run_id
+
+    @property
+    def recorded_as(self) -> str:
+        return f"memory:{self._run_id}"
+
+    def display(self) -> str:
+        return "memory (returned to the caller)"
+
+    def lock(self) -> AbstractContextManager[Any]:
+        return nullcontext()
+
+    def heal(self, fate: Callable[[str, dict | None], str]) -> list[str]:
+        return []
+
+    def check(self, overwrite: bool) -> None:
+        return None
+
+    def existing(self, row: LedgerRow, overwrite: bool) -> Manifest:
+        """A committed in-memory release is not stored: its rows went to that caller."""
+        shutil.rmtree(self.where, ignore_errors=True)
+        raise OutputError(
+            f"this release (run {row.run_id}) was already committed for this dataset_id and "
+            "returned to its caller, not stored; pass new_release=True to draw new noise and "
+            "spend the budget again, or output= to keep a release"
+        )
+
+    def staging(self, run_id: str, engine_writes_to_stores: bool) -> Path:
+        return private_folder(self.where)  # owner-only, made by mkdtemp
+
+    def last_look(self, overwrite: bool) -> None:
+        return None
+
+    def staged_files(self, staging: Path | Location, run_id: str) -> list[str]:
+        return []
+
+    def publish(self, staging: Path | Location, run_id: str, files: list[str]) -> None:
+        return None  # the caller reads `staging` back
+
+    def discard(self, staging: Path | Location) -> None:
+        shutil.rmtree(self.where, ignore_errors=True)
 
 
 def _reservation(
@@ -453,8 +584,9 @@ def _release(
     overwrite: bool,
     spec_hash: str,
     say: Callable[[str], None],
-) -> Manifest:
-    """Steps 2 to 6 of the run sequence; returns the published manifest."""
+) -> tuple[Manifest, Mapping[str, object] | None]:
+    """Steps 2 to 6 of the run sequence; returns the published manifest (and what an
+    in-memory engine handed back)."""
     spend = _reservation(book, key, job, run_id, target.recorded_as)
     with spend:
         _reserved_line(spend, job, run_id, say)
@@ -464,7 +596,7 @@ def _release(
         try:
             spend.reading()
             failpoint("reading")
-            manifest = _stage(
+            manifest, datasets = _stage(
                 job, engine_impl, staging, run_id=run_id, spec_hash=spec_hash, book=book, say=say
             )
             failpoint("staged")
@@ -480,7 +612,7 @@ def _release(
             if not committed:
                 target.discard(staging)
             raise
-    return manifest
+    return manifest, datasets
 
 
 def _stage(
@@ -492,17 +624,20 @@ def _stage(
     spec_hash: str,
     book: Ledger | None,
     say: Callable[[str], None],
-) -> Manifest:
+) -> tuple[Manifest, Mapping[str, object] | None]:
     """The engine's run + the manifest (written last), all on disk in `staging` (or, for an
     engine that writes to stores, all in the run's folder on the store)."""
     spec, days = job.spec, job.days
     first, last = input_period(spec, days)
-    parts = (
-        f"{sum(len(d.files) for d in days)} files"
-        if spec.input.layout == "files"
-        else f"{len(days)} daily partitions"
-    )
-    say(f"[{engine_impl.name}] reading {parts} ({first} to {last}) from {spec.input.path}")
+    if job.rows is not None:
+        say(f"[{engine_impl.name}] reading in-memory rows ({first} to {last})")
+    else:
+        parts = (
+            f"{sum(len(d.files) for d in days)} files"
+            if spec.input.layout == "files"
+            else f"{len(days)} daily partitions"
+        )
+        say(f"[{engine_impl.name}] reading {parts} ({first} to {last}) from {spec.input.path}")
     try:
         run = engine_impl.run(job, staging)
     finally:
@@ -510,11 +645,17 @@ def _stage(
             ship_quarantine(job.quarantine, job.quarantine_shipped_to)
     failpoint("written")
     rejects = run.rejects
-    kept = job.quarantine_shipped_to.display() if job.quarantine_shipped_to else rejects.quarantine
-    say(
-        f"[{engine_impl.name}] read {rejects.rows_read:,} rows; rejected "
-        f"{rejects.rows_rejected:,}" + (f" (kept aside in {kept})" if rejects.quarantine else "")
-    )
+    if rejects is None:  # a Beam transform in the caller's pipeline: rows are read later
+        say(f"[{engine_impl.name}] rows are read and checked when the caller's pipeline runs")
+    else:
+        kept = (
+            job.quarantine_shipped_to.display() if job.quarantine_shipped_to else rejects.quarantine
+        )
+        say(
+            f"[{engine_impl.name}] read {rejects.rows_read:,} rows; rejected "
+            f"{rejects.rows_rejected:,}"
+            + (f" (kept aside in {kept})" if rejects.quarantine else "")
+        )
     manifest = build_manifest(
         spec,
         job.plan,
@@ -532,10 +673,10 @@ def _stage(
     )
     if isinstance(staging, Location):
         write_store_manifest(staging, manifest.to_json())
-        return manifest
+        return manifest, run.datasets
     (staging / MANIFEST_NAME).write_text(manifest.to_json())
     fsync_tree(staging)
-    return manifest
+    return manifest, run.datasets
 
 
 def _fate(book: Ledger | None, output: Path | Location) -> Callable[[str, dict | None], str]:

@@ -1314,6 +1314,11 @@ def load_raw(path: str | Path) -> dict[str, Any]:
     except OSError as exc:
         reason = exc.strerror if source.is_local else str(exc).split(": ", 1)[-1]
         raise UsageError(f"cannot read job spec {path}: {reason}") from None
+    return resolve_paths(parse_raw(data, path), source.parent)
+
+
+def parse_raw(data: bytes, path: str) -> dict[str, Any]:
+    """`load_raw` of a spec's bytes (`path`: how errors name it); relative paths as written."""
     if len(data) > MAX_SPEC_BYTES:
         raise UsageError(
             f"{path}: a job spec may have at most {MAX_SPEC_BYTES:,} bytes; put long key "
@@ -1335,7 +1340,7 @@ def load_raw(path: str | Path) -> dict[str, Any]:
         return {}
     if not isinstance(raw, dict):
         raise UsageError(f"{path}: a job spec must be a mapping of fields")
-    return resolve_paths(raw, source.parent)
+    return raw
 
 
 # What PyYAML's constructors raise for a value that does not fit its explicit tag.

@@ -58,6 +58,7 @@ from dppipeline.core.tasks import (
 from dppipeline.engines.base import EngineRun, ReleaseJob
 from dppipeline.engines.beam.bound import BoundContributions
 from dppipeline.engines.beam.elements import METRICS_NAMESPACE
+from dppipeline.engines.beam.memory import ValidateRows, gated_rows, input_counts, keep_rejected
 from dppipeline.engines.beam.read import (
     InputPart,
     ReadTransactions,
@@ -142,6 +143,8 @@ class BeamEngine:
         return None
 
     def run(self, job: ReleaseJob, staging: Path | Location) -> EngineRun:
+        if job.rows is not None:  # a caller's PCollection: build the graph on it
+            return self._expand(job)
         started = time.monotonic()
         folder = str(staging)  # a local folder, or the run's folder on a store
 
@@ -217,23 +220,37 @@ class BeamEngine:
         _ = checked[ValidateBatch.UNREADABLE] | "WriteUnreadable" >> beam.ParDo(
             _WriteText(scratch.folder, "unreadable")
         )
-        aggregates = {
-            task.name: (
-                checked.valid
-                | f"BoundContributions[{task.name}]"
-                >> BoundContributions(
-                    task, spec.privacy_unit, unit_shards, partition_shards, job.salt
-                )
-                | f"AggregatePerPartition[{task.name}]" >> AggregatePerPartition(task)
-            )
-            for task in job.tasks.tasks
-        }
-        released = aggregates | "ReleaseDP" >> ReleaseDP(job, partition_shards)
+        released = _bound_and_release(checked.valid, job, unit_shards, partition_shards)
         for query in job.plan.queries:
             _ = released[query.name] | f"WriteRelease[{query.name}]" >> WriteRelease(
                 FileSystems.join(staging, query.name),
                 job.release_schema(query.name),
             )
+
+    def _expand(self, job: ReleaseJob) -> EngineRun:
+        """The release as transforms on the caller's PCollection (`memory`): validated like
+        file parts, rejected rows kept in the run's quarantine, the released rows of each
+        query a PCollection of dicts, gated on the rejected fraction. Nothing runs here: the
+        caller runs the pipeline, so the runner's counts are unknown (`rejects` None)."""
+        spec = job.spec
+        schema = read_schema(spec, job.tasks.tasks)
+        shards = self._unit_shards or MIN_SHARDS
+        partition_shards = self._partition_shards or shards
+        checked = job.rows | "ValidateRows" >> ValidateRows(schema)
+        keep_rejected(checked, job.quarantine, schema)
+        counts = input_counts(checked)
+        released = _bound_and_release(checked.valid, job, shards, partition_shards)
+        fraction = spec.input.max_rejected_fraction
+        datasets = {
+            q.name: gated_rows(released[q.name], counts, fraction, f"Released[{q.name}]")
+            for q in job.plan.queries
+        }
+        job.progress(f"Beam {beam.__version__}: release transforms added to the caller's pipeline")
+        return EngineRun(
+            rejects=None,
+            released_partitions=dict.fromkeys(datasets, 0),
+            datasets=datasets,
+        )
 
     def _check_input(
         self, counters: dict[str, int], job: ReleaseJob, scratch: Scratch
@@ -253,6 +270,22 @@ class BeamEngine:
             summary = RejectSummary(rows, rejected.num_rows, first, path)
         check_rejected_fraction(summary, job.spec.input.max_rejected_fraction)
         return summary
+
+
+def _bound_and_release(valid, job: ReleaseJob, unit_shards: int, partition_shards: int) -> dict:
+    """Valid row batches -> per task: bound and aggregate -> {query: released Arrow tables}."""
+    aggregates = {
+        task.name: (
+            valid
+            | f"BoundContributions[{task.name}]"
+            >> BoundContributions(
+                task, job.spec.privacy_unit, unit_shards, partition_shards, job.salt
+            )
+            | f"AggregatePerPartition[{task.name}]" >> AggregatePerPartition(task)
+        )
+        for task in job.tasks.tasks
+    }
+    return aggregates | "ReleaseDP" >> ReleaseDP(job, partition_shards)
 
 
 SCRATCH = "_scratch"

@@ -9,7 +9,7 @@ sorts and bincounts (see `bounding.py`); the DP release is `core.release`, as on
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +21,12 @@ from dppipeline.core.tasks import (
     read_schema,
 )
 from dppipeline.engines.base import EngineRun, ReleaseJob, release_to_datasets
-from dppipeline.engines.shared.polars_read import file_names, read_validated
+from dppipeline.engines.shared.polars_read import (
+    ValidatedInput,
+    file_names,
+    read_validated,
+    validate_frame,
+)
 from dppipeline.engines.shared.polars_tasks import aggregate_task_rows, pre_bound, task_rows
 from dppipeline.engines.shared.sampling import (
     SamplingKeys,
@@ -58,11 +63,33 @@ def compute_aggregates(
     salt: bytes,
 ) -> EngineResult:
     """Read + validate (`schema`: the columns the tasks read, `read_schema`) a batch of files
-    at a time; per task and batch: filter, keys, clip and `pre_bound` (the rows bounding may
-    keep); then per task: bound and aggregate per partition. Memory grows with the pairs
-    (times Linf) and one batch of rows, not with every row of the input."""
-    keys = SamplingKeys.from_salt(salt)
+    at a time, then `aggregate_validated`."""
     names = file_names(days)
+    batches = (read_validated(batch, fmt, schema, names) for batch in _batches(days))
+    return aggregate_validated(
+        tasks,
+        batches,
+        unit=unit,
+        max_rejected_fraction=max_rejected_fraction,
+        quarantine=quarantine,
+        salt=salt,
+    )
+
+
+def aggregate_validated(
+    tasks: Sequence[AggregationTask],
+    batches: Iterable[ValidatedInput],
+    *,
+    unit: str,
+    max_rejected_fraction: float,
+    quarantine: Path,
+    salt: bytes,
+) -> EngineResult:
+    """Per task and validated batch (files, or the caller's in-memory rows): filter, keys,
+    clip and `pre_bound` (the rows bounding may keep); rejected rows to the quarantine; then
+    per task: bound and aggregate per partition. Memory grows with the pairs (times Linf) and
+    one batch of rows, not with every row of the input."""
+    keys = SamplingKeys.from_salt(salt)
     public = {
         t.name: None if t.public_keys is None else pl.from_pandas(t.public_keys) for t in tasks
     }
@@ -71,8 +98,7 @@ def compute_aggregates(
     rejected: list[pl.DataFrame] = []
     rows_read = 0
     first: RejectedRow | None = None
-    for batch in _batches(days):
-        validated = read_validated(batch, fmt, schema, names)
+    for validated in batches:
         rows_read += validated.summary.rows_read
         first = first or validated.summary.first
         if validated.rejected.height:
@@ -129,15 +155,26 @@ class LocalEngine:
 
     def run(self, job: ReleaseJob, staging: Path) -> EngineRun:
         spec = job.spec
-        result = compute_aggregates(
-            job.tasks.tasks,
-            job.days,
-            schema=read_schema(spec, job.tasks.tasks),
-            fmt=spec.input.format,
-            unit=spec.privacy_unit,
-            max_rejected_fraction=spec.input.max_rejected_fraction,
-            quarantine=job.quarantine,
-            salt=job.salt,
-        )
+        schema = read_schema(spec, job.tasks.tasks)
+        if isinstance(job.rows, pl.DataFrame):  # the Python API's in-memory rows
+            result = aggregate_validated(
+                job.tasks.tasks,
+                [validate_frame(job.rows, schema)],
+                unit=spec.privacy_unit,
+                max_rejected_fraction=spec.input.max_rejected_fraction,
+                quarantine=job.quarantine,
+                salt=job.salt,
+            )
+        else:
+            result = compute_aggregates(
+                job.tasks.tasks,
+                job.days,
+                schema=schema,
+                fmt=spec.input.format,
+                unit=spec.privacy_unit,
+                max_rejected_fraction=spec.input.max_rejected_fraction,
+                quarantine=job.quarantine,
+                salt=job.salt,
+            )
         released = release_to_datasets(result.aggregates, job, staging)
         return EngineRun(rejects=result.rejects, released_partitions=released)

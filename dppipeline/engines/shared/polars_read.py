@@ -143,6 +143,35 @@ def rejected_schema(schema: Schema) -> dict[str, pl.DataType]:
     }
 
 
+MEMORY_SOURCE = "DataFrame"  # how rejected rows and errors name in-memory input
+
+
+def validate_frame(
+    frame: pl.DataFrame, schema: Schema, source: str = MEMORY_SOURCE
+) -> ValidatedInput:
+    """In-memory rows (the Python API) checked by the same contract as a Parquet file: the
+    frame's column types stand for the footer's (a missing column, or a type that cannot hold
+    the schema's, is an InputError naming it), `_row` is a row's 1-based position, and
+    rejected rows are kept as text with their reason, like a file's."""
+    sources = column_sources(source, frame.head(0).to_arrow().schema, schema)
+    lazy = (
+        frame.lazy()
+        .select(schema.names)
+        .with_row_index(ROW, offset=1)
+        .with_columns(pl.col(ROW).cast(pl.Int64), pl.lit(None, pl.Date).alias(DAY))
+    )
+    rows = FileRows(source, lazy, sources, rules_for(schema, sources, csv=False))
+    valid, rejected = split_rows(checked(rows, schema).collect(), rows, schema, pl.Enum([source]))
+    if rejected is None:
+        rejected = pl.DataFrame(schema=rejected_schema(schema))
+    summary = RejectSummary(
+        rows_read=valid.height + rejected.height,
+        rows_rejected=rejected.height,
+        first=first_rejected(rejected, "parquet"),
+    )
+    return ValidatedInput(rows=valid, rejected=rejected, summary=summary)
+
+
 def _raise_for_unreadable_file(files: Sequence[FileRows], schema: Schema, fmt: str) -> None:
     """After a failed parallel collect: find the file and say so."""
     for rows in files:

@@ -92,14 +92,20 @@ class SparkEngine:
         spark, spec, tasks = self.spark, job.spec, job.tasks.tasks
         progress(f"Spark {spark.version} on {spark.sparkContext.master}")
         schema = read_schema(spec, tasks)
-        input_bytes = sum(file_stamp(p)[0] for day in job.days for p in day.files)
-        if not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
+        in_memory = isinstance(job.rows, DataFrame)  # the Python API: the caller's DataFrame
+        if not in_memory and not spark.sparkContext.getConf().contains(
+            "spark.sql.shuffle.partitions"
+        ):  # a caller's session keeps its own settings
+            input_bytes = sum(file_stamp(p)[0] for day in job.days for p in day.files)
             parallelism = spark.sparkContext.defaultParallelism
             partitions = shuffle_partitions(input_bytes, parallelism)
             spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
         keep_observations_of_empty_results(spark)
         spark.sparkContext.setJobGroup("dppipeline", f"dppipeline {spec.name}: read + bound")
-        inputs = spark_read.read_validated(spark, job.days, spec.input.format, schema)
+        if isinstance(job.rows, DataFrame):
+            inputs = spark_read.read_frame(job.rows, schema)
+        else:
+            inputs = spark_read.read_validated(spark, job.days, spec.input.format, schema)
         observation = Observation("validation")
         validated = inputs.validated.observe(observation, *spark_read.observed_counts())
         valid = spark_read.valid_rows(validated, schema)

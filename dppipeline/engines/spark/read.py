@@ -89,6 +89,35 @@ def read_validated(
     groups = (
         _csv_groups(spark, days, schema) if fmt == "csv" else _parquet_groups(spark, days, schema)
     )
+    return _checked(groups, schema)
+
+
+MEMORY_SOURCE = "DataFrame"  # how rejected rows and errors name a caller's DataFrame
+
+
+def read_frame(frame: DataFrame, schema: Schema, source: str = MEMORY_SOURCE) -> SparkInput:
+    """A caller's DataFrame (the Python API) checked by the same contract as a Parquet file:
+    its column types stand for the footer's (a missing column, or a type that cannot hold the
+    schema's, is an InputError naming it). `_row` is `monotonically_increasing_id() + 1`, the
+    row's identity for sampling: unique, and stable while the DataFrame's partitioning is."""
+    from pyspark.sql.pandas.types import to_arrow_type  # noqa: PLC0415
+
+    present = set(frame.columns)
+    arrow = pa.schema(
+        [pa.field(f.name, to_arrow_type(f.dataType)) for f in frame.schema if f.name in present]
+    )
+    sources = column_sources(source, arrow, schema)
+    rows = frame.select(
+        *[F.col(f"`{name}`") for name in schema.names],
+        F.lit(source).alias(SOURCE),
+        (F.monotonically_increasing_id() + 1).alias(ROW),
+        F.lit(None).cast("date").alias(DAY),
+    )
+    return _checked([_Group(rows, sources, rules_for(schema, sources, csv=False))], schema)
+
+
+def _checked(groups: Sequence[_Group], schema: Schema) -> SparkInput:
+    """Every group's rows flagged by its rules, unioned (see `SparkInput`)."""
     validated, rejected = [], []
     for group in groups:
         flagged = flag_rows(group.frame, schema, group.sources, group.rules)
