@@ -103,6 +103,25 @@ def test_import_is_cheap_and_names_resolve_on_use():
         _ = dppipeline.nope
 
 
+def test_a_notebook_sees_no_beam_warning_and_keeps_its_logging():
+    """A fresh interpreter with no logging configured: using the API prints nothing on
+    stderr (Beam's GCP warning, imported through pipeline-dp, is dropped) and leaves the
+    root logger without handlers."""
+    code = (
+        "import logging, dppipeline\n"
+        "dppipeline.plan(dppipeline.load_job({'metrics': ['count'], "
+        "'partition_selection': {'public_partitions': '1..3'}}))\n"
+        "print(len(logging.getLogger().handlers), len(logging.getLogger().filters))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "0"]
+    assert done.stderr == ""
+
+
 def test_plan_is_typed_and_reads_no_data():
     plan = dppipeline.plan(dppipeline.load_job(JOB, budget__epsilon=3.0, count_noise="continuous"))
     assert plan.queries == ("terminal_stats",)
