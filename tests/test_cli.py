@@ -817,3 +817,26 @@ def test_a_local_run_imports_only_what_it_uses(tmp_path, small_inputs, flags, ab
     loaded = set(line.split()[1:])
     assert "pipeline_dp" in loaded  # the probe sees what a run loads
     assert not loaded & set(absent), loaded
+
+
+_LIVE_POOL_AT_EXIT = """
+import concurrent.futures
+import threading
+from dppipeline.commands import cli
+pool = concurrent.futures.ThreadPoolExecutor(1)  # alive at exit, as a library's may be
+pool.submit(int).result()
+threading.Thread(target=lambda: None).start()  # a plain non-daemon thread too
+cli._exit_now(3)
+"""
+
+
+def test_the_cli_exit_ends_with_live_threads_and_keeps_the_code():
+    """`_exit_now` (a CLI process's end, without module teardown) ends a process that still
+    holds an idle ThreadPoolExecutor and a non-daemon thread, with the given exit code: it
+    first hung on the pool's idle worker (an audit's finding)."""
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root}
+    done = subprocess.run(
+        [sys.executable, "-c", _LIVE_POOL_AT_EXIT], check=False, timeout=60, env=env
+    )
+    assert done.returncode == 3

@@ -39,6 +39,7 @@ from dppipeline.orchestration.runner import make_plan
 
 LINF = 3
 LOW, HIGH = 0.0, 100.0
+HALF = (HIGH - LOW) / 2  # r: a row's deviation from the midpoint is at most this
 FAILURE_RATE = 1e-6
 
 # ---------------------------------------------------------------------------------------------
@@ -55,6 +56,18 @@ def test_scale_is_refused_with_metrics_of_the_kept_rows(metric):
         spec_of(raw)
     assert error.value.field == "queries.q.bounds.linf_bounding"
     assert "needs the kept rows" in error.value.rule
+
+
+def test_a_query_bounding_total_rows_takes_not_the_jobs_scaling():
+    """The job scales pairs; a query with max_contributions takes none of the job's L0/Linf
+    kind of bounds, linf_bounding included (it would be refused with it)."""
+    raw = {
+        "bounds": {"linf_bounding": "scale", "max_contributions_per_partition": 3},
+        "queries": [{"name": "total", "bounds": {"max_contributions": 4}}, {"name": "pair"}],
+    }
+    spec = spec_of(raw)
+    assert spec.query("total").bounds.linf_bounding == "sample"
+    assert spec.query("pair").bounds.linf_bounding == "scale"
 
 
 def test_scale_is_refused_with_max_contributions():
@@ -136,24 +149,26 @@ def oracle(rows: pd.DataFrame) -> pd.DataFrame:
     """The rule in pandas, every pair kept (L0 at least every customer's terminals)."""
     value = rows["TX_AMOUNT"].clip(LOW, HIGH)
     pairs = (
-        rows.assign(_v=value, _v2=value**2)
+        rows.assign(_v=value, _v2=(value - (LOW + HIGH) / 2) ** 2)
         .groupby([UNIT, KEY])
         .agg(c=("_v", "size"), s=("_v", "sum"), s2=("_v2", "sum"))
         .reset_index()
     )
     scale = np.minimum(1.0, LINF / pairs["c"])
     pairs = pairs.assign(
-        count=np.minimum(pairs["c"], LINF), sum=pairs["s"] * scale, sum_squares=pairs["s2"] * scale
+        count=np.minimum(pairs["c"], LINF),
+        sum=pairs["s"] * scale,
+        centred_squares=pairs["s2"] * scale,
     )
     return (
         pairs.groupby(KEY)
         .agg(privacy_id_count=(UNIT, "size"), count=("count", "sum"), sum=("sum", "sum"),
-             sum_squares=("sum_squares", "sum"))
+             centred_squares=("centred_squares", "sum"))
         .reset_index()
     )  # fmt: skip
 
 
-COLUMNS = ["privacy_id_count", "count", "sum", "sum_squares"]
+COLUMNS = ["privacy_id_count", "count", "sum", "centred_squares"]
 
 
 def bounded_on(engine, inputs, task, request, tmp_path) -> list[pd.DataFrame]:
@@ -199,7 +214,7 @@ def test_every_engine_scales_pairs_by_the_rule(engine, request, tmp_path):
     assert shift["count"].tolist() == [LINF] * 3 + [0, 0]
     # Spark adds a partition's pairs in any order: float sums differ in the last bits.
     np.testing.assert_allclose(shift["sum"], [HIGH * LINF] * 3 + [0, 0], atol=1e-6)
-    np.testing.assert_allclose(shift["sum_squares"], [HIGH**2 * LINF] * 3 + [0, 0], atol=1e-4)
+    np.testing.assert_allclose(shift["centred_squares"], [HALF**2 * LINF] * 3 + [0, 0], atol=1e-4)
     (fewer,) = bounded_on(engine, [rows], sampled, request, tmp_path / "l0")
     truth = oracle(rows).set_index(KEY)
     assert (fewer.set_index(KEY)["count"] <= truth["count"].reindex(fewer[KEY])).all()
@@ -214,7 +229,7 @@ def test_every_engine_scales_pairs_by_the_rule(engine, request, tmp_path):
 def test_each_unit_moves_a_partition_by_at_most_linf_rows_whatever_its_rows():
     """Neighbours on the numpy path, 200 random targets: removing one unit (1 to 40 rows per
     pair, values anywhere) moves each partition's count by at most Linf, its sum by at most
-    Linf x max(|low|, |high|) and its sum of squares by at most Linf x max(low^2, high^2)."""
+    Linf x max(|low|, |high|) and its centred sum of squares by at most Linf x r^2."""
     rng = np.random.default_rng(0)
     keys = SamplingKeys.from_salt(SALT)
     base = mixed_rows(21)
@@ -230,8 +245,8 @@ def test_each_unit_moves_a_partition_by_at_most_linf_rows_whatever_its_rows():
         shift = (a - b).abs()
         assert (shift["count"] <= LINF).all(), trial
         assert (shift["sum"] <= LINF * max(abs(LOW), abs(HIGH)) * (1 + 1e-12)).all(), trial
-        bound = LINF * max(LOW**2, HIGH**2) * (1 + 1e-12)
-        assert (shift["sum_squares"] <= bound).all(), trial
+        bound = LINF * HALF**2 * (1 + 1e-12)
+        assert (shift["centred_squares"] <= bound).all(), trial
 
 
 def aggregated(rows: pd.DataFrame, keys: SamplingKeys, *, scaled: bool = True) -> pd.DataFrame:
@@ -245,9 +260,11 @@ def aggregated(rows: pd.DataFrame, keys: SamplingKeys, *, scaled: bool = True) -
         max_contributions_per_partition=LINF, row_priority=priority,
         pair_priority=lambda u, k: u.astype(np.int64) * 5 + k, values=values, scaled=scaled,
     )  # fmt: skip
-    bounded = aggregate_per_partition(sample, terminal, values, 5, sum_squares=True)
+    bounded = aggregate_per_partition(
+        sample, terminal, values, 5, sum_squares=True, centre=(LOW + HIGH) / 2
+    )
     frame = pd.DataFrame(
-        {"count": bounded.count, "sum": bounded.sum, "sum_squares": bounded.sum_squares},
+        {"count": bounded.count, "sum": bounded.sum, "centred_squares": bounded.centred_squares},
         index=bounded.key_codes,
     )
     return frame.reindex(range(5), fill_value=0).astype(float)
@@ -306,3 +323,72 @@ def test_a_run_at_huge_epsilon_releases_the_scaled_truth(small_inputs, tmp_path,
     for metric in ("count", "sum"):
         std = query["metrics"][metric]["noise_stddev"]
         assert np.all(np.abs(merged[metric] - merged[f"{metric}_true"]) <= z * std), metric
+
+
+# ---------------------------------------------------------------------------------------------
+# Rounding: bounds far from zero for their width (the spec allows them: within +-1e15, at
+# least 1e-100 wide). The release centres the variance's sums, Q - 2 m S + m^2 n: a difference
+# of numbers near m^2 n. Summing a heavy pair's raw values first left one unit a rounding error
+# growing with its rows (an audit found 20x the sensitivity at 1e5 rows); scaled pairs sum
+# deviations from m instead.
+
+FAR = (1e7, 1e7 + 1.0)
+HEAVY_ROWS = 100_000
+
+
+class _Bounds:
+    midpoint = (FAR[0] + FAR[1]) / 2
+    half_range = (FAR[1] - FAR[0]) / 2
+
+
+FAR_SENSITIVITY = _Bounds.half_range**2 / 2  # centred_sum_of_squares, Linf = 1
+
+
+def one_heavy_unit() -> pd.DataFrame:
+    """One customer with HEAVY_ROWS rows in one terminal, values within FAR."""
+    values = np.random.default_rng(5).uniform(*FAR, HEAVY_ROWS)
+    return rows_with_identity(pd.DataFrame({UNIT: 1, KEY: 1, "TX_AMOUNT": values}))
+
+
+def far_task(scaled: bool):
+    spec = spec_of({}, **{
+        "metrics": ["count", "variance"], "bounds.linf_bounding": "scale" if scaled else "sample",
+        "bounds.max_contributions_per_partition": 1,
+        "bounds.min_value": FAR[0], "bounds.max_value": FAR[1],
+        "partition_selection.public_partitions": "1..5",
+    })  # fmt: skip
+    return plan_tasks(spec, make_plan(spec), []).tasks[0]
+
+
+@pytest.mark.parametrize("engine", ["local", "spark"])
+@pytest.mark.parametrize("scaled", [False, True], ids=["sampled", "scaled"])
+def test_one_unit_moves_the_centred_squares_by_at_most_their_sensitivity(engine, scaled, request):
+    """The centred sum of squares the release noises, of a partition holding only one unit,
+    is that unit's whole contribution: within r^2/2 x Linf (to 1e-6), sampled or scaled."""
+    from dppipeline.core.release import centred_squares_term
+
+    rows, task = one_heavy_unit(), far_task(scaled)
+    if engine == "spark":
+        exact = bound_spark(rows, task, request.getfixturevalue("spark"))
+    else:
+        exact = bound_local(rows, task)
+    assert exact["count"].tolist() == [1]
+    term = float(centred_squares_term(exact, _Bounds())[0])  # type: ignore[arg-type]
+    assert abs(term) <= FAR_SENSITIVITY * (1 + 1e-6)
+
+
+def test_spark_multi_query_path_scales_pairs_as_the_one_query_path(spark):
+    """A job of several queries bounds rows `shuffled_by_unit` (by_unit=True): its scaled
+    pairs equal the oracle (L0 = 5) and the local engine's (L0 = 2)."""
+    from dppipeline.engines.spark.aggregate import bound_and_aggregate, to_aggregates_frame
+    from dppipeline.engines.spark.bound import shuffled_by_unit
+
+    rows = mixed_rows()
+    shuffled = shuffled_by_unit(spark.createDataFrame(rows).repartition(3), UNIT, SALT)
+    for l0 in (5, 2):
+        task = task_of(l0)
+        exact = bound_and_aggregate(shuffled, task, UNIT, SALT, by_unit=True)
+        got = to_aggregates_frame(exact.toPandas(), task).sort_values(KEY, ignore_index=True)
+        want = oracle(rows) if l0 == 5 else bound_local(rows, task)
+        want = want.sort_values(KEY, ignore_index=True)
+        np.testing.assert_allclose(got[COLUMNS].to_numpy(float), want[COLUMNS].to_numpy(float))

@@ -70,7 +70,7 @@ def released_std(plan, values: np.ndarray) -> dict[str, tuple[float, float]]:
             "privacy_id_count": len(values),
             "count": len(values),
             "sum": float(values.sum()),
-            "sum_squares": float((values**2).sum()),
+            "centred_squares": float(((values - plan.params.midpoint) ** 2).sum()),
         }
     )
     out = release.noise_partitions(exact, ["key"], plan)

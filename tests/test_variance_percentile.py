@@ -57,8 +57,9 @@ def params(
     )
 
 
-def variance_aggregates(values: np.ndarray, partitions: int) -> pd.DataFrame:
-    """`partitions` rows, each holding the same (already clipped) values."""
+def variance_aggregates(values: np.ndarray, partitions: int, mid: float) -> pd.DataFrame:
+    """`partitions` rows, each holding the same (already clipped) values; the engines' sum
+    of squares is of deviations from the bounds' midpoint `mid`."""
     values = np.asarray(values, dtype=np.float64)
     return pd.DataFrame(
         {
@@ -66,7 +67,7 @@ def variance_aggregates(values: np.ndarray, partitions: int) -> pd.DataFrame:
             "privacy_id_count": len(values),
             "count": len(values),
             "sum": float(values.sum()),
-            "sum_squares": float((values**2).sum()),
+            "centred_squares": float(((values - mid) ** 2).sum()),
         }
     )
 
@@ -193,13 +194,14 @@ def test_centred_squares_sensitivity_and_std_are_as_claimed(bounds, linf, l0, no
 def noised_squares_term(plan, rows: list[np.ndarray]) -> np.ndarray:
     """What `noise_partitions` hands to the `centred_sum_of_squares` mechanism, one value per
     partition (each partition's kept, clipped values given)."""
+    mid = plan.params.midpoint
     exact = pd.DataFrame(
         {
             KEY: np.arange(len(rows)),
             "privacy_id_count": [len(v) for v in rows],
             "count": [len(v) for v in rows],
             "sum": [float(np.sum(v)) for v in rows],
-            "sum_squares": [float(np.sum(np.square(v))) for v in rows],
+            "centred_squares": [float(np.sum(np.square(v - mid))) for v in rows],
         }
     )
     return release.centred_squares_term(exact, plan.params)
@@ -231,7 +233,9 @@ def test_one_row_term_spans_exactly_minus_to_plus_half_r_squared(bounds):
 def neighbours(draw):
     """(bounds, linf, base values, up to linf added values): one privacy unit's rows added to
     a partition, every value already clipped to the bounds."""
-    lo, hi = draw(st.sampled_from(RANGES))
+    # and bounds far from zero for their width, where sums of x^2 lost the variance to
+    # rounding (engines now sum (x - mid)^2)
+    lo, hi = draw(st.sampled_from([*RANGES, (1e7, 1e7 + 1.0), (-3e9, -3e9 + 0.5)]))
     linf = draw(st.sampled_from([1, 3]))
     value = st.floats(lo, hi, allow_nan=False)
     base = draw(st.lists(value, max_size=30))
@@ -248,9 +252,9 @@ def test_one_unit_moves_the_noised_value_by_at_most_the_claimed_sensitivity(case
     plan = plan_budget(params(bounds=bounds, linf=linf), 1.0, 1e-6)
     before, after = noised_squares_term(plan, [np.array(base), np.array(base + added)])
     bound = plan.mechanism("centred_sum_of_squares").linf_sensitivity
-    # Float rounding of sum_squares - 2 mid sum + mid^2 count: relative 1e-12 of its terms.
-    scale = (max(abs(bounds[0]), abs(bounds[1])) + abs(sum(bounds) / 2)) ** 2
-    assert abs(after - before) <= bound + 1e-12 * scale * (len(base) + len(added) + 1)
+    # Float rounding of sums of (x - mid)^2 <= r^2: relative 1e-12 of r^2 per row.
+    r2 = plan.params.half_range**2
+    assert abs(after - before) <= bound + 1e-12 * r2 * (len(base) + len(added) + 1)
 
 
 # --- 3. noise present and as claimed -----------------------------------------------------------
@@ -335,7 +339,8 @@ def test_released_variance_mean_and_spread_match_propagated_noise(noise):
     r2 = plan.params.half_range**2
     assert min(truth, r2 - truth) > 100 * sd  # clamping negligible (Laplace tail e^-141)
 
-    released = release.noise_partitions(variance_aggregates(values, k), [KEY], plan)["variance"]
+    exact = variance_aggregates(values, k, plan.params.midpoint)
+    released = release.noise_partitions(exact, [KEY], plan)["variance"]
     released = released.to_numpy()
     assert np.all((released > 0) & (released < r2))
 

@@ -155,7 +155,7 @@ def _add_privacy_flags(parser: argparse.ArgumentParser) -> None:
         "--linf-bounding",
         choices=("sample", "scale"),
         help="sample (default): Linf rows kept per pair; scale: a pair's count capped at Linf "
-        "and its sum scaled to match (count, sum, mean, variance only)",
+        "and its sums scaled to match (count, sum, mean, variance, stddev, privacy_id_count)",
     )
     add("--min-value", type=float, help="lower clipping bound (sum, mean)")
     add("--max-value", type=float, help="upper clipping bound (sum, mean)")
@@ -710,10 +710,15 @@ def _exit_now(code: int) -> NoReturn:
     local run (pyarrow, Polars, scipy; docs/benchmarks.md). Everything a normal exit does
     that matters still happens first: the release is committed and published, non-daemon
     threads are joined, atexit handlers run (logging's flush among them) and stdio is
-    flushed; only freeing memory the OS reclaims anyway is skipped (mypy exits the same way)."""
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    flushed; only freeing memory the OS reclaims anyway is skipped (mypy exits the same way).
+    Threads end by `threading._shutdown`, as at a normal exit: joining them directly hung on
+    an idle ThreadPoolExecutor (an audit's finding)."""
+    try:  # what a normal exit does first: stop idle executor workers, join the others
+        threading._shutdown()  # type: ignore[attr-defined]
+    except KeyboardInterrupt:  # a signal while a thread (e.g. Spark's start) is waited for
+        code = 130
+    except Terminated:
+        code = 143
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more to say

@@ -1,7 +1,7 @@
 """Per-partition aggregates in, selected and noised rows out: the only place noise is drawn.
 
 Every engine calls these functions on exact, already bounded aggregates, one row per partition
-with the key columns and `AGGREGATE_COLUMNS` (plus `sum_squares` for variance, `values`, the
+with the key columns and `AGGREGATE_COLUMNS` (plus `centred_squares` for variance, `values`, the
 kept values, for percentiles, and `count_distinct_COLUMN`, the exact number of distinct non-null
 COLUMN values among the kept rows, for each count_distinct(COLUMN)). Partitions are independent
 of each other here, so any batching (Spark `mapInPandas`, a Beam DoFn, one local call) gives the
@@ -41,7 +41,7 @@ from dppipeline.spec.schema import release_schema
 
 # Exact, bounded aggregates per partition that engines hand to the release.
 AGGREGATE_COLUMNS = ("privacy_id_count", "count", "sum")
-SUM_SQUARES = "sum_squares"  # sum of clipped values squared (variance only)
+CENTRED_SQUARES = "centred_squares"  # sum of (x - mid)^2 over kept rows (variance only)
 VALUES = "values"  # the kept clipped values, one array per partition (percentiles, max, min)
 AGGREGATE_DTYPES = {"privacy_id_count": "int64", "count": "int64", "sum": "float64"}
 # Release column order (also the order in schemas/terminal_stats.json); percentiles sit
@@ -76,7 +76,7 @@ def required_columns(params: AggregationParams) -> tuple[str, ...]:
     """The exact aggregates a release of these metrics reads."""
     columns = list(AGGREGATE_COLUMNS)
     if any(m in VARIANCE_METRICS for m in params.metrics):
-        columns.append(SUM_SQUARES)
+        columns.append(CENTRED_SQUARES)
     if params.keeps_values:
         columns.append(VALUES)
     columns += [distinct_aggregate(c) for c in params.distinct_columns]
@@ -99,8 +99,8 @@ def with_required_columns(aggregates: pd.DataFrame, columns: Sequence[str]) -> p
         out[column] = out[column].astype(dtype)
     for column in (c for c in columns if c.startswith(DISTINCT_PREFIX)):
         out[column] = out[column].astype("int64")
-    if SUM_SQUARES in out:
-        out[SUM_SQUARES] = out[SUM_SQUARES].astype("float64")
+    if CENTRED_SQUARES in out:
+        out[CENTRED_SQUARES] = out[CENTRED_SQUARES].astype("float64")
     return out
 
 
@@ -192,12 +192,13 @@ def _percentiles(plan: BudgetPlan, values: Sequence[np.ndarray]) -> np.ndarray:
 def centred_squares_term(exact: pd.DataFrame, params: AggregationParams) -> np.ndarray:
     """Per partition, sum over kept rows of ((x - mid)^2 - r^2/2): what the
     `centred_sum_of_squares` mechanism noises. Each row adds a term in [-r^2/2, r^2/2], its
-    sensitivity; computed from the engines' sums of x and x^2."""
-    mid, r2 = params.midpoint, params.half_range**2
+    sensitivity. The engines sum (x - mid)^2 themselves: computed here from sums of x and
+    x^2, the difference of numbers near mid^2 x count left rounding errors beyond r^2/2 once
+    the bounds lay far from zero for their width (docs/bounding.md)."""
+    r2 = params.half_range**2
     count = exact["count"].to_numpy(dtype=np.float64)
-    total = exact["sum"].to_numpy(dtype=np.float64)
-    squares = exact[SUM_SQUARES].to_numpy(dtype=np.float64)
-    centred: np.ndarray = squares - 2 * mid * total + (mid * mid - r2 / 2) * count
+    squares = exact[CENTRED_SQUARES].to_numpy(dtype=np.float64)
+    centred: np.ndarray = squares - r2 / 2 * count
     return centred
 
 

@@ -146,6 +146,12 @@ class AggregationTask:
     def key_names(self) -> list[str]:
         return [k.name for k in self.keys]
 
+    @property
+    def midpoint(self) -> float:
+        """The clipping bounds' midpoint (0 without a value), from which scaled pairs sum
+        their values' deviations."""
+        return 0.0 if self.clip is None else (self.clip[0] + self.clip[1]) / 2
+
 
 @dataclass(frozen=True, eq=False)
 class JobTasks:

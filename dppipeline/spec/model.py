@@ -1218,8 +1218,8 @@ def _inherited_bounds(
     of contribution bound (L0/Linf, or max_contributions) takes none of the other kind."""
     own = set(own_bounds or {})
     drop: set[str] = set()
-    if own & set(TOTAL_BOUNDS):
-        drop |= set(PER_PARTITION_BOUNDS)
+    if own & set(TOTAL_BOUNDS):  # how Linf bounds is of the L0/Linf kind too
+        drop |= {*PER_PARTITION_BOUNDS, "linf_bounding"}
     if own & set(PER_PARTITION_BOUNDS):
         drop |= set(TOTAL_BOUNDS)
     return {k: v for k, v in job_bounds.items() if k not in drop}

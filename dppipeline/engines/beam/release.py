@@ -21,7 +21,7 @@ from dppipeline.core.budget import JobPlan
 from dppipeline.core.release import (
     AGGREGATE_COLUMNS,
     AGGREGATE_DTYPES,
-    SUM_SQUARES,
+    CENTRED_SQUARES,
     VALUES,
     distinct_aggregate,
 )
@@ -45,7 +45,7 @@ def _sum_frames(frames: list[pd.DataFrame], key: str) -> pd.DataFrame:
     """Partial aggregates summed per key; kept values (percentiles) concatenated; distinct
     value sets (count_distinct) united."""
     merged = pd.concat(frames, ignore_index=True)
-    totals = [c for c in (*AGGREGATE_COLUMNS, SUM_SQUARES) if c in merged]
+    totals = [c for c in (*AGGREGATE_COLUMNS, CENTRED_SQUARES) if c in merged]
     out = merged.groupby(key, sort=False, as_index=False)[totals].sum()
     if VALUES in merged:
         values = merged.groupby(key, sort=False)[VALUES].agg(lambda v: np.concatenate(list(v)))
@@ -94,7 +94,7 @@ def _empty_aggregates(task: AggregationTask) -> pd.DataFrame:
     for column, dtype in AGGREGATE_DTYPES.items():
         frame[column] = pd.Series([], dtype=dtype)
     if task.sum_squares:
-        frame[SUM_SQUARES] = pd.Series([], dtype="float64")
+        frame[CENTRED_SQUARES] = pd.Series([], dtype="float64")
     if task.values:
         frame[VALUES] = pd.Series([], dtype=object)
     for column in task.distinct:

@@ -36,6 +36,7 @@ import pandas as pd
 import polars as pl
 
 from dppipeline.core.budget import DISTINCT_PREFIX  # the exact aggregate of count_distinct(C)
+from dppipeline.core.release import CENTRED_SQUARES
 
 DISTINCT_VALUES_PREFIX = "_distinct_values_"  # its value sets, before Beam merges them
 
@@ -48,7 +49,7 @@ class BoundedAggregates:
     privacy_id_count: np.ndarray
     count: np.ndarray
     sum: np.ndarray
-    sum_squares: np.ndarray | None = None
+    centred_squares: np.ndarray | None = None  # sum of (x - mid)^2, mid the bounds' midpoint
     values: list[np.ndarray] | None = None
     # count_distinct(COLUMN): per column, the distinct non-null values of the kept rows of
     # each partition (Beam merges them across shards), in `key_codes` order.
@@ -217,18 +218,26 @@ def aggregate_per_partition(
     sum_squares: bool = False,
     keep_values: bool = False,
     distinct: Sequence[tuple[str, np.ndarray]] = (),
-    squares: np.ndarray | None = None,
+    centre: float = 0.0,
+    deviations: tuple[np.ndarray, np.ndarray | None] | None = None,
 ) -> BoundedAggregates:
     """privacy_id_count, count and sum (optionally the sum of squares, the kept values
     themselves and, per (column, its value of every row) in `distinct`, each partition's
-    distinct non-null values) of the kept rows, for partitions with any kept row."""
+    distinct non-null values) of the kept rows, for partitions with any kept row.
+    The sum of squares is of deviations from `centre`, the bounds' midpoint (what the
+    variance needs, without the cancellation of sums of x^2). Scaled samples: `deviations`,
+    for entries that are partial pairs (`pair_partials`), their sums of (x - centre) and of
+    (x - centre)^2."""
     if sample.row_pair is not None:
         if keep_values or distinct:
             raise ValueError("scaled Linf bounding keeps no rows: no values, no distinct sets")
-        kept_squares = None if squares is None else squares[sample.rows]
-        return _aggregate_scaled_pairs(
-            sample, values, n_keys, sum_squares=sum_squares, squares=kept_squares
-        )
+        if deviations is None:
+            rows = np.zeros(len(sample.rows)) if values is None else values[sample.rows] - centre
+            kept: tuple[np.ndarray, np.ndarray | None] = (rows, rows**2)
+        else:
+            first, second = deviations
+            kept = (first[sample.rows], None if second is None else second[sample.rows])
+        return _aggregate_scaled_pairs(sample, n_keys, centre, kept, sum_squares=sum_squares)
     kept_keys = key_codes[sample.rows]
     privacy_id_count = np.bincount(sample.pair_key_codes, minlength=n_keys)
     count = np.bincount(kept_keys, minlength=n_keys)
@@ -237,7 +246,8 @@ def aggregate_per_partition(
     present = np.flatnonzero(privacy_id_count)
     squares = None
     if sum_squares:
-        squares = np.bincount(kept_keys, weights=kept_values**2, minlength=n_keys)[present]
+        deviations = (kept_values - centre) ** 2
+        squares = np.bincount(kept_keys, weights=deviations, minlength=n_keys)[present]
     grouped = None
     if keep_values:
         order = np.argsort(kept_keys, kind="stable")
@@ -248,7 +258,7 @@ def aggregate_per_partition(
         privacy_id_count=privacy_id_count[present].astype(np.int64),
         count=count[present].astype(np.int64),
         sum=total[present].astype(np.float64),
-        sum_squares=squares,
+        centred_squares=squares,
         values=grouped,
         distinct={
             column: distinct_values(kept_keys, column_values[sample.rows], present, n_keys)
@@ -259,40 +269,44 @@ def aggregate_per_partition(
 
 def _aggregate_scaled_pairs(
     sample: ContributionSample,
-    values: np.ndarray | None,
     n_keys: int,
+    centre: float,
+    deviations: tuple[np.ndarray, np.ndarray | None],
     *,
     sum_squares: bool,
-    squares: np.ndarray | None = None,
 ) -> BoundedAggregates:
-    """Scaled Linf bounding: a kept pair of c rows counts min(c, Linf) and adds its clipped
-    sum (and sum of squares) times min(1, Linf / c), so that it adds at most what Linf of its
-    rows could (docs/bounding.md); partitions then add up their pairs."""
+    """Scaled Linf bounding: a kept pair of c rows counts n = min(c, Linf) and adds its
+    clipped sum (and sum of squares) scaled by min(1, Linf / c), so that it adds at most what
+    Linf of its rows could (docs/bounding.md); partitions then add up their pairs.
+
+    A pair's rows are summed as deviations from the bounds' midpoint m, then scaled: the sum
+    is S = d + m n from d = sum (x - m), the centred squares q = sum (x - m)^2 as they are.
+    Summing c raw values first would leave one unit a rounding error that grows with c."""
     assert sample.row_pair is not None and sample.pair_rows is not None
     n_pairs = len(sample.pair_key_codes)
     rows_per_pair = sample.pair_rows
     scale = np.minimum(1.0, sample.linf / rows_per_pair)
-    kept_values = np.zeros(len(sample.rows)) if values is None else values[sample.rows]
+    kept = np.minimum(rows_per_pair, sample.linf).astype(np.float64)
 
-    def per_partition(per_row: np.ndarray) -> np.ndarray:
-        per_pair = np.bincount(sample.row_pair, weights=per_row, minlength=n_pairs) * scale
-        return np.bincount(sample.pair_key_codes, weights=per_pair, minlength=n_keys)
+    def per_pair(per_entry: np.ndarray) -> np.ndarray:
+        return np.bincount(sample.row_pair, weights=per_entry, minlength=n_pairs) * scale
 
+    def per_partition(pair_totals: np.ndarray) -> np.ndarray:
+        return np.bincount(sample.pair_key_codes, weights=pair_totals, minlength=n_keys)
+
+    first, second = deviations
+    d = per_pair(first)
     privacy_id_count = np.bincount(sample.pair_key_codes, minlength=n_keys)
-    count = np.bincount(
-        sample.pair_key_codes, weights=np.minimum(rows_per_pair, sample.linf), minlength=n_keys
-    )
     present = np.flatnonzero(privacy_id_count)
+    squares = None
+    if sum_squares:
+        squares = per_partition(per_pair(first**2 if second is None else second))[present]
     return BoundedAggregates(
         key_codes=present,
         privacy_id_count=privacy_id_count[present].astype(np.int64),
-        count=np.rint(count[present]).astype(np.int64),
-        sum=per_partition(kept_values)[present],
-        sum_squares=(
-            per_partition(kept_values**2 if squares is None else squares)[present]
-            if sum_squares
-            else None
-        ),
+        count=np.rint(per_partition(kept)[present]).astype(np.int64),
+        sum=per_partition(d + centre * kept)[present],
+        centred_squares=squares,
     )
 
 
@@ -322,8 +336,8 @@ def aggregates_table(
     frame["privacy_id_count"] = bounded.privacy_id_count
     frame["count"] = bounded.count
     frame["sum"] = bounded.sum
-    if bounded.sum_squares is not None:
-        frame["sum_squares"] = bounded.sum_squares
+    if bounded.centred_squares is not None:
+        frame[CENTRED_SQUARES] = bounded.centred_squares
     if bounded.values is not None:
         frame["values"] = bounded.values
     for column, sets in bounded.distinct.items():

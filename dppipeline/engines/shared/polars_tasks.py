@@ -233,18 +233,24 @@ def pre_bound(
     return frame if len(kept) == frame.height else frame[kept]
 
 
-ROWS, SQUARES = "_rows", "_squares"  # a scaled pair's partial: its rows, its sum of squares
+# A scaled pair's partial: its rows, and its values' sums of deviations from the bounds'
+# midpoint and of their squares (`pair_partials`).
+ROWS, DEVIATIONS, SQUARES = "_rows", "_deviations", "_squares"
 
 
 def pair_partials(frame: pl.DataFrame, task: AggregationTask, unit: str) -> pl.DataFrame:
     """Scaled Linf bounding: task rows (or partials of earlier batches) -> one row per
-    (unit, partition) pair with its rows (`_rows`), clipped sum (`_value`) and, for the
-    variance, sum of squares. Scaling needs no more, so memory follows the pairs."""
-    rows = pl.col(ROWS).sum() if ROWS in frame.columns else pl.len()
-    squares = pl.col(SQUARES) if SQUARES in frame.columns else pl.col("_value") ** 2
-    sums = [pl.col("_value").sum(), rows.cast(pl.Int64).alias(ROWS)]
-    if task.sum_squares:
-        sums.append(squares.sum().alias(SQUARES))
+    (unit, partition) pair with its rows, and its clipped values' sums of (x - mid) and, for
+    the variance, of (x - mid)^2. Scaling needs no more, so memory follows the pairs."""
+    if ROWS in frame.columns:
+        rows, deviations = pl.col(ROWS).sum(), pl.col(DEVIATIONS).sum()
+        squares = pl.col(SQUARES).sum() if SQUARES in frame.columns else None
+    else:
+        deviation = pl.col("_value") - task.midpoint
+        rows, deviations, squares = pl.len(), deviation.sum(), (deviation**2).sum()
+    sums = [rows.cast(pl.Int64).alias(ROWS), deviations.alias(DEVIATIONS)]
+    if task.sum_squares and squares is not None:
+        sums.append(squares.alias(SQUARES))
     return frame.group_by([unit, *task.key_names]).agg(sums)
 
 
@@ -254,7 +260,8 @@ def aggregate_task_rows(
     """`aggregate_task` on rows `task_rows` already made (or `pre_bound` already thinned)."""
     key_codes, key_values = key_codes_of(frame, task.keys)
     privacy_codes, unit_values = dense_codes(frame.get_column(unit).to_numpy())
-    values = None if task.clip is None else frame.get_column("_value").to_numpy()
+    partials = ROWS in frame.columns  # scaled pairs, already summed per batch
+    values = None if task.clip is None or partials else frame.get_column("_value").to_numpy()
     bounded = bound_and_aggregate(
         task,
         keys,
@@ -267,8 +274,15 @@ def aggregate_task_rows(
         row_priority=np.zeros(frame.height) if task.scaled else row_priority(frame, keys),
         values=values,
         distinct=distinct_arrays(frame, task),
-        row_counts=frame.get_column(ROWS).to_numpy() if ROWS in frame.columns else None,
-        squares=frame.get_column(SQUARES).to_numpy() if SQUARES in frame.columns else None,
+        row_counts=frame.get_column(ROWS).to_numpy() if partials else None,
+        deviations=(
+            (
+                frame.get_column(DEVIATIONS).to_numpy(),
+                frame.get_column(SQUARES).to_numpy() if SQUARES in frame.columns else None,
+            )
+            if partials
+            else None
+        ),
     )
     return aggregates_table(bounded, key_values)
 
@@ -287,14 +301,14 @@ def bound_and_aggregate(
     on_sample: Callable[[ContributionSample], None] | None = None,
     distinct: Sequence[tuple[str, np.ndarray]] = (),
     row_counts: np.ndarray | None = None,
-    squares: np.ndarray | None = None,
+    deviations: tuple[np.ndarray, np.ndarray | None] | None = None,
 ) -> BoundedAggregates:
     """Linf and L0 sampling with the run's keys, then exact sums per partition: the one
     bounding step of the local engine and of Beam's unit shards. `key_values`: the canonical
     keys of codes 0..n-1 (the L0 priority hashes them); `on_sample` sees the sample (Beam's
     debug statistic); `distinct`: (column, value of each row) of its count_distinct columns;
-    `row_counts`, `squares`: for scaled bounding over `pair_partials`, the rows and the sum of
-    squares each entry stands for (`values` then holds its sum)."""
+    `row_counts`, `deviations`: for scaled bounding over `pair_partials`, the rows each entry
+    stands for and its sums of (x - mid) and (x - mid)^2."""
     n_keys = max(len(key_values), 1)
     seeds = partition_seeds(keys, key_values, [k.kind for k in task.keys])
     sample = sample_contributions(
@@ -322,5 +336,6 @@ def bound_and_aggregate(
         sum_squares=task.sum_squares,
         keep_values=task.values,
         distinct=distinct,
-        squares=squares,
+        centre=task.midpoint,
+        deviations=deviations,
     )

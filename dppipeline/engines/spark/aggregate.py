@@ -22,7 +22,7 @@ from pyspark.sql.types import StructType
 
 from dppipeline.core.release import (
     AGGREGATE_COLUMNS,
-    SUM_SQUARES,
+    CENTRED_SQUARES,
     VALUES,
     distinct_aggregate,
     release_partitions,
@@ -52,7 +52,7 @@ def partition_aggregates(pairs: DataFrame, task: AggregationTask) -> DataFrame:
         F.sum("sum").cast("double").alias("sum"),
     ]
     if task.sum_squares:
-        aggregates.append(F.sum(SUM_SQUARES).cast("double").alias(SUM_SQUARES))
+        aggregates.append(F.sum(CENTRED_SQUARES).cast("double").alias(CENTRED_SQUARES))
     if task.values:
         aggregates.append(F.flatten(F.collect_list("_values")).alias(VALUES))
     # count_distinct: the union of the pairs' distinct values, then its size (one row holds a
@@ -101,7 +101,7 @@ def release_on_executors(
             yield release_partitions(batch, keys, plan)[names]
 
     if public is not None:
-        counts = (*AGGREGATE_COLUMNS, SUM_SQUARES, *map(distinct_aggregate, task.distinct))
+        counts = (*AGGREGATE_COLUMNS, CENTRED_SQUARES, *map(distinct_aggregate, task.distinct))
         zeros = {c: 0 for c in counts if c in aggregates.columns}
         aggregates = public.join(aggregates, on=keys, how="left").fillna(zeros)
     return aggregates.mapInPandas(release_batches, StructType.fromDDL(ddl))

@@ -29,7 +29,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from dppipeline.core.release import (
-    SUM_SQUARES,
+    CENTRED_SQUARES,
 )
 from dppipeline.core.tasks import (
     GLOBAL_KEY,
@@ -223,20 +223,21 @@ def bounded_pairs(
 
 def scaled_pairs(rows: DataFrame, task: AggregationTask, unit: str) -> DataFrame:
     """Linf by scaling (`bounds.linf_bounding: scale`): per (privacy unit, partition) pair of
-    c rows, min(c, Linf) and its clipped sums times min(1, Linf / c), which add at most what
-    Linf of its rows could (docs/bounding.md). Hash aggregates only, partial before their
-    exchange, as in a plain groupBy."""
+    c rows, n = min(c, Linf) and its clipped sums times min(1, Linf / c), which add at most
+    what Linf of its rows could (docs/bounding.md). Hash aggregates only, partial before their
+    exchange, as in a plain groupBy. The rows are summed as deviations from the bounds'
+    midpoint m (see `bounding._aggregate_scaled_pairs`: no rounding error that grows with c)."""
     linf = task.max_contributions_per_partition
-    sums = [F.sum(VALUE).alias("_sum")]
+    m = F.lit(task.midpoint)
+    deviation = F.col(VALUE) - m
+    sums = [F.sum(deviation).alias("_d")]
     if task.sum_squares:
-        sums.append(F.sum(F.col(VALUE) * F.col(VALUE)).alias("_sum_squares"))
+        sums.append(F.sum(deviation * deviation).alias("_q"))
     scale = F.least(F.lit(1.0), F.lit(float(linf)) / F.col("_rows"))
-    scaled = [
-        F.least(F.col("_rows"), F.lit(linf)).alias("count"),
-        (F.col("_sum") * scale).alias("sum"),
-    ]
+    kept = F.least(F.col("_rows"), F.lit(linf))
+    scaled = [kept.alias("count"), (F.col("_d") * scale + m * kept).alias("sum")]
     if task.sum_squares:
-        scaled.append((F.col("_sum_squares") * scale).alias(SUM_SQUARES))
+        scaled.append((F.col("_q") * scale).alias(CENTRED_SQUARES))
     keys = group_keys(task)
     return (
         rows.groupBy(unit, *keys)
@@ -280,9 +281,12 @@ def sampled_pairs(rows: DataFrame, task: AggregationTask, unit: str) -> DataFram
         F.array_distinct(F.filter(F.transform(entries, _field(c)), _not_null)).alias(c)
         for c in distinct
     ]
-    if task.sum_squares:
+    if task.sum_squares:  # deviations from the bounds' midpoint (core.release: no cancellation)
+        m = F.lit(task.midpoint)
         pair_aggregates.append(
-            F.aggregate(values, F.lit(0.0), lambda total, x: total + x * x).alias(SUM_SQUARES)
+            F.aggregate(values, F.lit(0.0), lambda total, x: total + (x - m) * (x - m)).alias(
+                CENTRED_SQUARES
+            )
         )
     if task.values:
         pair_aggregates.append(values.alias("_values"))
