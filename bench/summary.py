@@ -35,6 +35,7 @@ RATIOS = {
         ("scaled_over_baseline", "scaled Linf / groupBy"),
         ("pipelinedp_over_ours", "PipelineDP / ours"),
         ("bank_over_ours", "12 queries / 1"),
+        ("bank_scaled_over_scaled", "12 queries / 1, scaled"),
     ),
     "beam_engine": (
         ("ours_over_baseline", "ours / CombinePerKey"),
