@@ -9,7 +9,6 @@ stored one, as for any job (`dppipeline budget set-cap` changes it).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,18 +118,20 @@ class Session(Generic[Frame]):
     def remaining(self) -> Budget:
         """What the scope's cap still allows (by the ledger's rules: every charged release
         counts, by sums or composed, whichever is smaller)."""
-        from dppipeline.ledger import CAP_TOLERANCE, BudgetPolicy, Ledger  # noqa: PLC0415
+        from dppipeline.ledger import (  # noqa: PLC0415
+            CAP_TOLERANCE,
+            BudgetPolicy,
+            Ledger,
+            left_of,
+        )
 
         requested = BudgetPolicy(self.cap.epsilon, self.cap.delta)
         with Ledger(self.ledger) as book:
             policy = book.effective_policy(self.scope, requested)
-            spent = book.composed(self.scope, policy)
+            epsilon, delta = left_of(policy, book.composed(self.scope, policy))
 
-        def left(cap: float | None, used: float) -> float:
-            if cap is None:
-                return math.inf
-            return 0.0 if used >= cap * (1 - CAP_TOLERANCE) else cap - used
+        def snapped(left: float, cap: float | None) -> float:
+            """Nothing left once the spend is within the ledger's tolerance of the cap."""
+            return 0.0 if cap is not None and left <= cap * CAP_TOLERANCE else left
 
-        return Budget(
-            left(policy.cap_epsilon, spent.epsilon), left(policy.cap_delta, spent.summed[1])
-        )
+        return Budget(snapped(epsilon, policy.cap_epsilon), snapped(delta, policy.cap_delta))

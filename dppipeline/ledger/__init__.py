@@ -32,6 +32,7 @@ from dppipeline.ledger.caps import (
     CHARGED_STATES,
     BudgetExceededError,
     BudgetPolicy,
+    left_of,
 )
 from dppipeline.ledger.keys import ReleaseKey, input_fingerprint
 from dppipeline.ledger.lease import host_id, lease_seconds, renew_seconds
@@ -59,6 +60,7 @@ __all__ = [
     "input_fingerprint",
     "lease_seconds",
     "ledger_timeout",
+    "left_of",
     "parse_ledger_url",
     "renew_seconds",
 ]

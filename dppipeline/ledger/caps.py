@@ -159,6 +159,14 @@ def fits(policy: BudgetPolicy, spend: ScopeSpend) -> bool:
     return spend.epsilon <= policy.cap_epsilon * (1 + CAP_TOLERANCE)
 
 
+def left_of(policy: BudgetPolicy, spend: ScopeSpend) -> tuple[float, float]:
+    """What the cap still allows after `spend`: (epsilon, delta), never below 0; inf for
+    what the policy does not cap."""
+    epsilon = math.inf if policy.cap_epsilon is None else policy.cap_epsilon - spend.epsilon
+    delta = math.inf if policy.cap_delta is None else policy.cap_delta - spend.summed[1]
+    return max(epsilon, 0.0), max(delta, 0.0)
+
+
 def check_cap(
     scope: str,
     policy: BudgetPolicy,
@@ -176,12 +184,7 @@ def check_cap(
         if fits(policy, with_new):
             continue
         used = spend_of(window, policy)
-        left_epsilon = (
-            math.inf if policy.cap_epsilon is None else max(policy.cap_epsilon - used.epsilon, 0.0)
-        )
-        left_delta = (
-            math.inf if policy.cap_delta is None else max(policy.cap_delta - used.summed[1], 0.0)
-        )
+        left_epsilon, left_delta = left_of(policy, used)
         problems = []
         if policy.cap_epsilon is not None and not with_new.epsilon <= policy.cap_epsilon * (
             1 + CAP_TOLERANCE
