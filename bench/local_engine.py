@@ -152,9 +152,9 @@ def run_ours(spec: JobSpec) -> None:
 
 
 ENGINE, TASKS = "dppipeline.engines.local.engine", "dppipeline.engines.shared.polars_tasks"
-CONTAINER = (ENGINE, "compute_aggregates")  # the engine's whole share, called by run_job
+CONTAINER = (ENGINE, "aggregate_validated")  # the engine's whole share, reads included
 # Functions timed in extra, instrumented runs, patched where their callers look them up (so the
-# breakdown stays true to whatever run_job does today): inside compute_aggregates, then after it.
+# breakdown stays true to whatever run_job does today): inside aggregate_validated, then after it.
 INNER_STAGES = {
     (ENGINE, "read_validated"): "Polars read + validate",
     (TASKS, "sample_contributions"): "numpy L0/Linf sampling",
@@ -203,7 +203,7 @@ def stage_breakdown(spec: JobSpec, repeat: int) -> dict[str, float]:
     outer = {f"{n} ({what})": seconds.get(n, 0.0) for (_, n), what in OUTER_STAGES.items()}
     return {
         **inner,
-        "rest of compute_aggregates (key filter, factorize, clip)": engine - sum(inner.values()),
+        "rest of aggregate_validated (key filter, factorize, clip)": engine - sum(inner.values()),
         **outer,
         "rest of run_job (plan, key file, discovery, manifest, fsync, rename)": total
         - engine

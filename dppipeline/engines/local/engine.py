@@ -64,16 +64,22 @@ def compute_aggregates(
 ) -> EngineResult:
     """Read + validate (`schema`: the columns the tasks read, `read_schema`) a batch of files
     at a time, then `aggregate_validated`."""
-    names = file_names(days)
-    batches = (read_validated(batch, fmt, schema, names) for batch in _batches(days))
     return aggregate_validated(
         tasks,
-        batches,
+        validated_batches(days, fmt, schema),
         unit=unit,
         max_rejected_fraction=max_rejected_fraction,
         quarantine=quarantine,
         salt=salt,
     )
+
+
+def validated_batches(
+    days: list[DailyPartition], fmt: str, schema: Schema
+) -> Iterator[ValidatedInput]:
+    """The input files read and validated a batch at a time (`_batches`)."""
+    names = file_names(days)
+    return (read_validated(batch, fmt, schema, names) for batch in _batches(days))
 
 
 def aggregate_validated(
@@ -156,25 +162,18 @@ class LocalEngine:
     def run(self, job: ReleaseJob, staging: Path) -> EngineRun:
         spec = job.spec
         schema = read_schema(spec, job.tasks.tasks)
-        if isinstance(job.rows, pl.DataFrame):  # the Python API's in-memory rows
-            result = aggregate_validated(
-                job.tasks.tasks,
-                [validate_frame(job.rows, schema)],
-                unit=spec.privacy_unit,
-                max_rejected_fraction=spec.input.max_rejected_fraction,
-                quarantine=job.quarantine,
-                salt=job.salt,
-            )
-        else:
-            result = compute_aggregates(
-                job.tasks.tasks,
-                job.days,
-                schema=schema,
-                fmt=spec.input.format,
-                unit=spec.privacy_unit,
-                max_rejected_fraction=spec.input.max_rejected_fraction,
-                quarantine=job.quarantine,
-                salt=job.salt,
-            )
+        batches = (
+            [validate_frame(job.rows, schema)]  # the Python API's in-memory rows
+            if isinstance(job.rows, pl.DataFrame)
+            else validated_batches(job.days, spec.input.format, schema)
+        )
+        result = aggregate_validated(
+            job.tasks.tasks,
+            batches,
+            unit=spec.privacy_unit,
+            max_rejected_fraction=spec.input.max_rejected_fraction,
+            quarantine=job.quarantine,
+            salt=job.salt,
+        )
         released = release_to_datasets(result.aggregates, job, staging)
         return EngineRun(rejects=result.rejects, released_partitions=released)

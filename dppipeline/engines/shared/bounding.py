@@ -233,11 +233,11 @@ def aggregate_per_partition(
             raise ValueError("scaled Linf bounding keeps no rows: no values, no distinct sets")
         if deviations is None:
             rows = np.zeros(len(sample.rows)) if values is None else values[sample.rows] - centre
-            kept: tuple[np.ndarray, np.ndarray | None] = (rows, rows**2)
+            kept: tuple[np.ndarray, np.ndarray | None] = (rows, rows**2 if sum_squares else None)
         else:
             first, second = deviations
             kept = (first[sample.rows], None if second is None else second[sample.rows])
-        return _aggregate_scaled_pairs(sample, n_keys, centre, kept, sum_squares=sum_squares)
+        return _aggregate_scaled_pairs(sample, n_keys, centre, kept)
     kept_keys = key_codes[sample.rows]
     privacy_id_count = np.bincount(sample.pair_key_codes, minlength=n_keys)
     count = np.bincount(kept_keys, minlength=n_keys)
@@ -246,8 +246,8 @@ def aggregate_per_partition(
     present = np.flatnonzero(privacy_id_count)
     squares = None
     if sum_squares:
-        deviations = (kept_values - centre) ** 2
-        squares = np.bincount(kept_keys, weights=deviations, minlength=n_keys)[present]
+        squared = (kept_values - centre) ** 2
+        squares = np.bincount(kept_keys, weights=squared, minlength=n_keys)[present]
     grouped = None
     if keep_values:
         order = np.argsort(kept_keys, kind="stable")
@@ -272,8 +272,6 @@ def _aggregate_scaled_pairs(
     n_keys: int,
     centre: float,
     deviations: tuple[np.ndarray, np.ndarray | None],
-    *,
-    sum_squares: bool,
 ) -> BoundedAggregates:
     """Scaled Linf bounding: a kept pair of c rows counts n = min(c, Linf) and adds its
     clipped sum (and sum of squares) scaled by min(1, Linf / c), so that it adds at most what
@@ -281,7 +279,8 @@ def _aggregate_scaled_pairs(
 
     A pair's rows are summed as deviations from the bounds' midpoint m, then scaled: the sum
     is S = d + m n from d = sum (x - m), the centred squares q = sum (x - m)^2 as they are.
-    Summing c raw values first would leave one unit a rounding error that grows with c."""
+    Summing c raw values first would leave one unit a rounding error that grows with c.
+    `deviations`: per kept entry, (x - m) and, for the variance only, (x - m)^2."""
     assert sample.row_pair is not None and sample.pair_rows is not None
     n_pairs = len(sample.pair_key_codes)
     rows_per_pair = sample.pair_rows
@@ -298,9 +297,7 @@ def _aggregate_scaled_pairs(
     d = per_pair(first)
     privacy_id_count = np.bincount(sample.pair_key_codes, minlength=n_keys)
     present = np.flatnonzero(privacy_id_count)
-    squares = None
-    if sum_squares:
-        squares = per_partition(per_pair(first**2 if second is None else second))[present]
+    squares = None if second is None else per_partition(per_pair(second))[present]
     return BoundedAggregates(
         key_codes=present,
         privacy_id_count=privacy_id_count[present].astype(np.int64),

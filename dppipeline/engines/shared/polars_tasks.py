@@ -165,15 +165,13 @@ def _compact(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     low, high = int(values.min()), int(values.max())
     if high - low < max(4 * len(values), 1 << 16):
         offsets = values - low
-        first = np.full(high - low + 1, -1, dtype=np.int64)
-        first[offsets[::-1]] = np.arange(len(values) - 1, -1, -1)  # the first write wins last
-        present = first >= 0
-        remap = np.cumsum(present) - 1
-        return remap[offsets], first[present]
-    codes, _ = pd.factorize(values)
-    first = np.full(codes.max() + 1, -1, dtype=np.int64)
-    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
-    return codes.astype(np.int64), first
+        present = np.bincount(offsets) > 0
+        codes = (np.cumsum(present) - 1)[offsets]
+    else:
+        codes = pd.factorize(values)[0].astype(np.int64)
+    first = np.empty(int(codes.max()) + 1, dtype=np.int64)
+    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)  # the first write wins last
+    return codes, first
 
 
 def row_priority(frame: pl.DataFrame, keys: SamplingKeys) -> np.ndarray:

@@ -102,7 +102,7 @@ class SparkEngine:
             spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
         keep_observations_of_empty_results(spark)
         spark.sparkContext.setJobGroup("dppipeline", f"dppipeline {spec.name}: read + bound")
-        if isinstance(job.rows, DataFrame):
+        if in_memory:
             inputs = spark_read.read_frame(job.rows, schema)
         else:
             inputs = spark_read.read_validated(spark, job.days, spec.input.format, schema)
