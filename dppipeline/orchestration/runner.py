@@ -452,7 +452,7 @@ def _planned_run(
     # Progress lines only: the release is committed and published.
     if book is not None:
         say(ledger_line(book, f"committed run {run_id}"))
-    if datasets is None or rows is None or isinstance(target, FolderTarget | StoreTarget):
+    if datasets is None:  # else a Beam transform's: counted only when the caller's pipeline runs
         for name, query in manifest.queries.items():
             say(f"[{engine_impl.name}] {name}: released {query.released_partitions:,} partitions")
     say(f"[{engine_impl.name}] release written to {target.display()}")
