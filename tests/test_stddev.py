@@ -23,8 +23,10 @@ def engine_named(name: str, request):
 def test_stddev_is_exact_at_a_huge_epsilon(small_inputs, tmp_path, engine, request):
     released, manifest = release_small(
         small_inputs, tmp_path, engine_named(engine, request),
-        metrics=["count", "stddev"], **{"budget.epsilon": 1e9},
+        metrics=["count", "stddev"], **{"budget.epsilon": 1e12},
     )  # fmt: skip
+    # At epsilon 1e9 a one-row terminal's variance noise had std up to about 0.25 (centred
+    # squares 0.06, plus 2 r x the centred sum's 0.0016): atol 0.5 failed once in a full run.
     rows = pd.read_parquet(small_inputs["parquet"])
     truth = rows.assign(v=rows["TX_AMOUNT"].clip(0, 150)).groupby("TERMINAL_ID")["v"].std(ddof=0)
     with_data = released[released["count"] > 0].set_index("TERMINAL_ID")
