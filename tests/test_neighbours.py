@@ -31,7 +31,7 @@ import pytest
 
 from dppipeline.commands import cli
 from dppipeline.commands.generate import generate
-from dppipeline.engines.local import engine as local
+from dppipeline.engines.shared import polars_tasks
 from dppipeline.errors import InputError
 
 ADVERSARY = 9_000_001  # CUSTOMER_ID of the added customer
@@ -258,9 +258,9 @@ def test_beam_runs_do_not_depend_on_one_customer(tmp_path, kind):
 
 
 def _planted(leak: str):
-    """`local.aggregate_task_rows` (a task's kept rows -> its aggregates) with one leak put
-    back, as a bug would."""
-    exact = local.aggregate_task_rows
+    """`polars_tasks.aggregate_task_rows` (a task's kept rows -> its aggregates, as the local
+    engine calls it) with one leak put back, as a bug would."""
+    exact = polars_tasks.aggregate_task_rows
     logger = logging.getLogger("dppipeline.local")
 
     def leaky(rows, task, unit, keys):
@@ -284,6 +284,6 @@ def _planted(leak: str):
 def test_the_harness_catches_a_planted_leak(tmp_path, monkeypatch, leak):
     """The harness is only as good as what it notices: each leak, put back on purpose, makes
     some neighbouring pair distinguishable."""
-    monkeypatch.setattr(local, "aggregate_task_rows", _planted(leak))
+    monkeypatch.setattr(polars_tasks, "aggregate_task_rows", _planted(leak))
     found = {kind: neighbour_pair(tmp_path / kind, "local", "parquet", kind) for kind in KINDS}
     assert any(found.values()), f"planted leak not caught: {leak}"

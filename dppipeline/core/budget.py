@@ -49,6 +49,7 @@ from scipy.special import log_ndtr
 
 from dppipeline.core import discrete
 from dppipeline.core.accounting import certified_multiplier, discrete_pool_fits
+from dppipeline.core.columns import DISTINCT_PREFIX
 from dppipeline.core.extremes import EXPONENTIAL, EXTREME_METRICS, gumbel_scale, margin
 from dppipeline.errors import SpecError, UsageError
 from dppipeline.spec.model import (
@@ -313,7 +314,6 @@ NOT_ADDITIVE = ("partition_selection", "percentile", *EXTREME_METRICS)
 # Integer-valued mechanisms that `count_noise: discrete` noises with integers (and each
 # `count_distinct_COLUMN`: see `is_integer_mechanism`).
 DISCRETE_METRICS = ("count", "privacy_id_count")
-DISTINCT_PREFIX = "count_distinct_"  # mechanism (and column) of a count_distinct(COLUMN)
 
 
 def is_integer_mechanism(name: str) -> bool:

@@ -22,11 +22,17 @@ from pydp.algorithms.quantile_tree import QuantileTree
 
 from dppipeline.core.budget import (
     DISCRETE_METRICS,
-    DISTINCT_PREFIX,
     AggregationParams,
     BudgetPlan,
     JobPlan,
     MechanismBudget,
+)
+from dppipeline.core.columns import (
+    AGGREGATE_COLUMNS,
+    AGGREGATE_DTYPES,
+    CENTRED_SQUARES,
+    DISTINCT_PREFIX,
+    VALUES,
 )
 from dppipeline.core.discrete import add_discrete_noise
 from dppipeline.core.extremes import release_extremes
@@ -39,11 +45,6 @@ from dppipeline.spec.model import (
 )
 from dppipeline.spec.schema import release_schema
 
-# Exact, bounded aggregates per partition that engines hand to the release.
-AGGREGATE_COLUMNS = ("privacy_id_count", "count", "sum")
-CENTRED_SQUARES = "centred_squares"  # sum of (x - mid)^2 over kept rows (variance only)
-VALUES = "values"  # the kept clipped values, one array per partition (percentiles, max, min)
-AGGREGATE_DTYPES = {"privacy_id_count": "int64", "count": "int64", "sum": "float64"}
 # Release column order (also the order in schemas/terminal_stats.json); percentiles sit
 # between variance and privacy_id_count (then max, min), count_distinct columns after
 # privacy_id_count, each in the order the spec lists them.

@@ -23,16 +23,12 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import pyarrow as pa
 
-from dppipeline.core.budget import JobPlan
 from dppipeline.core.extremes import EXTREME_METRICS
-from dppipeline.core.release import (
-    release_public,
-    release_selection_group,
-)
 from dppipeline.errors import InputError, UsageError
 from dppipeline.inputs.files import (
     DailyPartition,
@@ -63,6 +59,9 @@ from dppipeline.spec.model import (
     percentile_of,
 )
 from dppipeline.spec.schema import Schema
+
+if TYPE_CHECKING:  # the workers that bound rows import no noise library
+    from dppipeline.core.budget import JobPlan
 
 GLOBAL_KEY = "_global"  # the constant key engines group a global total by
 _TEXT_TIME = {  # time buckets released as ISO text, and the text each key must match
@@ -318,6 +317,8 @@ def release_job(
     """Exact aggregates per task -> released rows per query (selection, then noise).
     Works on any subset of partitions (all tasks' rows for the same keys), so engines may
     call it per shard."""
+    from dppipeline.core.release import release_public, release_selection_group  # noqa: PLC0415
+
     released: dict[str, pd.DataFrame] = {}
     for query in plan.queries:
         if query.selection_group is None:

@@ -27,7 +27,7 @@ from dppipeline.engines.shared.polars_read import (
     read_validated,
     validate_frame,
 )
-from dppipeline.engines.shared.polars_tasks import aggregate_task_rows, pre_bound, task_rows
+from dppipeline.engines.shared.polars_tasks import TaskBounder
 from dppipeline.engines.shared.sampling import (
     SamplingKeys,
 )
@@ -95,12 +95,7 @@ def aggregate_validated(
     clip and `pre_bound` (the rows bounding may keep); rejected rows to the quarantine; then
     per task: bound and aggregate per partition. Memory grows with the pairs (times Linf) and
     one batch of rows, not with every row of the input."""
-    keys = SamplingKeys.from_salt(salt)
-    public = {
-        t.name: None if t.public_keys is None else pl.from_pandas(t.public_keys) for t in tasks
-    }
-    kept: dict[str, list[pl.DataFrame]] = {task.name: [] for task in tasks}
-    compacted = dict.fromkeys(kept, 0)  # rows held after the last thinning
+    bounder = TaskBounder(tasks, unit, SamplingKeys.from_salt(salt), compact_rows=COMPACT_ROWS)
     rejected: list[pl.DataFrame] = []
     rows_read = 0
     first: RejectedRow | None = None
@@ -109,25 +104,14 @@ def aggregate_validated(
         first = first or validated.summary.first
         if validated.rejected.height:
             rejected.append(validated.rejected)
-        for task in tasks:
-            frame = task_rows(validated.rows, task, unit, public[task.name])
-            kept[task.name].append(pre_bound(frame, task, unit, keys))
-            # A batch rarely holds more than Linf rows of a pair: what the batches kept is
-            # thinned together once it is large (and twice what the last thinning left).
-            held = sum(f.height for f in kept[task.name])
-            if held > max(COMPACT_ROWS, 2 * compacted[task.name]):
-                kept[task.name] = [pre_bound(pl.concat(kept[task.name]), task, unit, keys)]
-                compacted[task.name] = kept[task.name][0].height
+        bounder.add(validated.rows)
         del validated
     summary = RejectSummary(rows_read, sum(r.height for r in rejected), first)
     if summary.rows_rejected:
         path = write_rejected(pl.concat(rejected).to_arrow(), quarantine)
         summary = RejectSummary(summary.rows_read, summary.rows_rejected, summary.first, path)
     check_rejected_fraction(summary, max_rejected_fraction)
-    aggregates = {
-        task.name: aggregate_task_rows(pl.concat(kept[task.name]), task, unit, keys)
-        for task in tasks
-    }
+    aggregates = {task.name: bounder.aggregates(task) for task in tasks}
     return EngineResult(aggregates=aggregates, rejects=summary)
 
 

@@ -35,8 +35,7 @@ import numpy as np
 import pandas as pd
 import polars as pl
 
-from dppipeline.core.budget import DISTINCT_PREFIX  # the exact aggregate of count_distinct(C)
-from dppipeline.core.release import CENTRED_SQUARES
+from dppipeline.core.columns import CENTRED_SQUARES, DISTINCT_PREFIX
 
 DISTINCT_VALUES_PREFIX = "_distinct_values_"  # its value sets, before Beam merges them
 

@@ -71,13 +71,14 @@ def task_rows(
     """The task's rows: filtered, with its key columns derived, unlisted keys dropped (before
     bounding, so no unit spends its L0 on a partition that is never released) and the value
     clipped, as (unit, keys..., `_value`, `_distinct_i` for the task's i-th count_distinct
-    column, and the row identity `_source_file`, `_row` where the rows have it). `public`:
+    column, and the row identity `_source_file`, `_row`, or the priority it gave, where the
+    rows have it). `public`:
     the task's public keys, already converted to Polars (callers that run this per batch
     convert them once)."""
     if task.filter is not None:
         rows = rows.filter(to_polars(task.filter))
     value = pl.lit(0.0) if task.clip is None else pl.col(task.value).clip(*task.clip)
-    identity = [c for c in (SOURCE, ROW) if c in rows.columns]
+    identity = [c for c in (SOURCE, ROW, PRIORITY) if c in rows.columns]
     frame = rows.select(
         pl.col(unit),
         *[key_expr(k) for k in task.keys],
@@ -283,6 +284,47 @@ def aggregate_task_rows(
         ),
     )
     return aggregates_table(bounded, key_values)
+
+
+class TaskBounder:
+    """Several tasks' bounding over rows that arrive a batch at a time: per batch, each task's
+    `task_rows` thinned by `pre_bound`; what the batches kept is thinned together once it
+    exceeds `compact_rows` (and twice what the last thinning left); `aggregates` bounds and
+    aggregates the rest. Memory grows with the pairs (times Linf) and one batch, not with the
+    rows. The local engine runs it over the input's files; Spark over each partition of rows
+    shuffled by unit (a unit's rows all in one partition)."""
+
+    def __init__(
+        self,
+        tasks: Sequence[AggregationTask],
+        unit: str,
+        keys: SamplingKeys,
+        *,
+        compact_rows: int,
+    ) -> None:
+        self.tasks, self.unit, self.keys, self.compact_rows = tasks, unit, keys, compact_rows
+        self.public = {
+            t.name: None if t.public_keys is None else pl.from_pandas(t.public_keys) for t in tasks
+        }
+        self.kept: dict[str, list[pl.DataFrame]] = {t.name: [] for t in tasks}
+        self.compacted = dict.fromkeys(self.kept, 0)  # rows held after the last thinning
+
+    def add(self, rows: pl.DataFrame) -> None:
+        for task in self.tasks:
+            kept = self.kept[task.name]
+            frame = task_rows(rows, task, self.unit, self.public[task.name])
+            kept.append(pre_bound(frame, task, self.unit, self.keys))
+            # A batch rarely holds more than Linf rows of a pair: what the batches kept is
+            # thinned together once it is large.
+            if sum(f.height for f in kept) > max(self.compact_rows, 2 * self.compacted[task.name]):
+                self.kept[task.name] = [pre_bound(pl.concat(kept), task, self.unit, self.keys)]
+                self.compacted[task.name] = self.kept[task.name][0].height
+
+    def aggregates(self, task: AggregationTask) -> pd.DataFrame:
+        """The task's exact bounded aggregates per partition, of every row `add` was given
+        (at least one batch, possibly empty)."""
+        frame = pl.concat(self.kept[task.name])
+        return aggregate_task_rows(frame, task, self.unit, self.keys)
 
 
 def bound_and_aggregate(

@@ -12,7 +12,8 @@ the lowest k), so where the rows are split does not change what is kept.
 What travels: for a job of one query, the bottom-k aggregate runs partially before its
 exchange, so the shuffle carries at most Linf entries per pair and input task, then the pair
 aggregates by unit (for L0) and by key. For a job of several queries, the rows are shuffled
-once by unit for all of them (`shuffled_by_unit`) and each query bounds them where they lie.
+once by unit for all of them (`shuffled_by_unit`) and bounded where they lie: in one pass
+for most queries (`unit_partitions.py`), here for count_distinct ones.
 With `max_contributions` K, one step instead: `row_number()` over each unit's rows ordered by
 (priority, value) keeps its K lowest; the pairs they fall in are then at most K per unit, with
 nothing to rank (measurements: docs/engines.md).

@@ -1,7 +1,9 @@
 """The Spark engine: the seam (`engines.base`) over Spark's read, bound and aggregate steps.
 
-A job of several queries reads and validates once (`read.py`, persisted) and runs one Spark job
-per query: bounding in `bound.py`, aggregation and release in `aggregate.py`.
+A job of one query bounds in `bound.py` and aggregates in `aggregate.py`. A job of several
+reads, validates and shuffles its rows by unit once and bounds its queries in one pass over
+that shuffle (`unit_partitions.py`); count_distinct queries take a Spark job each over the
+persisted shuffle. The release runs in `aggregate.py`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from dppipeline.engines.spark.session import (
     start_spark_early,
     started_spark,
 )
+from dppipeline.engines.spark.unit_partitions import bound_in_one_pass, bounds_in_one_pass
 from dppipeline.errors import InputError, UsageError
 from dppipeline.inputs.contract import RejectedRow, RejectSummary, check_rejected_fraction
 from dppipeline.inputs.files import file_stamp
@@ -109,8 +112,13 @@ class SparkEngine:
         observation = Observation("validation")
         validated = inputs.validated.observe(observation, *spark_read.observed_counts())
         valid = spark_read.valid_rows(validated, schema)
-        if len(tasks) > 1:  # read, validate and shuffle by unit once for all queries
+        # Several queries: read, validate and shuffle by unit once for all; persisted when
+        # more than one Spark job reads the shuffle (queries the one pass cannot bound).
+        shared = len(tasks) > 1
+        persisted = shared and not all(bounds_in_one_pass(t) for t in tasks)
+        if shared:
             valid = shuffled_by_unit(valid, spec.privacy_unit, job.salt)
+        if persisted:
             valid = valid.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             return self._run_tasks(
@@ -127,21 +135,41 @@ class SparkEngine:
                 raise
             raise failure from None
         finally:
-            if len(tasks) > 1:
+            if persisted:
                 valid.unpersist()
 
     def _run_tasks(
         self, job: ReleaseJob, valid: DataFrame, *, observation, rejected, staging, progress
     ) -> EngineRun:
-        """Each task's aggregates to the driver (one job per task: read, bound, aggregate),
-        then the release by the core; or, for a one-query job with more partitions than the
-        driver limit, the release on the executors."""
+        """Each task's aggregates to the driver (several tasks: one job for all those
+        `bounds_in_one_pass` takes, one per other task), then the release by the core; or,
+        for a one-query job with more partitions than the driver limit, the release on the
+        executors."""
         tasks, unit = job.tasks.tasks, job.spec.privacy_unit
         limit = driver_release_max_partitions()
         exact: dict[str, pd.DataFrame] = {}
         rejects = None
         shared = len(tasks) > 1  # `valid` is then `shuffled_by_unit` (see `run`)
+        one_pass = [t for t in tasks if shared and bounds_in_one_pass(t)]
+        if one_pass:
+            self.spark.sparkContext.setJobGroup(
+                "dppipeline", f"dppipeline {job.spec.name}: bound {len(one_pass)} queries"
+            )
+            progress(f"{len(one_pass)} queries: bounding contributions in one pass, aggregating")
+            exact = bound_in_one_pass(valid, one_pass, unit, job.salt)
+            progress("checking rejected rows")
+            rejects = self._check_rejects(observation.get, rejected, job)
+            for name, frame in exact.items():
+                if len(frame) > limit:
+                    raise UsageError(
+                        f"{name}: more than {limit:,} partitions; jobs of several queries "
+                        "release on the driver: raise DPPIPELINE_DRIVER_RELEASE_MAX_PARTITIONS "
+                        "or run this query alone"
+                    )
+                statistic(log, f"{name}: {len(frame):,} partitions aggregated before selection")
         for task in tasks:
+            if task.name in exact:
+                continue
             self.spark.sparkContext.setJobGroup("dppipeline", f"dppipeline {task.name}: bound")
             progress(f"{task.name}: filtering, bounding contributions, aggregating")
             aggregates = bound_and_aggregate(valid, task, unit, job.salt, by_unit=shared)
@@ -162,6 +190,7 @@ class SparkEngine:
             statistic(log, f"{task.name}: {len(frame):,} partitions aggregated before selection")
             exact[task.name] = to_aggregates_frame(frame, task)
         progress("releasing on the driver (partition selection and noise)")
+        exact = {task.name: exact[task.name] for task in tasks}  # in the job's order
         released_rows = release_to_datasets(exact, job, staging)
         assert rejects is not None
         return EngineRun(rejects=rejects, released_partitions=released_rows)

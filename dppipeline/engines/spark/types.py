@@ -29,6 +29,8 @@ def spark_type(arrow: pa.DataType) -> str:
     Spark's `timestamp`, one without a zone `timestamp_ntz`."""
     if pa.types.is_timestamp(arrow):
         return "timestamp" if arrow.tz else "timestamp_ntz"
+    if pa.types.is_list(arrow):
+        return f"array<{spark_type(arrow.value_type)}>"
     return _BY_NAME[str(arrow)]
 
 
