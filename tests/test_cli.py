@@ -786,18 +786,21 @@ def test_spark_java_errors_are_one_line(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("flags", "absent"),
+    ("flags", "absent", "stats"),
     [
-        ((), ("apache_beam", "dp_accounting.pld", "pyspark")),
-        (("--format", "csv"), ("apache_beam", "dp_accounting.pld", "pyspark")),
-        (("--accounting", "zcdp", "--delta", "1e-6"), ("apache_beam", "pyspark")),
+        ((), ("apache_beam", "dp_accounting.pld", "pyspark"), "lazy"),
+        (("--format", "csv"), ("apache_beam", "dp_accounting.pld", "pyspark"), "lazy"),
+        (("--accounting", "zcdp", "--delta", "1e-6"), ("apache_beam", "pyspark"), "loaded"),
+        (("--noise", "gaussian", "--delta", "1e-6"), ("apache_beam", "pyspark"), "lazy"),
     ],
-    ids=["detected-layout", "named-format", "zcdp"],
+    ids=["detected-layout", "named-format", "zcdp", "gaussian"],
 )
-def test_a_local_run_imports_only_what_it_uses(tmp_path, small_inputs, flags, absent):
+def test_a_local_run_imports_only_what_it_uses(tmp_path, small_inputs, flags, absent, stats):
     """A local run's process never loads Beam or Spark, nor dp_accounting's PLD code unless
     the job's accounting composes with it: together 1.3 s of start-up. Layout detection once
     imported pipeline-dp before the spec was known, which brought the PLD code back (0.8 s).
+    scipy.stats (0.45 s), which pipeline-dp imports for a function no run calls, loads when
+    first used: a zCDP run's accounting uses it (and releases); other runs never execute it.
     (`cli.main` marks what it skips as absent: `sys.modules[name] is None`.)"""
     folder = small_inputs["csv"] if "csv" in flags else small_inputs["parquet"]
     probe = (
@@ -805,6 +808,8 @@ def test_a_local_run_imports_only_what_it_uses(tmp_path, small_inputs, flags, ab
         "names = ('apache_beam', 'dp_accounting.pld', 'pyspark', 'pipeline_dp')\n"
         "atexit.register(lambda: print('LOADED', *[n for n in names if sys.modules.get(n)],"
         " file=sys.stderr))\n"
+        "atexit.register(lambda: print('STATS', type(sys.modules['scipy.stats']) is"
+        " type(sys), file=sys.stderr))\n"
         "runpy.run_module('dppipeline', run_name='__main__')\n"
     )
     done = subprocess.run(
@@ -817,6 +822,9 @@ def test_a_local_run_imports_only_what_it_uses(tmp_path, small_inputs, flags, ab
     loaded = set(line.split()[1:])
     assert "pipeline_dp" in loaded  # the probe sees what a run loads
     assert not loaded & set(absent), loaded
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("STATS")]
+    assert line == f"STATS {stats == 'loaded'}", line  # executed, or still a LazyLoader's
+    assert (tmp_path / "out" / QUERY).exists()
 
 
 _LIVE_POOL_AT_EXIT = """

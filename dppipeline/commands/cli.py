@@ -12,6 +12,7 @@ import argparse
 import atexit
 import contextlib
 import datetime as dt
+import importlib.util
 import math
 import os
 import re
@@ -660,6 +661,28 @@ def _skip_unused_pipeline_dp_imports(args: argparse.Namespace) -> None:
     if args.command in ("run", "plan") and getattr(args, "engine", "local") != "beam":
         sys.modules.setdefault("apache_beam", None)  # type: ignore[arg-type]
     args.skip_pld = args.command in ("run", "plan")
+    if args.command in ("run", "plan"):
+        _lazy_module("scipy.stats")
+
+
+def _lazy_module(name: str) -> None:
+    """`name` imported on first use rather than at `import` (the standard library's
+    `LazyLoader`): pipeline-dp imports scipy.stats (0.45 s) for one function no run calls;
+    dp_accounting's tight accounting uses it, and loads it then."""
+    if name in sys.modules:
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        return
+    loader = importlib.util.LazyLoader(spec.loader)
+    spec.loader = loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    loader.exec_module(module)
+    # Bound on its package too: `from scipy import stats` then takes it without touching it
+    # (the import system reads `__spec__` of a module it finds in sys.modules, which loads it).
+    parent, _, child = name.rpartition(".")
+    setattr(importlib.import_module(parent), child, module)
 
 
 def _skip_pld_unless_used(args: argparse.Namespace, spec: JobSpec) -> None:
