@@ -38,6 +38,7 @@ PACK_SCRIPT = ROOT / "scripts" / "pack_executor_env.sh"
 EXECUTOR_ENV = ROOT / "build" / "executor-env.tar.gz"
 JOB = ROOT / "jobs" / "spark_terminal_stats.py"
 CONFIG = ROOT / "jobs" / "configs" / "terminal_stats.yaml"
+BANK_CONFIG = ROOT / "jobs" / "configs" / "bank_partner_release.yaml"
 PUBLIC_KEYS = list(range(50))
 
 
@@ -353,3 +354,23 @@ def test_spark_submit_to_a_standalone_cluster(
     probe_dir = tmp_path / "probe"
     probe_dir.mkdir()
     check_executor_imports(cluster, executor_env, probe_dir)
+    check_multi_query_job(cluster, executor_env, small_inputs["parquet"], tmp_path / "bank")
+
+
+def check_multi_query_job(cluster: Cluster, archive: Path, inputs: Path, workdir: Path) -> None:
+    """The bank's 12-query job: its queries are bounded in one pass on the executors, whose
+    Python (from the archive) runs the bounding code; every query's dataset is written."""
+    workdir.mkdir()
+    output = workdir / "release"
+    submitted = spark_submit(
+        cluster, archive, workdir, JOB, "--config", BANK_CONFIG, "--input", inputs,
+        "--output", output,
+    )  # fmt: skip
+    assert submitted.returncode == 0, describe(submitted)
+    progress = submitted.stdout + submitted.stderr
+    assert "12 queries: bounding contributions in one pass" in progress, describe(submitted)
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert len(manifest["queries"]) == 12
+    tables = {name: pq.read_table(output / name) for name in manifest["queries"]}
+    assert tables["mean_ticket_per_terminal"].num_rows > 0  # public terminals: all released
+    wait_for_app_state(cluster, app_id(submitted), "FINISHED")

@@ -20,7 +20,6 @@ for `aggregate.release_on_executors`: never as a literal in a Spark plan or the 
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -80,14 +79,16 @@ def bound_in_one_pass(
     def bound_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         bounder = TaskBounder(tasks, unit, SamplingKeys.from_salt(salt), compact_rows=COMPACT_ROWS)
         pending: list[pa.RecordBatch] = []
-        bounded = False
-        for batch in itertools.chain(batches, [None]):
-            if batch is not None:
-                pending.append(batch)
-            if pending and (batch is None or sum(b.num_rows for b in pending) >= BATCH_ROWS):
-                bounder.add(pl.from_arrow(pa.Table.from_batches(pending)))  # type: ignore[arg-type]
-                pending, bounded = [], True
-        if not bounded:  # a partition no unit hashed to
+        held = 0
+        for batch in batches:
+            pending.append(batch)
+            held += batch.num_rows
+            if held >= BATCH_ROWS:
+                bounder.add(pl.DataFrame(pa.Table.from_batches(pending)))
+                pending, held = [], 0
+        if pending:
+            bounder.add(pl.DataFrame(pa.Table.from_batches(pending)))
+        elif not any(bounder.kept.values()):  # a partition no unit hashed to
             return
         for number, task in enumerate(tasks):
             yield partial_batch(number, task, bounder.aggregates(task), schema)
