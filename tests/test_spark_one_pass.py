@@ -17,6 +17,7 @@ from dppipeline.engines.shared.sampling import new_salt
 from dppipeline.engines.spark.aggregate import bound_and_aggregate, to_aggregates_frame
 from dppipeline.engines.spark.bound import shuffled_by_unit
 from dppipeline.engines.spark.unit_partitions import bound_in_one_pass, bounds_in_one_pass
+from dppipeline.errors import UsageError
 from dppipeline.orchestration.runner import run_job
 from dppipeline.spec.model import build_spec
 from tests.conftest import write_daily_parquet
@@ -189,3 +190,16 @@ def test_a_job_of_several_queries_releases_what_the_local_engine_releases(tmp_pa
         # this epsilon (the kept values themselves are compared above)
         spark, local = (f.drop(columns=["max"], errors="ignore") for f in (spark, local))
         pd.testing.assert_frame_equal(spark, local, rtol=1e-6, check_dtype=False)
+
+
+def test_a_job_of_several_queries_beyond_the_driver_limit_fails_in_one_line(tmp_path, monkeypatch):
+    """The pass's aggregates go to the driver: a query with more partitions than
+    $DPPIPELINE_DRIVER_RELEASE_MAX_PARTITIONS fails naming it, and nothing is published."""
+    frame = rows_frame(seed=6).drop(columns=["_source_file", "_row"])
+    frame["TX_DATETIME"] = frame["TX_DATETIME"].astype("datetime64[us]")
+    root = write_daily_parquet(frame, tmp_path / "in")
+    monkeypatch.setenv("DPPIPELINE_DRIVER_RELEASE_MAX_PARTITIONS", "5")
+    spec = spec_of(QUERIES[:2], **{"input.path": str(root), "output": str(tmp_path / "out")})
+    with pytest.raises(UsageError, match=r"^per_terminal_day: more than 5 partitions; jobs of"):
+        run_job(spec, "spark", seed=3, echo=lambda _: None)
+    assert not (tmp_path / "out").exists()

@@ -60,6 +60,13 @@ def keep_observations_of_empty_results(spark: SparkSession) -> None:
         spark.conf.set(key, ",".join([*excluded, EMPTY_RELATION_RULE]))
 
 
+def _beyond_driver_limit(query: str, limit: int) -> UsageError:
+    return UsageError(
+        f"{query}: more than {limit:,} partitions; jobs of several queries release on the "
+        "driver: raise DPPIPELINE_DRIVER_RELEASE_MAX_PARTITIONS or run this query alone"
+    )
+
+
 class SparkEngine:
     """Spark engine: the same job on `local[*]`, a standalone cluster, YARN or Kubernetes."""
 
@@ -161,11 +168,7 @@ class SparkEngine:
             rejects = self._check_rejects(observation.get, rejected, job)
             for name, frame in exact.items():
                 if len(frame) > limit:
-                    raise UsageError(
-                        f"{name}: more than {limit:,} partitions; jobs of several queries "
-                        "release on the driver: raise DPPIPELINE_DRIVER_RELEASE_MAX_PARTITIONS "
-                        "or run this query alone"
-                    )
+                    raise _beyond_driver_limit(name, limit)
                 statistic(log, f"{name}: {len(frame):,} partitions aggregated before selection")
         for task in tasks:
             if task.name in exact:
@@ -179,11 +182,7 @@ class SparkEngine:
                 rejects = self._check_rejects(observation.get, rejected, job)
             if len(frame) > limit:
                 if len(tasks) > 1 or not task.keys:
-                    raise UsageError(
-                        f"{task.name}: more than {limit:,} partitions; jobs of several "
-                        "queries release on the driver: raise "
-                        "DPPIPELINE_DRIVER_RELEASE_MAX_PARTITIONS or run this query alone"
-                    )
+                    raise _beyond_driver_limit(task.name, limit)
                 progress("releasing on the executors (partition selection and noise)")
                 released = self._release_on_executors(aggregates, job, task.name, staging)
                 return EngineRun(rejects=rejects, released_partitions={task.name: released})
