@@ -36,7 +36,7 @@ from dppipeline.engines.spark.session import (
     started_spark,
 )
 from dppipeline.engines.spark.unit_partitions import bound_in_one_pass, bounds_in_one_pass
-from dppipeline.errors import InputError, UsageError
+from dppipeline.errors import InputError
 from dppipeline.inputs.contract import RejectedRow, RejectSummary, check_rejected_fraction
 from dppipeline.inputs.files import file_stamp
 from dppipeline.inputs.quarantine import FILE_NAME, private_folder, seal
@@ -58,13 +58,6 @@ def keep_observations_of_empty_results(spark: SparkSession) -> None:
     excluded = [r for r in (spark.conf.get(key, "") or "").split(",") if r.strip()]
     if EMPTY_RELATION_RULE not in excluded:
         spark.conf.set(key, ",".join([*excluded, EMPTY_RELATION_RULE]))
-
-
-def _beyond_driver_limit(query: str, limit: int) -> UsageError:
-    return UsageError(
-        f"{query}: more than {limit:,} partitions; jobs of several queries release on the "
-        "driver: raise DPPIPELINE_DRIVER_RELEASE_MAX_PARTITIONS or run this query alone"
-    )
 
 
 class SparkEngine:
@@ -151,7 +144,10 @@ class SparkEngine:
         """Each task's aggregates to the driver (several tasks: one job for all those
         `bounds_in_one_pass` takes, one per other task), then the release by the core; or,
         for a one-query job with more partitions than the driver limit, the release on the
-        executors."""
+        executors. Where it releases shows only behind --debug-statistics, and a job of
+        several queries releases on the driver whatever its partitions number: whether a run
+        succeeds, and what it prints, must not depend on how many partitions the data fill
+        (a limit that failed such a job was a data-dependent failure)."""
         tasks, unit = job.tasks.tasks, job.spec.privacy_unit
         limit = driver_release_max_partitions()
         exact: dict[str, pd.DataFrame] = {}
@@ -167,8 +163,6 @@ class SparkEngine:
             progress("checking rejected rows")
             rejects = self._check_rejects(observation.get, rejected, job)
             for name, frame in exact.items():
-                if len(frame) > limit:
-                    raise _beyond_driver_limit(name, limit)
                 statistic(log, f"{name}: {len(frame):,} partitions aggregated before selection")
         for task in tasks:
             if task.name in exact:
@@ -176,19 +170,19 @@ class SparkEngine:
             self.spark.sparkContext.setJobGroup("dppipeline", f"dppipeline {task.name}: bound")
             progress(f"{task.name}: filtering, bounding contributions, aggregating")
             aggregates = bound_and_aggregate(valid, task, unit, job.salt, by_unit=shared)
-            frame = aggregates.limit(limit + 1).toPandas()
+            movable = len(tasks) == 1 and bool(task.keys)  # may release on the executors
+            frame = (aggregates.limit(limit + 1) if movable else aggregates).toPandas()
             if rejects is None:
                 progress("checking rejected rows")
                 rejects = self._check_rejects(observation.get, rejected, job)
-            if len(frame) > limit:
-                if len(tasks) > 1 or not task.keys:
-                    raise _beyond_driver_limit(task.name, limit)
-                progress("releasing on the executors (partition selection and noise)")
+            if movable and len(frame) > limit:
+                progress("releasing (partition selection and noise)")
+                statistic(log, f"{task.name}: released on the executors")
                 released = self._release_on_executors(aggregates, job, task.name, staging)
                 return EngineRun(rejects=rejects, released_partitions={task.name: released})
             statistic(log, f"{task.name}: {len(frame):,} partitions aggregated before selection")
             exact[task.name] = to_aggregates_frame(frame, task)
-        progress("releasing on the driver (partition selection and noise)")
+        progress("releasing (partition selection and noise)")
         exact = {task.name: exact[task.name] for task in tasks}  # in the job's order
         released_rows = release_to_datasets(exact, job, staging)
         assert rejects is not None
