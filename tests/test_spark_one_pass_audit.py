@@ -1,0 +1,143 @@
+"""Audit of the one-pass bounding (`unit_partitions`): on inputs the first tests do not
+cover (text keys, every time bucket, numeric buckets, nulls in filter columns, keys absent
+from the public list, a unit with many rows, many small shuffle partitions), the pass keeps
+exactly what each query's own Spark bounding keeps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dppipeline.core.tasks import task_for
+from dppipeline.engines.shared.sampling import new_salt
+from dppipeline.engines.spark.aggregate import bound_and_aggregate, to_aggregates_frame
+from dppipeline.engines.spark.bound import shuffled_by_unit
+from dppipeline.engines.spark.unit_partitions import bound_in_one_pass
+from dppipeline.spec.model import build_spec
+from tests.test_spark_one_pass import by_keys
+
+pytestmark = pytest.mark.usefixtures("spark")
+
+SCHEMA = [
+    {"name": "U", "type": "string", "nullable": False},
+    {"name": "AT", "type": "timestamp[us]", "nullable": False, "role": "event_time"},
+    {"name": "CITY", "type": "string", "nullable": False},
+    {"name": "SHOP", "type": "int64", "nullable": False},
+    {"name": "CHANNEL", "type": "string", "nullable": True},
+    {"name": "SCORE", "type": "float64", "nullable": True},
+    {"name": "AMOUNT", "type": "float64", "nullable": False},
+]
+QUERIES = [
+    {  # text keys, one listed key absent from the data, one present key unlisted
+        "name": "per_city",
+        "filter": "SCORE > 0.5",
+        "partition_by": ["CITY"],
+        "metrics": ["count", "sum", "privacy_id_count"],
+        "partition_selection": {"public_partitions": ["Zürich", "Genève", "Nowhere", "O'Hare"]},
+    },
+    {
+        "name": "per_week_city",
+        "filter": "CHANNEL != 'web'",
+        "partition_by": ["week", "CITY"],
+        "metrics": ["count", "sum"],
+    },
+    {"name": "per_hour", "partition_by": ["hour"], "metrics": ["count"]},
+    {"name": "per_year_month", "partition_by": ["year", "month"], "metrics": ["count"]},
+    {"name": "per_day_shop", "partition_by": ["day", "SHOP"], "metrics": ["sum", "variance"]},
+    {
+        "name": "per_amount_bucket",
+        "partition_by": [{"bucket": "AMOUNT", "edges": [0, 50, 100, 150]}],
+        "metrics": ["count", "sum"],
+    },
+    {  # a filter that matches only the many-row unit: most partitions have no row
+        "name": "rare",
+        "filter": "SHOP = 99",
+        "partition_by": [],
+        "metrics": ["count", "sum", "percentile(50)", "min"],
+    },
+    {
+        "name": "per_shop_k4",
+        "filter": "CHANNEL = 'web' OR SCORE < 0.2",
+        "partition_by": ["SHOP"],
+        "metrics": ["count", "max"],
+        "bounds": {"max_contributions": 4},
+    },
+    {
+        "name": "per_city_scaled",
+        "partition_by": ["CITY"],
+        "metrics": ["count", "sum", "variance"],
+        "bounds": {"linf_bounding": "scale"},
+    },
+]
+CITIES = ["Zürich", "Genève", "O'Hare", "a b", "${x}", "Zürich "]
+
+
+def rows_frame(seed: int = 11) -> pd.DataFrame:
+    """80 units with 1 to 30 rows each, and unit `many` with 3,000 rows (all at shop 99);
+    nulls in CHANNEL and SCORE; times spread over 3 years."""
+    rng = np.random.default_rng(seed)
+    per_unit = rng.integers(1, 31, size=80)
+    units = np.repeat([f"u{i}" for i in range(80)], per_unit).tolist() + ["many"] * 3000
+    n = len(units)
+    start = np.datetime64("2024-12-20T00:00:00")
+    channel = rng.choice(np.array(["web", "shop", None], dtype=object), size=n)
+    score = rng.uniform(0, 1, size=n)
+    score[rng.uniform(size=n) < 0.2] = np.nan
+    shop = rng.integers(1, 6, size=n)
+    shop[-3000:] = 99
+    return pd.DataFrame(
+        {
+            "U": units,
+            "AT": start + rng.integers(0, 3 * 365 * 86400, size=n).astype("timedelta64[s]"),
+            "CITY": rng.choice(CITIES, size=n),
+            "SHOP": shop,
+            "CHANNEL": channel,
+            "SCORE": pd.array(np.where(np.isnan(score), None, score), dtype="Float64"),
+            "AMOUNT": np.round(rng.uniform(-20, 220, size=n), 2),
+            "_source_file": rng.choice(["a", "b"], size=n),
+            "_row": np.arange(n),
+        }
+    )
+
+
+def spec_of(queries):
+    bounds = {
+        "max_partitions_contributed": 2,
+        "max_contributions_per_partition": 2,
+        "min_value": 0.0,
+        "max_value": 200.0,
+    }
+    raw = {
+        "name": "audit",
+        "privacy_unit": "U",
+        "input": {"schema": SCHEMA},
+        "bounds": bounds,
+        "queries": queries,
+    }
+    return build_spec(raw, {"input.path": "unused", "output": "unused", "value": "AMOUNT"})
+
+
+@pytest.mark.parametrize("partitions", [1, 7])
+def test_one_pass_equals_each_query_alone_on_tricky_inputs(spark, partitions):
+    spec = spec_of(QUERIES)
+    tasks = [task_for(q, spec.source_schema) for q in spec.queries]
+    frame = rows_frame()
+    salt = new_salt(21)
+    previous = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    try:
+        rows = spark.createDataFrame(frame).repartition(4)
+        shared = shuffled_by_unit(rows, "U", salt).persist()
+        together = bound_in_one_pass(shared, tasks, "U", salt)
+        for task in tasks:
+            alone = bound_and_aggregate(shared, task, "U", salt, by_unit=True)
+            expected = to_aggregates_frame(alone.toPandas(), task)
+            got = together[task.name]
+            assert len(got) == len(expected), task.name
+            pd.testing.assert_frame_equal(
+                by_keys(got, task), by_keys(expected, task), rtol=1e-9, obj=task.name
+            )
+        shared.unpersist()
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", previous)
