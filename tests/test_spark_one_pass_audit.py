@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from pyspark.sql import functions as F
 
 from dppipeline.core.tasks import task_for
 from dppipeline.engines.shared.sampling import new_salt
@@ -118,17 +119,26 @@ def spec_of(queries):
     return build_spec(raw, {"input.path": "unused", "output": "unused", "value": "AMOUNT"})
 
 
-@pytest.mark.parametrize("partitions", [1, 7])
-def test_one_pass_equals_each_query_alone_on_tricky_inputs(spark, partitions):
+@pytest.mark.parametrize(("partitions", "coalesce"), [(1, "true"), (7, "false")])
+def test_one_pass_equals_each_query_alone_on_tricky_inputs(spark, partitions, coalesce):
+    """One shuffle partition (every unit in one worker), and 7 that AQE may not merge (units
+    spread over several workers, some partitions with no row of a query)."""
     spec = spec_of(QUERIES)
     tasks = [task_for(q, spec.source_schema) for q in spec.queries]
     frame = rows_frame()
     salt = new_salt(21)
-    previous = spark.conf.get("spark.sql.shuffle.partitions")
-    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    settings = {
+        "spark.sql.shuffle.partitions": str(partitions),
+        "spark.sql.adaptive.coalescePartitions.enabled": coalesce,
+    }
+    previous = {key: spark.conf.get(key) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
     try:
         rows = spark.createDataFrame(frame).repartition(4)
         shared = shuffled_by_unit(rows, "U", salt).persist()
+        used = shared.select(F.spark_partition_id()).distinct().count()
+        assert used == min(partitions, 7)
         together = bound_in_one_pass(shared, tasks, "U", salt)
         for task in tasks:
             alone = bound_and_aggregate(shared, task, "U", salt, by_unit=True)
@@ -140,7 +150,8 @@ def test_one_pass_equals_each_query_alone_on_tricky_inputs(spark, partitions):
             )
         shared.unpersist()
     finally:
-        spark.conf.set("spark.sql.shuffle.partitions", previous)
+        for key, value in previous.items():
+            spark.conf.set(key, value)
 
 
 WORKER_FAILURE = """
