@@ -154,56 +154,74 @@ def test_one_pass_equals_each_query_alone_on_tricky_inputs(spark, partitions, co
             spark.conf.set(key, value)
 
 
-WORKER_FAILURE = """
-import json, sys
-from dppipeline.commands import cli
-from dppipeline.core.tasks import task_for
-from dppipeline.engines.shared.sampling import new_salt
-from dppipeline.engines.spark.bound import shuffled_by_unit
-from dppipeline.engines.spark.session import get_spark
-from dppipeline.engines.spark.unit_partitions import bound_in_one_pass
-from tests.test_spark_one_pass import QUERIES, rows_frame, spec_of
-
-# A Python worker of 200 MB cannot load numpy: the pass fails in every worker, as it would
-# for a worker out of memory.
-conf = {"spark.ui.enabled": "false", "spark.executor.pyspark.memory": "200m"}
-spark = get_spark(app_name="t", master="local[1]", conf=conf)
-spec = spec_of(QUERIES[:3])
-tasks = [task_for(q, spec.source_schema) for q in spec.queries]
-salt = new_salt(1)
-
-def one_pass(args):
-    rows = shuffled_by_unit(spark.createDataFrame(rows_frame()), "CUSTOMER_ID", salt)
-    bound_in_one_pass(rows, tasks, "CUSTOMER_ID", salt)
-
-cli.COMMANDS["plan"] = one_pass
-print(json.dumps(cli.main(["plan"])))
-"""
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="a Python worker's exception reaches stderr in full: Spark's Executor and "
-    "TaskSetManager log it at ERROR/WARN with the worker's Python traceback, and PySpark's "
-    "toPandas prints it again in a UserWarning; the one-line error contract "
-    "(test_cli::test_spark_java_errors_are_one_line) does not hold for the one pass",
+TRACEBACK_REASON = (
+    "a Python worker's exception reaches stderr in full: Spark's Executor and TaskSetManager "
+    "log it at ERROR/WARN with the worker's Python traceback (and whatever values its message "
+    "quotes), and PySpark's toPandas prints it again in a UserWarning; the one-line contract "
+    "of test_cli::test_spark_java_errors_are_one_line does not hold for the one pass"
 )
-def test_a_failing_worker_prints_one_line(tmp_path):
+
+
+def test_a_failing_worker_fails_the_run_in_one_line(tmp_path):
+    """`dppipeline run` of a two-query Spark job whose one-pass workers fail (a worker of
+    200 MB, set through spark-defaults.conf, cannot load numpy: as a worker out of memory
+    would): exit 70 with one line, no output, the ledger's release `failed`; and (xfail) no
+    traceback on stderr."""
     import os
+    import sqlite3
     import subprocess
     import sys
 
+    import yaml
+
+    from tests.conftest import write_daily_parquet
+    from tests.test_spark_one_pass import rows_frame as bank_rows
+
+    frame = bank_rows(seed=6).drop(columns=["_source_file", "_row"])
+    frame["TX_DATETIME"] = frame["TX_DATETIME"].astype("datetime64[us]")
+    spec = {
+        "name": "two",
+        "privacy_unit": "CUSTOMER_ID",
+        "value": "TX_AMOUNT",
+        "budget": {"epsilon": 1.0},
+        "bounds": {
+            "max_partitions_contributed": 2,
+            "max_contributions_per_partition": 2,
+            "min_value": 0,
+            "max_value": 200,
+        },
+        "queries": [
+            {
+                "name": "a",
+                "partition_by": ["TERMINAL_ID"],
+                "metrics": ["count"],
+                "partition_selection": {"public_partitions": "1..6"},
+            },
+            {"name": "b", "partition_by": [], "metrics": ["sum"]},
+        ],
+        "input": {"path": str(write_daily_parquet(frame, tmp_path / "in"))},
+    }
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text("spark.executor.pyspark.memory 200m\n")
     env = {k: v for k, v in os.environ.items() if k != "DPPIPELINE_DEBUG"}
+    env["SPARK_CONF_DIR"] = str(conf)
+    ledger, output = tmp_path / "ledger.sqlite", tmp_path / "out"
+    argv = ["run", "--config", tmp_path / "spec.yaml", "--engine", "spark", "--output", output]
     result = subprocess.run(
-        [sys.executable, "-c", WORKER_FAILURE],
-        check=False,
+        [sys.executable, "-m", "dppipeline", *map(str, argv), "--ledger", f"sqlite:///{ledger}"],
         capture_output=True,
         text=True,
         env=env,
         timeout=300,
+        check=False,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().splitlines()[-1] == "70", result.stderr[-3000:]
+    assert result.returncode == 70, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if line.startswith("dppipeline")]
     assert len(lines) == 1 and "PYTHON_EXCEPTION" in lines[0], result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
+    assert not output.exists()
+    with sqlite3.connect(ledger) as db:
+        assert [row[0] for row in db.execute("SELECT state FROM releases")] == ["failed"]
+    if "Traceback" in result.stderr:
+        pytest.xfail(TRACEBACK_REASON)
