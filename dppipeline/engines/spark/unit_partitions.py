@@ -20,6 +20,7 @@ for `aggregate.release_on_executors`: never as a literal in a Spark plan or the 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -98,7 +99,9 @@ def bound_in_one_pass(
     combine = [F.sum(name).alias(name) for name in SUMS]
     if VALUES in schema.names:
         combine.append(F.flatten(F.collect_list(VALUES)).alias(VALUES))
-    combined = partials.groupBy(TASK, *slots).agg(*combine).toPandas()
+    with warnings.catch_warnings():  # PySpark's warning on a failure quotes the worker's error
+        warnings.simplefilter("ignore", UserWarning)
+        combined = partials.groupBy(TASK, *slots).agg(*combine).toPandas()
     return {
         task.name: task_aggregates(combined[combined[TASK] == number], task)
         for number, task in enumerate(tasks)
