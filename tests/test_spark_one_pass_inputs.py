@@ -1,4 +1,4 @@
-"""Audit of the one-pass bounding (`unit_partitions`): on inputs the first tests do not
+"""The one-pass bounding (`unit_partitions`) on inputs the first tests do not
 cover (text keys, every time bucket, numeric buckets, nulls in filter columns, keys absent
 from the public list, a unit with many rows, many small shuffle partitions), the pass keeps
 exactly what each query's own Spark bounding keeps."""
