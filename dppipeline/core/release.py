@@ -33,6 +33,7 @@ from dppipeline.core.columns import (
     CENTRED_SQUARES,
     DISTINCT_PREFIX,
     VALUES,
+    value_arrays,
 )
 from dppipeline.core.discrete import add_discrete_noise
 from dppipeline.core.extremes import release_extremes
@@ -125,15 +126,6 @@ def add_empty_public_partitions(
         assert public_keys is not None
         merged = public_keys[keys].merge(aggregates, on=keys, how="left")
     return with_required_columns(merged, columns)
-
-
-def value_arrays(values: pd.Series) -> list[np.ndarray]:
-    """Kept values per partition as float arrays; a partition without any (a missing value
-    after a join, or an empty list) gets an empty array."""
-    return [
-        np.asarray(v, dtype=np.float64) if isinstance(v, np.ndarray | list) else np.zeros(0)
-        for v in values
-    ]
 
 
 def select_with(

@@ -18,6 +18,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Observation, SparkSession
 
 from dppipeline.core.tasks import (
+    AggregationTask,
     read_schema,
 )
 from dppipeline.engines.base import EngineRun, ReleaseJob, release_to_datasets
@@ -112,10 +113,11 @@ class SparkEngine:
         observation = Observation("validation")
         validated = inputs.validated.observe(observation, *spark_read.observed_counts())
         valid = spark_read.valid_rows(validated, schema)
-        # Several queries: read, validate and shuffle by unit once for all; persisted when
-        # more than one Spark job reads the shuffle (queries the one pass cannot bound).
+        # Several queries: read, validate and shuffle by unit once for all, bound in one pass;
+        # persisted when more Spark jobs read the shuffle (queries the pass cannot bound).
         shared = len(tasks) > 1
-        persisted = shared and not all(bounds_in_one_pass(t) for t in tasks)
+        one_pass = [t for t in tasks if shared and bounds_in_one_pass(t)]
+        persisted = shared and len(one_pass) < len(tasks)
         if shared:
             valid = shuffled_by_unit(valid, spec.privacy_unit, job.salt)
         if persisted:
@@ -124,6 +126,7 @@ class SparkEngine:
             return self._run_tasks(
                 job,
                 valid,
+                one_pass=one_pass,
                 observation=observation,
                 rejected=inputs.rejected,
                 staging=staging,
@@ -139,10 +142,18 @@ class SparkEngine:
                 valid.unpersist()
 
     def _run_tasks(
-        self, job: ReleaseJob, valid: DataFrame, *, observation, rejected, staging, progress
+        self,
+        job: ReleaseJob,
+        valid: DataFrame,
+        *,
+        one_pass: list[AggregationTask],
+        observation,
+        rejected,
+        staging,
+        progress,
     ) -> EngineRun:
-        """Each task's aggregates to the driver (several tasks: one job for all those
-        `bounds_in_one_pass` takes, one per other task), then the release by the core; or,
+        """Each task's aggregates to the driver (several tasks: one job for those in
+        `one_pass`, one per other task), then the release by the core; or,
         for a one-query job with more partitions than the driver limit, the release on the
         executors. Where it releases shows only behind --debug-statistics, and a job of
         several queries releases on the driver whatever its partitions number: whether a run
@@ -153,7 +164,6 @@ class SparkEngine:
         exact: dict[str, pd.DataFrame] = {}
         rejects = None
         shared = len(tasks) > 1  # `valid` is then `shuffled_by_unit` (see `run`)
-        one_pass = [t for t in tasks if shared and bounds_in_one_pass(t)]
         if one_pass:
             self.spark.sparkContext.setJobGroup(
                 "dppipeline", f"dppipeline {job.spec.name}: bound {len(one_pass)} queries"

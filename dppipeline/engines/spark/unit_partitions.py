@@ -30,7 +30,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from dppipeline.core.columns import CENTRED_SQUARES, VALUES
+from dppipeline.core.columns import CENTRED_SQUARES, VALUES, value_arrays
 from dppipeline.core.tasks import AggregationTask, KeyColumn, canonical_keys
 from dppipeline.engines.shared.polars_tasks import TaskBounder
 from dppipeline.engines.shared.sampling import SamplingKeys
@@ -146,5 +146,5 @@ def task_aggregates(combined: pd.DataFrame, task: AggregationTask) -> pd.DataFra
     kept = [VALUES] if task.values else []
     frame = combined[[*names, *sums, *kept]].rename(columns=names).reset_index(drop=True)
     if task.values:
-        frame[VALUES] = [np.asarray(v, dtype=np.float64) for v in frame[VALUES]]
+        frame[VALUES] = value_arrays(frame[VALUES])
     return canonical_keys(frame, task.keys)
