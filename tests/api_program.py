@@ -25,6 +25,8 @@ def main() -> None:
             group_by=["TERMINAL_ID"],
             min_value=0.0,
             max_value=100.0,
+            max_partitions_contributed=2,
+            max_contributions_per_partition=2,
             public_keys=[7, 8],
             name="terminals",
         ),
@@ -34,7 +36,7 @@ def main() -> None:
     for mechanism in plan.query("terminals"):
         std: float | None = mechanism.noise_std
         print(mechanism.mechanism, mechanism.epsilon, std)
-    release: dppipeline.Release[pl.DataFrame] = dppipeline.release(job, rows, seed=1)
+    release: dppipeline.Release[pl.DataFrame] = dppipeline.release(job, rows, ledger=False, seed=1)
     released: pl.DataFrame = release.datasets["terminals"]
     partitions: int = release.manifest.released_partitions
     print(released.height, partitions)

@@ -13,6 +13,7 @@ import math
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -167,7 +168,7 @@ def test_a_polars_frame_comes_back_as_polars(small_inputs, cli_release):
     import polars as pl
 
     frame = pl.from_pandas(rows_of(small_inputs["parquet"]))
-    release = dppipeline.release(JOB, frame, seed=1, echo=lambda _: None)
+    release = dppipeline.release(JOB, frame, ledger=False, seed=1, echo=lambda _: None)
     got = release.datasets["terminal_stats"]
     assert isinstance(got, pl.DataFrame)
     assert_same_release(got.to_pandas(), cli_release[0])
@@ -189,7 +190,7 @@ def test_a_spark_frame_releases_in_the_callers_session(spark, small_inputs, cli_
     assert ledger_row(ledger) == cli_release[1]
 
     with pytest.raises(dppipeline.InputError, match="DataFrame: missing column TX_AMOUNT"):
-        dppipeline.release(JOB, frame.drop("TX_AMOUNT"), echo=lambda _: None)
+        dppipeline.release(JOB, frame.drop("TX_AMOUNT"), ledger=False, echo=lambda _: None)
     # the Spark engine's rules (engines/spark/rules.py) reject a non-finite amount
     from pyspark.sql import functions as F
 
@@ -198,7 +199,7 @@ def test_a_spark_frame_releases_in_the_callers_session(spark, small_inputs, cli_
         F.when(F.col("TRANSACTION_ID") == 5, F.lit(float("inf"))).otherwise(F.col("TX_AMOUNT")),
     )
     job = {**JOB, "input": {"max_rejected_fraction": 0.01}}
-    dppipeline.release(job, bad, quarantine=tmp_path / "q", echo=lambda _: None)
+    dppipeline.release(job, bad, ledger=False, quarantine=tmp_path / "q", echo=lambda _: None)
     (kept,) = (tmp_path / "q").glob("*/rejected.parquet")
     rejected = pd.read_parquet(kept)
     assert rejected["TX_AMOUNT"].tolist() == ["Infinity"]
@@ -248,7 +249,7 @@ def test_a_pcollection_with_too_many_bad_rows_fails_its_pipeline(tmp_path):
         released = (
             pipeline
             | beam.Create(rows)
-            | ReleaseTransform(job, quarantine=tmp_path / "q", echo=lambda _: None)
+            | ReleaseTransform(job, ledger=False, quarantine=tmp_path / "q", echo=lambda _: None)
         )
         _ = released["terminal_stats"] | beam.Map(print)
     (kept,) = (tmp_path / "q").glob("*/rejected-*.parquet")
@@ -328,7 +329,7 @@ def test_bad_rows_are_kept_aside_or_fail_the_release(small_inputs, tmp_path):
     quarantine = tmp_path / "quarantine"
     lines: list[str] = []
     job = {**JOB, "input": {"max_rejected_fraction": 0.01}}
-    release = dppipeline.release(job, frame, quarantine=quarantine, echo=lines.append)
+    release = dppipeline.release(job, frame, ledger=False, quarantine=quarantine, echo=lines.append)
     assert f"read {len(frame):,} rows; rejected 2" in "\n".join(lines)
     (kept,) = quarantine.glob("*/rejected.parquet")
     rejected = pd.read_parquet(kept)
@@ -375,11 +376,12 @@ def test_in_memory_rows_are_filtered_by_the_stated_period(tmp_path):
                      "partition_selection": {"public_partitions": keys}},
                     {"name": "total", "partition_by": [], "metrics": ["count"]}],
         "budget": {"epsilon": 1e12, "delta": 0.0},
+        "bounds": {"max_partitions_contributed": 2, "max_contributions_per_partition": 1},
     }  # fmt: skip
     with pytest.raises(dppipeline.UsageError, match=r"public_partitions.day: input_range needs"):
-        dppipeline.release(job, rows, echo=lambda _: None)
+        dppipeline.release(job, rows, ledger=False, echo=lambda _: None)
     period = {"start_date": "2026-01-01", "end_date": "2026-01-02"}
-    release = dppipeline.release({**job, "input": period}, rows, echo=lambda _: None)
+    release = dppipeline.release({**job, "input": period}, rows, ledger=False, echo=lambda _: None)
     assert release["total"]["count"].tolist() == [2]  # the row of 2026-01-03 is outside
     counts = {(t, d.isoformat()): c for t, d, c in release["daily"].itertuples(index=False)}
     assert counts == {
@@ -408,3 +410,116 @@ def test_the_api_program_type_checks_strictly(tmp_path):
     assert good.returncode == 0, good.stdout
     bad = check(broken)
     assert bad.returncode == 1 and 'expression has type "float"' in bad.stdout, bad.stdout
+
+
+# ------------------------------------------------------------ one ledger for every entry point
+
+
+CAPPED = {**JOB, "budget": {"epsilon": 1.0, "delta": 0.0, "cap_epsilon": 1.5}}
+
+
+def test_the_api_charges_the_ledger_the_cli_would(small_inputs, tmp_path, monkeypatch):
+    """With $DPPIPELINE_LEDGER set and a cap in the job, the API records each release in that
+    ledger and refuses the one the cap does not allow, as `dppipeline run` would."""
+    frame = rows_of(small_inputs["parquet"])
+    ledger = tmp_path / "shared.sqlite"
+    monkeypatch.setenv("DPPIPELINE_LEDGER", str(ledger))
+    dppipeline.release(CAPPED, frame, scope="s", echo=lambda _: None)
+    with pytest.raises(dppipeline.BudgetExceeded, match="exhausted"):
+        dppipeline.release(CAPPED, frame, scope="s", echo=lambda _: None)
+    with Ledger(ledger) as book:
+        assert [(r.scope, r.epsilon, r.state) for r in book.rows()] == [("s", 1.0, "committed")]
+
+
+def test_without_a_named_ledger_the_state_folder_holds_it(small_inputs, tmp_path):
+    """No ledger named, no $DPPIPELINE_LEDGER: ledger.sqlite in $DPPIPELINE_STATE_DIR (the
+    test's own, see conftest), the file `dppipeline run` uses."""
+    frame = rows_of(small_inputs["parquet"])
+    with pytest.raises(dppipeline.UsageError, match="scope: required with a ledger"):
+        dppipeline.release(JOB, frame, echo=lambda _: None)
+    dppipeline.release(JOB, frame, scope="s", echo=lambda _: None)
+    with Ledger(tmp_path / "state" / "ledger.sqlite") as book:
+        assert [r.scope for r in book.rows()] == ["s"]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"budget.cap_epsilon": 2.0}, {"budget.scope": "s"}, {"budget.window_days": 7}],
+    ids=["cap", "scope", "window"],
+)
+def test_a_cap_or_scope_is_refused_without_a_ledger(small_inputs, tmp_path, fields):
+    """`ledger=False` releases unrecorded only a job that states nothing a ledger enforces."""
+    frame = rows_of(small_inputs["parquet"])
+    job = dppipeline.load_job(JOB, **{k.replace(".", "__"): v for k, v in fields.items()})
+    with pytest.raises(dppipeline.UsageError, match="only a ledger enforces it"):
+        dppipeline.release(job, frame, ledger=False, echo=lambda _: None)
+    with pytest.raises(dppipeline.UsageError, match="only a ledger enforces it"):
+        dppipeline.release(JOB, frame, ledger=False, scope="s", echo=lambda _: None)
+    assert not (tmp_path / "state" / "ledger.sqlite").exists()
+    assert dppipeline.release(JOB, frame, ledger=False, echo=lambda _: None).manifest.ledger is None
+
+
+def test_a_period_is_refused_for_rows_without_a_time_column(tmp_path):
+    """A stated period is charged to the ledger's window; without a time column the rows
+    cannot be held to it, so it is refused (nothing charged) rather than charged to any
+    period the caller names."""
+    rows = pd.DataFrame({"CUSTOMER_ID": [1, 2], "TERMINAL_ID": [1, 2], "TX_AMOUNT": [5.0, 6.0]})
+    schema = [
+        {"name": "CUSTOMER_ID", "type": "int64"},
+        {"name": "TERMINAL_ID", "type": "int64"},
+        {"name": "TX_AMOUNT", "type": "float64"},
+    ]
+    job = {**JOB, "input": {"schema": schema, "start_date": "2026-01-01", "end_date": "2026-01-07"}}
+    ledger = tmp_path / "ledger.sqlite"
+    with pytest.raises(dppipeline.UsageError, match="has no time column"):
+        dppipeline.release(job, rows, ledger=ledger, scope="s", echo=lambda _: None)
+    windowed = {**JOB, "input": {"schema": schema}}
+    windowed["budget"] = {**JOB["budget"], "cap_epsilon": 5e12, "window_days": 7}
+    with pytest.raises(dppipeline.UsageError, match=r"input\.start_date: required"):
+        dppipeline.release(windowed, rows, ledger=ledger, scope="s", echo=lambda _: None)
+    with Ledger(ledger) as book:
+        assert book.rows() == []
+
+
+def test_every_run_of_a_pipeline_returns_the_one_charged_release(tmp_path):
+    """A ReleaseTransform is charged once, when applied; running its pipeline three times
+    returns the same released rows (noise drawn once: at epsilon 1 three draws would differ),
+    and the ledger holds one row."""
+    import apache_beam as beam
+
+    from dppipeline.beam import ReleaseTransform
+
+    rows = [
+        {"CUSTOMER_ID": c, "TERMINAL_ID": c % 7, "TX_AMOUNT": float(c % 50)} for c in range(300)
+    ]
+    job = {
+        **JOB,
+        "budget": {"epsilon": 1.0, "delta": 1e-6},
+        "partition_selection": {"public_partitions": "0..9"},
+    }
+    ledger = tmp_path / "ledger.sqlite"
+    out = tmp_path / "runs"
+    out.mkdir()
+
+    def keep(rows: list[dict]) -> None:  # one file per execution
+        frame = pd.DataFrame(rows).sort_values("TERMINAL_ID", ignore_index=True)
+        frame.to_json(out / f"{uuid.uuid4().hex}.json")
+
+    pipeline = beam.Pipeline()
+    released = (
+        pipeline
+        | beam.Create(rows)
+        | ReleaseTransform(job, ledger=ledger, scope="s", echo=lambda _: None)
+    )
+    _ = released["terminal_stats"] | beam.combiners.ToList() | beam.Map(keep)
+    for _run in range(3):
+        pipeline.run().wait_until_finish()
+    runs = [pd.read_json(path) for path in sorted(out.iterdir())]
+    assert len(runs) == 3
+    truth = [sum(1 for r in rows if r["TERMINAL_ID"] == t) for t in range(10)]
+    assert runs[0]["TERMINAL_ID"].tolist() == list(range(10))
+    assert runs[0]["count"].tolist() != truth  # noise present
+    for again in runs[1:]:
+        pd.testing.assert_frame_equal(again, runs[0])
+    with Ledger(ledger) as book:
+        assert len(book.rows()) == 1

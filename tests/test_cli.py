@@ -18,7 +18,10 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import DAYS, SMALL
 
-BOUNDS = ["--min-value", "0", "--max-value", "100"]
+BOUNDS = [
+    "--min-value", "0", "--max-value", "100",
+    "--max-partitions-contributed", "1", "--max-contributions-per-partition", "1",
+]  # fmt: skip
 RUN = ["run", "--input", "{input}", "--output", "{output}", *BOUNDS]
 MANIFEST_BOUNDS = {
     "max_partitions_contributed",

@@ -20,7 +20,12 @@ CONFIG = REPO / "jobs" / "configs" / "terminal_stats.yaml"
 BASE = {
     "metrics": ["count", "sum", "mean"],
     "budget": {"epsilon": 1.0, "delta": 1e-6},
-    "bounds": {"min_value": 0.0, "max_value": 100.0},
+    "bounds": {
+        "min_value": 0.0,
+        "max_value": 100.0,
+        "max_partitions_contributed": 1,
+        "max_contributions_per_partition": 1,
+    },
 }
 DROP = object()
 
@@ -76,7 +81,10 @@ RULES = [
     pytest.param(changed(budget__epsilon=float("inf")), "budget.epsilon", [], id="epsilon-inf"),
     pytest.param(changed(budget__epsilon=float("nan")), "budget.epsilon", [], id="epsilon-nan"),
     pytest.param(changed(budget__epsilon="abc"), "budget.epsilon", [], id="epsilon-text"),
-    pytest.param(changed(budget__delta=1), "budget.delta", ["[0, 1)"], id="delta-one"),
+    pytest.param(changed(budget__delta=1), "budget.delta", ["[1e-100, 0.001]"], id="delta-one"),
+    pytest.param(
+        changed(budget__delta=0.999999), "budget.delta", ["reveal a customer"], id="delta-near-one"
+    ),
     pytest.param(changed(budget__delta=-1e-9), "budget.delta", [], id="delta-negative"),
     pytest.param(changed(bounds__min_value=200.0), "bounds.min_value", [], id="min-gt-max"),
     pytest.param(changed(bounds__min_value=100.0), "bounds.min_value", [], id="min-eq-max"),
@@ -87,7 +95,22 @@ RULES = [
         id="max-missing-with-sum",
     ),
     pytest.param(
-        changed(metrics=["mean"], bounds=DROP), None, ["max_value"], id="bounds-missing-with-mean"
+        changed(bounds__max_partitions_contributed=DROP),
+        "bounds.max_partitions_contributed",
+        ["required", "L0"],
+        id="l0-missing",
+    ),
+    pytest.param(
+        changed(bounds__max_contributions_per_partition=DROP),
+        "bounds.max_contributions_per_partition",
+        ["required", "Linf"],
+        id="linf-missing",
+    ),
+    pytest.param(
+        changed(metrics=["mean"], bounds__min_value=DROP, bounds__max_value=DROP),
+        None,
+        ["max_value"],
+        id="bounds-missing-with-mean",
     ),
     pytest.param(changed(bounds__max_value=float("inf")), "bounds.max_value", [], id="max-inf"),
     pytest.param(changed(metrics=["count", "median"]), "metrics", ["median"], id="metric-unknown"),
@@ -224,7 +247,8 @@ def test_relative_paths_resolve_against_the_yaml_folder(tmp_path, monkeypatch):
         "input:\n  path: ../data/tx\n"
         f"output: {absolute_output}\n"
         "partition_selection:\n  public_partitions: keys.csv\n"
-        "bounds: {min_value: 0, max_value: 100}\n"
+        "bounds: {min_value: 0, max_value: 100, max_partitions_contributed: 1,\n"
+        "  max_contributions_per_partition: 1}\n"
     )
     monkeypatch.chdir(elsewhere)
     spec = load_spec(Path("..") / "repo" / "jobs" / "job.yaml")
@@ -534,21 +558,32 @@ def test_the_field_docs_state_the_limits():
 
 # Spec hashes computed by the dataclass spec of commit 0137f71, before the pydantic models:
 # release keys made then must stay the same (a retried night after an upgrade must find its
-# release, not spend again). Never update these values; add a case instead.
+# release, not spend again). Never update these values; add a case instead. L0 and Linf, whose
+# default (1) was removed, are stated as 1 where these specs left them to it: the same keys.
 KEYS_BEFORE_PYDANTIC = {
     "2bf3446170e914023cd96bfcbf624ab8cecb9ba615f99335d4d187674972a267": {
-        "bounds": {"min_value": 0.0, "max_value": 100.0}
+        "bounds": {
+            "min_value": 0.0,
+            "max_value": 100.0,
+            "max_partitions_contributed": 1,
+            "max_contributions_per_partition": 1,
+        }
     },
     "43c4da51e020bab1f8fe2e402078fa3e61259e1ebf00c08f3d56954cf5801a56": {
         "metrics": ["count", "privacy_id_count"],
         "noise": "gaussian",
         "budget": {"epsilon": 2.0, "delta": 1e-7, "scope": "x", "cap_epsilon": 9},
-        "bounds": {"max_partitions_contributed": 3},
+        "bounds": {"max_partitions_contributed": 3, "max_contributions_per_partition": 1},
     },
     "727bfef339ea07a222632f0c26332267d3a458da31b1b4d23112234f23b61622": {
         "name": "bank",
         "metrics": ["count", "mean"],
-        "bounds": {"min_value": 0, "max_value": 50, "max_contributions_per_partition": 4},
+        "bounds": {
+            "min_value": 0,
+            "max_value": 50,
+            "max_contributions_per_partition": 4,
+            "max_partitions_contributed": 1,
+        },
         "queries": [
             {"name": "a", "filter": "TX_AMOUNT >= 25"},
             {
@@ -608,3 +643,20 @@ def test_an_explicit_query_error_names_the_query_and_the_shorthand_the_job():
     with pytest.raises(SpecError) as unnamed:
         build_spec({**BASE, "queries": [{"name": "ok"}, {"bounds": {"min_value": "x"}}]})
     assert unnamed.value.field.startswith("queries[2].")
+
+
+def test_bounds_a_query_does_not_use_may_be_left_out():
+    """L0 bounds partitions and Linf rows per partition: a global total needs no L0 (one
+    partition), privacy_id_count alone no Linf (a unit counts once per partition), and
+    max_contributions replaces both."""
+    total = changed(partition_key=DROP, bounds__max_partitions_contributed=DROP)
+    total["queries"] = [{"name": "all", "partition_by": []}]
+    assert build_spec(total).queries[0].pair_bounds == (1, 1)
+    units = changed(metrics=["privacy_id_count"], bounds__max_contributions_per_partition=DROP)
+    units["bounds"]["max_partitions_contributed"] = 4
+    assert build_spec(units).queries[0].pair_bounds == (4, 1)
+    rows = changed(
+        bounds__max_partitions_contributed=DROP, bounds__max_contributions_per_partition=DROP
+    )
+    rows["bounds"]["max_contributions"] = 7
+    assert build_spec(rows).queries[0].bounds.max_contributions == 7

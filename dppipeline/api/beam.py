@@ -4,13 +4,18 @@ The ledger charge happens when the transform is expanded (when the caller applie
 when the pipeline runs: the caller may run the pipeline at any time, and anything it runs
 may read rows, so the spend is reserved, marked `reading` and committed at expansion, before
 any row can be read (the conservative rule: a pipeline that never runs stays charged).
+
+One charge, one draw of noise: the pipeline may be run again (or launched again as a
+template), so the release is kept in a record the first time it is made and every later
+execution returns the same rows (`engines/beam/record.py`). A new release means a new
+transform, and a new charge.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import apache_beam as beam
 
@@ -26,14 +31,15 @@ class ReleaseTransform(beam.PTransform[Any, dict[str, Any]]):
     is set once the transform is applied.
 
     `ledger`, `scope`, `dataset_id`, `seed`, `new_release`, `quarantine`: as for
-    `dppipeline.release`; with a ledger the budget is charged at expansion (module docstring).
+    `dppipeline.release` (the same ledger by default); the budget is charged at expansion and
+    every run of the pipeline returns the same release (module docstring).
     """
 
     def __init__(
         self,
         job: JobSource,
         *,
-        ledger: str | Path | None = None,
+        ledger: str | Path | Literal[False] | None = None,
         scope: str | None = None,
         dataset_id: str | None = None,
         seed: int | None = None,
@@ -43,8 +49,11 @@ class ReleaseTransform(beam.PTransform[Any, dict[str, Any]]):
         label: str | None = None,
     ):
         super().__init__(label)
+        from dppipeline.orchestration.ledger_choice import choose_ledger  # noqa: PLC0415
+
         self.job = load_job(job, budget__scope=scope).model_copy(update={"output": None})
-        self._ledger, self._dataset_id, self._seed = ledger, dataset_id, seed
+        self._ledger = choose_ledger(ledger, self.job, "ledger=False")
+        self._dataset_id, self._seed = dataset_id, seed
         self._new_release, self._quarantine, self._echo = new_release, quarantine, echo
         self.manifest: Manifest | None = None
         self.run_id: str | None = None

@@ -12,7 +12,7 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from dppipeline.api.frames import FrameKind, as_polars, frame_kind, read_dataset
 from dppipeline.api.jobs import JobSource, load_job
@@ -80,7 +80,7 @@ def release(
     job: JobSource,
     data: Frame,
     *,
-    ledger: str | Path | None = None,
+    ledger: str | Path | Literal[False] | None = None,
     scope: str | None = None,
     dataset_id: str | None = None,
     seed: int | None = None,
@@ -95,7 +95,10 @@ def release(
     max_rejected_fraction an InputError naming the column and rule, nothing released),
     bounding, noise, selection and ledger charge.
 
-    - `ledger`: a ledger URL or SQLite path; the spend is reserved before any row is read and
+    - `ledger`: a ledger URL or SQLite path; unset, the ledger every entry point uses
+      (`$DPPIPELINE_LEDGER`, else `state/ledger.sqlite` in `$DPPIPELINE_STATE_DIR`, as
+      `dppipeline run`); `False` releases without recording the spend, refused for a job that
+      states a scope, cap or window. The spend is reserved before any row is read and
       committed before the rows are returned. `scope` (or the job's budget.scope) names what
       its cap protects and is required with a ledger.
     - `dataset_id`: in-memory data has no file fingerprint, so every call is a new release,
@@ -107,7 +110,10 @@ def release(
     spec = load_job(job, budget__scope=scope)
     spec = spec.model_copy(update={"output": None if output is None else str(output)})
     kind = frame_kind(data)
+    from dppipeline.orchestration.ledger_choice import choose_ledger  # noqa: PLC0415
     from dppipeline.orchestration.runner import InputRows, release_rows  # noqa: PLC0415
+
+    chosen = choose_ledger(ledger, spec, "ledger=False")
 
     engine, rows = _engine_for(data, kind)
     result = release_rows(
@@ -117,7 +123,7 @@ def release(
         quarantine=quarantine,
         seed=seed,
         echo=echo,
-        ledger=ledger,
+        ledger=chosen,
         new_release=new_release,
     )
     folder = Path(str(result.output))

@@ -69,8 +69,10 @@ def query(
 
 class Session(Generic[Frame]):
     """Releases over `data` (a pandas, Polars or Spark DataFrame) spending from `scope` in
-    `ledger`, under `cap` (a Budget, or an epsilon for pure DP). `defaults`: dotted spec
-    fields every job of the session gets unless it sets them (e.g. `{"noise": "gaussian"}`).
+    `ledger` (unset: the ledger every entry point uses, `$DPPIPELINE_LEDGER` else
+    `state/ledger.sqlite`), under `cap` (a Budget, or an epsilon for pure DP). `defaults`:
+    dotted spec fields every job of the session gets unless it sets them (e.g.
+    `{"noise": "gaussian"}`).
     `dataset_id`: names the data, so that the same job again is the same release (see
     `dppipeline.release`); by default every release is new and charged."""
 
@@ -78,15 +80,17 @@ class Session(Generic[Frame]):
         self,
         data: Frame,
         *,
-        ledger: str | Path,
+        ledger: str | Path | None = None,
         scope: str,
         cap: Budget | float,
         defaults: Mapping[str, Any] | None = None,
         dataset_id: str | None = None,
         seed: int | None = None,
     ):
+        from dppipeline.settings import default_ledger  # noqa: PLC0415
+
         self.data = data
-        self.ledger, self.scope = ledger, scope
+        self.ledger, self.scope = ledger or default_ledger(), scope
         self.cap = cap if isinstance(cap, Budget) else Budget(float(cap), 0.0)
         self._defaults = dict(defaults or {})
         self._dataset_id, self._seed = dataset_id, seed

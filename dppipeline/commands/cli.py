@@ -31,6 +31,7 @@ from dppipeline.errors import (
     one_line,
 )
 from dppipeline.orchestration.signals import Terminated, handle_sigterm
+from dppipeline.settings import default_ledger
 
 if TYPE_CHECKING:
     from dppipeline.spec.model import JobSpec
@@ -167,14 +168,6 @@ def _add_privacy_flags(parser: argparse.ArgumentParser) -> None:
         help="private selection strategy (default truncated_geometric)",
     )
     add("--pre-threshold", type=int, help="private selection: minimum privacy units")
-
-
-def default_ledger() -> str:
-    """$DPPIPELINE_LEDGER, else ledger.sqlite in $DPPIPELINE_STATE_DIR (default ./state)."""
-    if os.environ.get("DPPIPELINE_LEDGER"):
-        return os.environ["DPPIPELINE_LEDGER"]
-    state = os.environ.get("DPPIPELINE_STATE_DIR", "state")
-    return os.path.join(state, "ledger.sqlite")
 
 
 def _add_ledger_flags(parser: argparse.ArgumentParser) -> None:
@@ -498,12 +491,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise UsageError("--check-budget needs a ledger (drop --no-ledger)")
         _print(check_budget(spec, args.ledger or default_ledger(), new_release=args.new_release))
         return 0
+    from dppipeline.orchestration.ledger_choice import choose_ledger  # noqa: PLC0415
+
+    ledger = choose_ledger(False if args.no_ledger else args.ledger, spec, "--no-ledger")
     result = run_job(
         spec,
         engine=load_engine(args.engine, args.engine_options),
         overwrite=args.overwrite,
         quarantine=args.quarantine or None,
-        ledger=None if args.no_ledger else (args.ledger or default_ledger()),
+        ledger=ledger,
         new_release=args.new_release,
     )
     _print(str(result.output))  # the release is committed and published whatever happens here
@@ -570,15 +566,18 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from pathlib import Path  # noqa: PLC0415
 
     from dppipeline.commands.tune import render, tune  # noqa: PLC0415
+    from dppipeline.orchestration.ledger_choice import choose_ledger  # noqa: PLC0415
 
-    if args.no_ledger:
+    spec = _spec_from_args(args)
+    ledger = choose_ledger(False if args.no_ledger else args.ledger, spec, "--no-ledger")
+    if ledger is None:
         logs.log.warning("[tune] --no-ledger: this spend is NOT recorded anywhere")
     result, path = tune(
-        _spec_from_args(args),
+        spec,
         query_name=args.query,
         epsilon=args.tune_epsilon,
         partitions=args.partitions,
-        ledger=None if args.no_ledger else (args.ledger or default_ledger()),
+        ledger=None if ledger is None else str(ledger),
         output=Path(args.tune_output) if args.tune_output else None,
         progress=logs.log.info,
         output_dir=Path(args.config).resolve().parent if args.config else None,

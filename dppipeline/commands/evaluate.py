@@ -384,7 +384,16 @@ def evaluate(
     (runs / "README.txt").write_text(RUNS_NOTE)
     total = len(epsilons) * repeats
     for i, epsilon in enumerate(epsilons):
-        budget = spec.budget.model_copy(update={"epsilon": epsilon})
+        # An experiment: no ledger, so no scope or cap either (they govern a ledger).
+        budget = spec.budget.model_copy(
+            update={
+                "epsilon": epsilon,
+                "scope": None,
+                "cap_epsilon": None,
+                "cap_delta": None,
+                "window_days": None,
+            }
+        )
         run_spec = spec.model_copy(update={"budget": budget})
         records += noise_rows(run_spec)
         for repeat in range(1, repeats + 1):

@@ -5,6 +5,8 @@ Everything printed derives from public parameters only, so planning spends no bu
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from dppipeline.core.budget import BudgetPlan, JobPlan, privacy_units_needed
 from dppipeline.core.extremes import BETA, EXTREME_METRICS, GRID_SIZE, margin
 from dppipeline.core.intervals import (
@@ -172,7 +174,7 @@ def _selection_lines(spec: JobSpec, query: QuerySpec, plan: BudgetPlan) -> list[
         ]
     p50 = privacy_units_needed(plan, 0.5)
     p95 = privacy_units_needed(plan, 0.95)
-    return [
+    lines = [
         f"  partition selection: private, {selection.kind}, epsilon={_num(selection.epsilon)} "
         f"delta={_num(selection.delta)}"
         + (f", pre_threshold={plan.params.pre_threshold}" if plan.params.pre_threshold else ""),
@@ -181,6 +183,17 @@ def _selection_lines(spec: JobSpec, query: QuerySpec, plan: BudgetPlan) -> list[
         f"{p95} for 95%",
         "    with fewer, it is likely dropped: give a public key list when you have one",
     ]
+    threshold = plan.params.pre_threshold
+    if threshold:
+        unthresholded = replace(plan, params=replace(plan.params, pre_threshold=None))
+        noise_alone = privacy_units_needed(unthresholded, 0.95)
+        if noise_alone is not None and threshold > noise_alone:
+            lines.append(
+                f"    warning: pre_threshold={threshold} exceeds the {noise_alone} "
+                f"{spec.privacy_unit} the noise alone needs for a 95% release, and adds to "
+                f"it (PyDP's pre-threshold): a key needs {p95}; lower it unless you mean it"
+            )
+    return lines
 
 
 def _what(metrics: tuple[str, ...], value: str) -> str:

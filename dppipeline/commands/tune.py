@@ -57,7 +57,7 @@ from dppipeline.orchestration.runner import (
     settle_expired,
 )
 from dppipeline.orchestration.signals import signals_deferred
-from dppipeline.spec.model import JobSpec, QuerySpec
+from dppipeline.spec.model import MIN_EPSILON, JobSpec, QuerySpec
 
 # Histogram bins: exact small values, then coarser; the last bin is open-ended.
 BIN_EDGES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 25, 30, 40, 50, 75, 100, 150, 200, 300)
@@ -229,8 +229,10 @@ def tune(
         raise UsageError(f"--query: no query {name!r} in the job ({', '.join(queries)})")
     query: QuerySpec = queries[name]
     eps = epsilon if epsilon is not None else spec.budget.epsilon / 10
-    if not eps > 0:
-        raise UsageError(f"--epsilon: must be > 0, got {eps}")
+    if not (math.isfinite(eps) and eps >= MIN_EPSILON):
+        raise UsageError(
+            f"--tune-epsilon: must be finite and >= 2^-50 (~{MIN_EPSILON:.2g}), got {eps:g}"
+        )
     plan = make_plan(spec)
     days = input_days(spec)
     task = plan_tasks(spec, plan, days).task(name)

@@ -107,14 +107,12 @@ class AggregationParams:
     ) -> AggregationParams:
         """A global total (no key) has one partition: each unit contributes to it alone."""
         total = query.bounds.max_contributions
-        l0 = query.bounds.max_partitions_contributed if total is None else total
+        l0, linf = query.pair_bounds if total is None else (total, total)
         return cls(
             metrics=query.metrics,
             noise=noise,
             max_partitions_contributed=l0 if query.partition_by else 1,
-            max_contributions_per_partition=(
-                query.bounds.max_contributions_per_partition if total is None else total
-            ),
+            max_contributions_per_partition=linf,
             max_contributions=total,
             min_value=query.bounds.min_value,
             max_value=query.bounds.max_value,

@@ -235,6 +235,7 @@ def task_for(query: QuerySpec, schema: Schema) -> AggregationTask:
     keys = key_columns(query, schema)
     bounds = query.bounds
     total = bounds.max_contributions
+    l0, linf = query.pair_bounds if total is None else (total, total)
     metrics = query.metrics
     return AggregationTask(
         name=query.name,
@@ -242,12 +243,8 @@ def task_for(query: QuerySpec, schema: Schema) -> AggregationTask:
         keys=keys,
         value=query.value,
         clip=_clip(query),
-        max_partitions_contributed=(
-            (bounds.max_partitions_contributed if total is None else total) if keys else 1
-        ),
-        max_contributions_per_partition=(
-            bounds.max_contributions_per_partition if total is None else total
-        ),
+        max_partitions_contributed=l0 if keys else 1,
+        max_contributions_per_partition=linf,
         max_contributions=total,
         sum_squares=any(m in VARIANCE_METRICS for m in metrics),
         values=any(percentile_of(m) is not None or m in EXTREME_METRICS for m in metrics),

@@ -45,6 +45,8 @@ class ReleaseJob:
     # In-memory input (the Python API) instead of `days`: a Polars frame (local engine), a
     # Spark DataFrame (Spark), a PCollection (Beam, whose run then only builds the graph).
     rows: object | None = field(default=None, repr=False)
+    # The run's id in the ledger (names what a run keeps, e.g. a Beam transform's record).
+    run_id: str = ""
 
     @staticmethod
     def sampling_salt(seed: int | None = None) -> bytes:

@@ -20,15 +20,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dppipeline.errors import OutputError, UsageError
+from dppipeline.settings import state_dir
 from dppipeline.storage import Location, StorageError
 
 FILE_NAME = "rejected.parquet"
 _FOLDER_MODE, _FILE_MODE = 0o700, 0o600
-
-
-def state_dir() -> Path:
-    """The operator's state folder: $DPPIPELINE_STATE_DIR, default ./state."""
-    return Path(os.environ.get("DPPIPELINE_STATE_DIR") or "state")
 
 
 def default_root() -> Path:

@@ -416,6 +416,12 @@ class Ledger:
         against (or, for a scope without a cap, stored as) the scope's cap. `events`: the
         release's mechanisms (`core.events`), which the scope composes; without them the
         release counts as one (epsilon, delta) mechanism. Returns the cap applied."""
+        if not (math.isfinite(epsilon) and epsilon >= 0 and 0 <= delta <= 1):
+            # An infinite spend would exhaust its scope forever, recorded as a failure.
+            raise UsageError(
+                f"a spend must be a finite epsilon >= 0 and a delta in [0, 1], got "
+                f"epsilon {epsilon:g}, delta {delta:g}"
+            )
         with self._write() as conn:
             now = self._now(conn)
             row = self._lock_scope(conn, key.scope, stamp(now), f"run {run_id} ({job})")

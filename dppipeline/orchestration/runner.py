@@ -60,6 +60,7 @@ from dppipeline.ledger import (
     input_fingerprint,
 )
 from dppipeline.orchestration.failpoints import failpoint
+from dppipeline.orchestration.ledger_choice import refuse_unrecorded
 from dppipeline.orchestration.publication import (
     fsync_tree,
 )
@@ -373,8 +374,12 @@ def _planned_run(
 ) -> RunResult:
     """`run_job` (or `release_rows`) from the plan on."""
     plan = make_plan(spec)  # before any data is read
-    days = input_days(spec) if rows is None else []
+    if rows is not None:
+        check_memory_period(spec)
     book = open_ledger(ledger)
+    if book is None:
+        refuse_unrecorded(spec, "this run")
+    days = input_days(spec) if rows is None else []
     spec_hash = spec.spec_hash()  # public key files by content
     tasks = plan_tasks(spec, plan, days)  # reads public key lists, not data
     if spec.spec_hash() != spec_hash:
@@ -437,6 +442,7 @@ def _planned_run(
             progress=lambda line: say(f"[{engine_impl.name}] {line}"),
             quarantine_shipped_to=shipped_to,
             rows=None if rows is None else rows.rows,
+            run_id=run_id,
         )
         manifest, datasets = _release(
             job,
@@ -457,6 +463,23 @@ def _planned_run(
             say(f"[{engine_impl.name}] {name}: released {query.released_partitions:,} partitions")
     say(f"[{engine_impl.name}] release written to {target.display()}")
     return RunResult(target.where, run_id, manifest.released_partitions, manifest, datasets)
+
+
+def check_memory_period(spec: JobSpec) -> None:
+    """A period stated for in-memory rows is charged, so it must hold the rows: both dates,
+    and a time column the period filter keeps rows by (without one, any frame could be
+    charged to any period, and a windowed cap evaded by naming new periods)."""
+    first, last = spec.input.start_date, spec.input.end_date
+    if (first is None) != (last is None):
+        missing = "input.start_date" if first is None else "input.end_date"
+        raise UsageError(f"{missing}: required with the other date for in-memory data")
+    if first is not None and spec.source_schema.time_column is None:
+        raise UsageError(
+            "input.start_date: in-memory rows can be charged to a period only when the period "
+            "filter can hold them to it, and the input schema has no time column (give one "
+            "with role event_time or input.time_column, or drop input.start_date and "
+            "input.end_date: the release is then charged to today)"
+        )
 
 
 def _check_memory_period(spec: JobSpec, book: Ledger, key: ReleaseKey | None) -> None:

@@ -47,6 +47,11 @@ EXCLUDED = {
 }
 
 
+# Fields whose default was removed (a value became required): the old default is still left
+# out, so a spec that states it keeps the release key it had when that value was implied.
+FORMER_DEFAULTS = {"max_partitions_contributed": 1, "max_contributions_per_partition": 1}
+
+
 def _defaults(value: BaseModel) -> dict[str, Any]:
     """Field -> default of a spec section."""
     return {
@@ -54,6 +59,12 @@ def _defaults(value: BaseModel) -> dict[str, Any]:
         for name, info in type(value).model_fields.items()
         if not info.is_required()
     }
+
+
+def _is_default(name: str, value: Any, defaults: dict[str, Any]) -> bool:
+    if name in defaults and _plain(value) == _plain(defaults[name]):
+        return True
+    return name in FORMER_DEFAULTS and value == FORMER_DEFAULTS[name]
 
 
 def _plain(value: Any) -> Any:
@@ -78,11 +89,7 @@ def _section(value: BaseModel, where: str, skip: frozenset[str] = frozenset()) -
     out: dict[str, Any] = {}
     for name in type(value).model_fields:
         field_value = getattr(value, name)
-        if (
-            name in skip
-            or (where, name) in EXCLUDED
-            or (name in defaults and _plain(field_value) == _plain(defaults[name]))
-        ):
+        if name in skip or (where, name) in EXCLUDED or _is_default(name, field_value, defaults):
             continue
         path = f"{where}.{name}" if where else name
         if isinstance(field_value, BaseModel):

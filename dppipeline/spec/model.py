@@ -67,6 +67,7 @@ INPUT_FORMATS = ("parquet", "csv")
 # field docs; `core/budget.py` checks each mechanism of a plan against PyDP as well).
 MIN_EPSILON = 2.0**-50  # PyDP refuses a mechanism's epsilon below 2^-50 (~8.9e-16)
 MIN_DELTA = 1e-100  # a non-zero delta below: PyDP's selection probabilities turn inf or 0
+MAX_DELTA = 1e-3  # above it (epsilon, delta)-DP no longer protects a customer in a thousand
 MAX_INT_PARAM = 2**31 - 1  # PyDP takes L0, Linf and pre_threshold as a C++ int
 MAX_ABS_BOUND = 1e15  # clipping bounds: sums stay finite, sensitivities far from PyDP's limits
 MIN_BOUND_WIDTH = 1e-100  # max - min: PyDP's Gaussian hangs on sensitivities near 1e-308
@@ -463,8 +464,12 @@ def _epsilon(value: Any) -> float:
 
 def _delta(value: Any) -> float:
     delta = _number(value)
-    if not 0 <= delta < 1:
-        raise _broken(f"must be in [0, 1), got {excerpt(value)}")
+    if not 0 <= delta <= MAX_DELTA:
+        raise _broken(
+            f"must be 0 or in [{MIN_DELTA:g}, {MAX_DELTA:g}]: with probability delta a release "
+            "may reveal a customer outright (choose it well below 1 / the number of privacy "
+            f"units), got {excerpt(value)}"
+        )
     if 0 < delta < MIN_DELTA:
         raise _broken(
             f"must be 0 or >= {MIN_DELTA:g} (PyDP's selection probabilities break down "
@@ -497,7 +502,7 @@ class BudgetSpec(_Section):
     delta: Annotated[float, BeforeValidator(_delta)] = Field(
         1e-6,
         description=(
-            "Total delta: 0, or in [1e-100, 1); needed (> 0) for Gaussian noise or private "
+            "Total delta: 0, or in [1e-100, 0.001]; needed (> 0) for Gaussian noise or private "
             "selection (below 1e-100 PyDP's selection probabilities break down)."
         ),
     )
@@ -550,19 +555,21 @@ TOTAL_BOUNDS = ("max_contributions",)
 class BoundsSpec(_Section):
     """Contribution bounds: what one privacy unit may change, hence the noise scale."""
 
-    max_partitions_contributed: Bound = Field(
-        1,
+    max_partitions_contributed: Bound | None = Field(
+        None,
         description=(
             "L0: partitions kept per privacy unit (sampled uniformly when more); an integer "
             f"from 1 to {MAX_INT_PARAM:,} (PyDP's C++ int), with percentiles to "
-            f"{MAX_INT_PARAM // 4:,} (its quantile tree multiplies L0 by its height, 4)."
+            f"{MAX_INT_PARAM // 4:,} (its quantile tree multiplies L0 by its height, 4). "
+            "Required (or max_contributions) for a query with partition keys."
         ),
     )
-    max_contributions_per_partition: Bound = Field(
-        1,
+    max_contributions_per_partition: Bound | None = Field(
+        None,
         description=(
             "Linf: rows kept per privacy unit and partition (sampled uniformly); an integer "
-            f"from 1 to {MAX_INT_PARAM:,} (PyDP's C++ int)."
+            f"from 1 to {MAX_INT_PARAM:,} (PyDP's C++ int). Required (or max_contributions) "
+            "unless the query's only metric is privacy_id_count."
         ),
     )
     max_contributions: Bound | None = Field(
@@ -856,6 +863,9 @@ class QuerySpec(_Section):
                 "the kept rows: use sample for this query",
                 at="bounds.linf_bounding",
             )
+        missing = self.missing_bounds()
+        if missing is not None:
+            raise _broken(missing[1], at=f"bounds.{missing[0]}")
         if self.needs_value_bounds and self.bounds.min_value is None:
             raise _broken(
                 "min_value and max_value are required for sum, mean, variance, max, min and "
@@ -894,6 +904,40 @@ class QuerySpec(_Section):
                 at=where,
             )
         return self
+
+    def missing_bounds(self) -> tuple[str, str] | None:
+        """(field, rule) of a contribution bound the query needs and does not state. No
+        default suits every dataset: one too small silently drops most rows (L0 = Linf = 1
+        released nothing on the demo data), one too large drowns the values in noise."""
+        bounds = self.bounds
+        if bounds.max_contributions is not None:
+            return None
+        if self.partition_by and bounds.max_partitions_contributed is None:
+            return (
+                "max_partitions_contributed",
+                "required: the most partitions one privacy unit may contribute to (L0) sets "
+                "the noise, and no default suits every dataset (or give bounds.max_contributions, "
+                "a unit's total rows; `dppipeline tune` recommends bounds)",
+            )
+        if set(self.metrics) != {"privacy_id_count"} and (
+            bounds.max_contributions_per_partition is None
+        ):
+            return (
+                "max_contributions_per_partition",
+                "required: the most rows one privacy unit may contribute to a partition "
+                "(Linf) sets the noise, and no default suits every dataset (or give "
+                "bounds.max_contributions, a unit's total rows; `dppipeline tune` recommends "
+                "bounds)",
+            )
+        return None
+
+    @property
+    def pair_bounds(self) -> tuple[int, int]:
+        """(L0, Linf) of a validated query bounded per partition: the stated bounds, and 1
+        where the query does not use one (a global total's one partition; Linf for
+        privacy_id_count alone, which counts a unit once per partition)."""
+        bounds = self.bounds
+        return (bounds.max_partitions_contributed or 1, bounds.max_contributions_per_partition or 1)
 
     @property
     def needs_value_bounds(self) -> bool:

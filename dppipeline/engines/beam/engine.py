@@ -86,6 +86,7 @@ from dppipeline.inputs.contract import (
 from dppipeline.inputs.files import file_stamp
 from dppipeline.inputs.quarantine import private_folder, write_rejected
 from dppipeline.logs import statistic
+from dppipeline.settings import state_dir
 from dppipeline.storage import Location
 
 log = logging.getLogger(__name__)
@@ -239,13 +240,18 @@ class BeamEngine:
         checked = job.rows | "ValidateRows" >> ValidateRows(schema)
         keep_rejected(checked, job.quarantine, schema)
         counts = input_counts(checked)
-        released = _bound_and_release(checked.valid, job, shards, partition_shards)
+        record = release_record(job)
+        released = _bound_and_release(checked.valid, job, shards, partition_shards, record)
         fraction = spec.input.max_rejected_fraction
         datasets = {
             q.name: gated_rows(released[q.name], counts, fraction, f"Released[{q.name}]")
             for q in job.plan.queries
         }
         job.progress(f"Beam {beam.__version__}: release transforms added to the caller's pipeline")
+        job.progress(
+            f"noise is drawn once for this charge: every run of the pipeline returns the "
+            f"release kept in {record}"
+        )
         return EngineRun(
             rejects=None,
             released_partitions=dict.fromkeys(datasets, 0),
@@ -272,8 +278,11 @@ class BeamEngine:
         return summary
 
 
-def _bound_and_release(valid, job: ReleaseJob, unit_shards: int, partition_shards: int) -> dict:
-    """Valid row batches -> per task: bound and aggregate -> {query: released Arrow tables}."""
+def _bound_and_release(
+    valid, job: ReleaseJob, unit_shards: int, partition_shards: int, record: str | None = None
+) -> dict:
+    """Valid row batches -> per task: bound and aggregate -> {query: released Arrow tables}
+    (`record`: where a transform keeps its release, so that noise is drawn once)."""
     aggregates = {
         task.name: (
             valid
@@ -285,7 +294,16 @@ def _bound_and_release(valid, job: ReleaseJob, unit_shards: int, partition_shard
         )
         for task in job.tasks.tasks
     }
-    return aggregates | "ReleaseDP" >> ReleaseDP(job, partition_shards)
+    return aggregates | "ReleaseDP" >> ReleaseDP(job, partition_shards, record)
+
+
+def release_record(job: ReleaseJob) -> str:
+    """Where a transform's released shards are kept (`record.py`): operator-only, beside the
+    quarantine: on its store when it is on one (where distributed workers reach it), else in
+    the state folder under the run's id."""
+    if job.quarantine_shipped_to is not None:
+        return str(job.quarantine_shipped_to.join("release-record"))
+    return str((state_dir() / "releases" / job.run_id).resolve())
 
 
 SCRATCH = "_scratch"

@@ -33,6 +33,7 @@ from dppipeline.core.tasks import (
 from dppipeline.engines.base import ReleaseJob
 from dppipeline.engines.beam.bound import decode_keys, encode_key_frame, encoded_key
 from dppipeline.engines.beam.elements import METRICS_NAMESPACE, CompactingCombineFn
+from dppipeline.engines.beam.record import ReleaseRecord
 from dppipeline.engines.shared.bounding import (
     DISTINCT_VALUES_PREFIX,
     stable_shard,
@@ -107,12 +108,35 @@ class _ReleaseShard(beam.DoFn):
     it) -> each query's released rows, by `core.release`, as (shard, table) tagged by query
     (the shard names the file the rows are written to)."""
 
-    def __init__(self, plan: JobPlan, tasks: JobTasks, schemas: dict[str, pa.Schema]):
+    def __init__(
+        self,
+        plan: JobPlan,
+        tasks: JobTasks,
+        schemas: dict[str, pa.Schema],
+        record: ReleaseRecord | None = None,
+    ):
         self._plan, self._tasks, self._schemas = plan, tasks, schemas
+        self._record = record
         self._released = Metrics.counter(METRICS_NAMESPACE, "partitions_released")
 
     def process(self, element) -> list:
         shard, grouped = element
+        if self._record is None:
+            tables = self._release(grouped)
+        else:  # noise once per charge: an earlier execution's tables if it released the shard
+            recorded = self._record.recorded(shard)
+            tables = (
+                self._record.keep(shard, self._release(grouped)) if recorded is None else recorded
+            )
+        outputs = []
+        for query, table in tables.items():
+            if table.num_rows:
+                self._released.inc(table.num_rows)
+                outputs.append(beam.pvalue.TaggedOutput(query, (shard, table)))
+        return outputs
+
+    def _release(self, grouped) -> dict[str, pa.Table]:
+        """Selection and noise for one shard: every query's released table (maybe empty)."""
         exact: dict[str, pd.DataFrame] = {}
         for task in self._tasks.tasks:
             frames = [f for f in grouped.get(task.name, ()) if f is not None]
@@ -130,19 +154,17 @@ class _ReleaseShard(beam.DoFn):
             encoded = np.concatenate(chunks) if chunks else np.zeros(0, dtype=object)
             public[name] = decode_keys(encoded, task)
         shard_tasks = JobTasks(self._tasks.tasks, self._tasks.selection_sources, public)
-        outputs = []
+        tables = {}
         for query, released in release_job(self._plan, shard_tasks, exact).items():
-            if len(released):
-                schema = self._schemas[query]
-                table = pa.Table.from_pandas(
-                    released[schema.names], schema=schema, preserve_index=False
-                )
-                self._released.inc(table.num_rows)
-                outputs.append(beam.pvalue.TaggedOutput(query, (shard, table)))
-        return outputs
+            schema = self._schemas[query]
+            tables[query] = pa.Table.from_pandas(
+                released[schema.names], schema=schema, preserve_index=False
+            )
+        return tables
 
 
 _PUBLIC = "public:"
+_EVERY_SHARD = "every-shard"
 
 
 class ReleaseDP(beam.PTransform):
@@ -150,9 +172,9 @@ class ReleaseDP(beam.PTransform):
     one CoGroupByKey brings each shard's aggregates of every task, and the public keys that
     fall in it, to one `core.release` call (selection + noise)."""
 
-    def __init__(self, job: ReleaseJob, partition_shards: int):
+    def __init__(self, job: ReleaseJob, partition_shards: int, record: str | None = None):
         super().__init__()
-        self._job, self._shards = job, partition_shards
+        self._job, self._shards, self._record = job, partition_shards, record
 
     def expand(self, aggregates: dict):
         job, pipeline = self._job, next(iter(aggregates.values())).pipeline
@@ -169,10 +191,17 @@ class ReleaseDP(beam.PTransform):
                 )
             )
         queries = [q.name for q in job.plan.queries]
+        record = None
+        if self._record is not None:  # every shard released in every execution, even empty
+            record = ReleaseRecord(self._record, tuple(queries))
+            inputs[_EVERY_SHARD] = pipeline | "EveryPartitionShard" >> beam.Create(
+                [(shard, None) for shard in range(self._shards)]
+            )
         release = _ReleaseShard(
             job.plan,
             job.tasks,
             {q: job.release_schema(q) for q in queries},
+            record,
         )
         return (
             inputs
