@@ -80,7 +80,9 @@ def configure(
     *, verbose: bool = False, quiet: bool = False, debug_statistics: bool = False
 ) -> None:
     """The CLI's handlers: dppipeline's progress at INFO (`-q`: warnings only, `-v`: debug);
-    other libraries' warnings (`-v`: their debug too), named."""
+    other libraries' warnings, named. Their debug output only with `-v --debug-statistics`:
+    it is raw data (Beam logs every element it processes at DEBUG, customer ids and sampling
+    priorities included; py4j every answer from the JVM)."""
     if debug_statistics:
         os.environ[DEBUG_STATISTICS] = "1"
     else:
@@ -91,4 +93,5 @@ def configure(
     others = _StderrHandler(_Format(verbose=True))
     # pipeline-dp imports apache_beam when it is installed, which warns about GCP extras.
     others.addFilter(lambda record: "apitools" not in record.getMessage())
-    _install(logging.getLogger(), others, logging.DEBUG if verbose else logging.WARNING)
+    library_debug = verbose and debug_statistics
+    _install(logging.getLogger(), others, logging.DEBUG if library_debug else logging.WARNING)

@@ -1,34 +1,46 @@
-"""Neighbouring datasets: nothing a run shows may depend on one customer.
+"""Neighbouring datasets, on every surface: nothing a run leaves behind may depend on one customer.
 
 DP promises that the release looks almost the same whether or not one customer is in the
-data. The release's noise gives that; everything else a run emits must give it exactly: the
-exit status, every line on stdout and stderr (they end up in Airflow task logs and Spark/Beam
-UIs), the output's datasets and schemas, and under public keys its rows. The only
-data-dependent figures a run may print are the rows read and rejected of the raw input (the
-operator's line, removed before comparing).
+data. The release's noise gives that; everything else a run leaves must give it exactly: the
+exit status (or the exception), every line on stdout and stderr at DEBUG, the JVM's and Beam's
+own output included (they end up in Airflow task logs and Spark/Beam UIs), the manifest, the
+ledger's rows, the names and layout of every file written (the release's and the operator's
+state folder's), the datasets' schemas with their metadata, and under public keys their rows in
+the order written. The only data-dependent things a run may show are the rows read and rejected
+of the raw input (the operator's line, removed before comparing), the rejected rows themselves
+(operator-only quarantine, not compared), the released values (noisy) and, under private
+selection, which partitions were released (and so how many).
 
 Each case runs one job (every metric, public keys, private selection, a filtered global total,
-a time bucket) on a base input and on the same input plus one adversarial customer, and
-compares what the two runs emit. A meta-test plants three leaks the harness must catch.
+a time bucket) on a base input and on the same input plus one adversarial customer, through one
+surface: the CLI (`dppipeline -v run`) on each engine, the Python API on a pandas and a Spark
+DataFrame, and the Beam `ReleaseTransform` in a caller's pipeline; tests_airflow/ runs the same
+comparison through an Airflow task. Output is captured at the file-descriptor level (capfd), so
+what the JVM and Beam's workers print is compared too. Meta-tests plant leaks the harness must
+catch, one per thing it compares.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import logging
 import os
 import re
 import shutil
-from dataclasses import dataclass
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+import pipeline_dp  # noqa: F401 (its import-time log lines, once per process, before any run)
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from dppipeline import logs
 from dppipeline.commands import cli
 from dppipeline.commands.generate import generate
 from dppipeline.engines.shared import polars_tasks
@@ -36,13 +48,13 @@ from dppipeline.errors import InputError
 
 ADVERSARY = 9_000_001  # CUSTOMER_ID of the added customer
 LONELY_TERMINAL = 7777  # a terminal only the adversary uses (public key of q_public)
-START = "2026-03-01"
+SCOPE = "input/CUSTOMER_ID"  # what a file run calls the scope of `<root>/input`
 JOB = """
 name: neighbours
 budget: {{epsilon: 1.0, delta: 1.0e-6}}
 bounds: {{max_partitions_contributed: 3, max_contributions_per_partition: 2,
          min_value: 0.0, max_value: 200.0}}
-input: {{max_rejected_fraction: 1.0}}
+input: {{max_rejected_fraction: 1.0{period}}}
 queries:
   - name: q_public
     partition_by: [TERMINAL_ID]
@@ -62,18 +74,23 @@ queries:
     partition_selection:
       public_partitions: {{TERMINAL_ID: {keys}, day: input_range}}
 """
+PRIVATE_QUERIES = ("q_private",)  # their released partitions are part of the (noisy) release
+PERIOD = ", start_date: 2026-03-01, end_date: 2026-03-02"  # in-memory rows: the stated days
 
 
 @dataclass(frozen=True)
-class RunOutcome:
-    """What one run showed: exit code, normalised output lines, datasets and their schemas,
-    and the key rows of public-key datasets."""
+class Trace:
+    """Everything one run left behind that the harness compares, normalised (run ids, times,
+    the run's root folder; see `_normalise`)."""
 
-    exit_code: int
+    outcome: str  # "ok", an exit code, or an exception's type and message
     stdout: tuple[str, ...]
     stderr: tuple[str, ...]
-    schemas: dict[str, str]
-    public_rows: dict[str, tuple]
+    files: tuple[str, ...]  # every file under the release and the state folder (names)
+    manifest: str
+    schemas: tuple[tuple[str, str], ...]  # per dataset: Arrow schema with its metadata
+    public_rows: tuple[tuple[str, tuple], ...]  # public-key datasets: key rows, as written
+    ledger: tuple[str, ...]  # every table's rows, without ids, times, hosts and fingerprints
 
 
 # --------------------------------------------------------------------------- the inputs
@@ -86,7 +103,7 @@ def _base(root: Path, fmt: str) -> Path:
 
 
 def _adversary_rows(kind: str, day: str) -> dict[str, list]:
-    """One customer's rows for a day, by kind of adversary."""
+    """One customer's rows for a day, by kind of adversary (`all`: every kind at once)."""
     when = f"{day} 12:00:00"
     if kind == "rare_value":  # the only rows the q_rare_global filter keeps
         terminals, amounts = [1, 1], [4000.0, 4500.0]
@@ -97,6 +114,10 @@ def _adversary_rows(kind: str, day: str) -> dict[str, list]:
         amounts = [10.0] * 500
     elif kind == "lonely_terminal":  # alone in a partition (public key; private candidate)
         terminals, amounts = [LONELY_TERMINAL] * 3, [50.0, 60.0, 70.0]
+    elif kind == "all":
+        parts = [_adversary_rows(k, day) for k in KINDS]
+        terminals = [t for p in parts for t in p["TERMINAL_ID"]]
+        amounts = [a for p in parts for a in p["TX_AMOUNT"]]
     else:
         raise ValueError(kind)
     n = len(terminals)
@@ -138,13 +159,25 @@ def with_adversary(base: Path, out: Path, kind: str, fmt: str) -> Path:
     return out
 
 
-# --------------------------------------------------------------------------- running
+def rows_in_memory(data: Path) -> pd.DataFrame:
+    """The input as a caller holds it in memory: every row of every day, no folder column."""
+    frames = [pd.read_parquet(path) for path in sorted(data.rglob("*.parquet"))]
+    return pd.concat(frames, ignore_index=True)
+
+
+# --------------------------------------------------------------------------- normalising
 
 
 _ALLOWED = re.compile(r"\bread [\d,]+ rows; rejected [\d,]+")  # the operator's raw-input line
-_RELEASED = re.compile(r"released [\d,]+ partitions")  # a released (noisy) figure
-_TIMING = re.compile(r"\s+\d+\.\d+s\b")
+_PRIVATE_RELEASED = re.compile(rf"\b({'|'.join(PRIVATE_QUERIES)}): released [\d,]+ partitions")
+_TIMING = re.compile(r"\s*\b\d+\.\d+s\b")  # elapsed seconds, padded to a width
 _RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}")
+_ADDRESS = re.compile(r"\b0x[0-9a-f]{6,}\b")  # object addresses in library reprs
+# Ledger columns that differ between any two runs (ids, clocks, hosts, leases) or name the
+# input's files by a one-way hash of their sizes and footers (operator-only; a rerun's key).
+_VOLATILE = re.compile(
+    r"^(id|run_id|pid|host|host_id|note|release_key|input_fingerprint|fingerprint|.*_at)$"
+)
 
 
 def _normalise(text: str, root: Path) -> tuple[str, ...]:
@@ -152,112 +185,299 @@ def _normalise(text: str, root: Path) -> tuple[str, ...]:
     for raw in text.splitlines():
         if not raw.strip() or _ALLOWED.search(raw):
             continue
-        line = _TIMING.sub(" <t>", _RUN_ID.sub("<run>", raw.replace(str(root), "<root>")))
-        lines.append(_RELEASED.sub("released <n> partitions", line))
+        line = raw.replace(str(root.resolve()), "<root>").replace(str(root), "<root>")
+        line = _ADDRESS.sub("<addr>", _TIMING.sub(" <t>", _RUN_ID.sub("<run>", line)))
+        lines.append(_PRIVATE_RELEASED.sub(r"\1: released <n> partitions", line))
     return tuple(lines)
 
 
-def run_once(root: Path, data: Path, engine: str, fmt: str, keys: str) -> RunOutcome:
-    """One `dppipeline run` in this process (so Spark reuses the test session), its output
-    captured as the user would see it."""
-    job = root / "job.yaml"
-    job.write_text(JOB.format(keys=keys))
-    out, err = io.StringIO(), io.StringIO()
-    argv = [
-        "run",
-        "--config", str(job),
-        "--engine", engine,
-        "--input", str(data),
-        "--format", fmt,
-        "--output", str(root / "release"),
-        "--ledger", f"sqlite:///{root / 'ledger.sqlite'}",
-    ]  # fmt: skip
-    state = os.environ.get("DPPIPELINE_STATE_DIR")
-    os.environ["DPPIPELINE_STATE_DIR"] = str(root / "state")  # the quarantine's home
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+def _files(root: Path) -> tuple[str, ...]:
+    """Every file a run left under its release and state folders, by relative name (run ids
+    normalised). The quarantine's rows are raw input kept for the operator: whether there are
+    any is the rejected count the operator line shows, so only the folder itself is listed."""
+    found = []
+    for top in ("release", "state"):
+        for path in sorted((root / top).rglob("*")):
+            rel = path.relative_to(root).as_posix()
+            if rel.startswith("state/quarantine/") or path.is_dir():
+                continue
+            found.append(_RUN_ID.sub("<run>", rel))
+    return tuple(found)
+
+
+def _manifest(manifest: dict | None, root: Path) -> str:
+    if manifest is None:
+        return ""
+    manifest = dict(manifest)
+    for name in ("run_id", "created_at"):
+        manifest.pop(name, None)
+    queries = manifest.get("queries", {})
+    for name in PRIVATE_QUERIES:
+        if name in queries:
+            queries[name] = {**queries[name], "released_partitions": "<released>"}
+    if any(name in queries for name in PRIVATE_QUERIES):
+        manifest["released_partitions"] = "<total released>"
+    return "\n".join(_normalise(json.dumps(manifest, indent=1, sort_keys=True), root))
+
+
+def _ledger(path: Path, root: Path) -> tuple[str, ...]:
+    if not path.exists():
+        return ()
+    rows = []
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.row_factory = sqlite3.Row
+        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        for table in sorted(t for t in tables if t != "sqlite_sequence"):
+            for row in db.execute(f'SELECT * FROM "{table}"'):
+                kept = {k: row[k] for k in row.keys() if not _VOLATILE.match(k)}  # noqa: SIM118
+                text = f"{table}: {json.dumps(kept, sort_keys=True, default=str)}"
+                rows.append(" ".join(_normalise(text, root)))
+    return tuple(sorted(rows))
+
+
+def _datasets(
+    manifest: dict | None, read: Callable[[str], pa.Table]
+) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, tuple], ...]]:
+    """(schemas with metadata, key rows of public-key datasets in the order written)."""
+    if manifest is None:
+        return (), ()
+    schemas, public = [], []
+    for name, query in sorted(manifest["queries"].items()):
+        table = read(name)
+        schemas.append((name, f"{table.schema}\n{table.schema.metadata}"))
+        if query["partition_selection"]["type"] in ("public", "global"):
+            keys = table.select(query["partition_by"]).to_pylist()
+            public.append((name, tuple(tuple(sorted(r.items())) for r in keys)))
+    return tuple(schemas), tuple(public)
+
+
+# --------------------------------------------------------------------------- the surfaces
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run's place: `root` holds its input, key file, ledger, state and release at the
+    same relative paths for both inputs of a pair, so paths compare equal."""
+
+    root: Path
+    fmt: str
+
+    @property
+    def data(self) -> Path:
+        return self.root / "input"
+
+    @property
+    def ledger(self) -> Path:
+        return self.root / "ledger.sqlite"
+
+    @property
+    def release(self) -> Path:
+        return self.root / "release"
+
+    def job(self, period: str = "") -> str:
+        keys = self.root / "keys.csv"
+        keys.write_text("TERMINAL_ID\n" + "".join(f"{k}\n" for k in [*range(10), LONELY_TERMINAL]))
+        return JOB.format(keys=str(keys), period=period)
+
+
+@contextlib.contextmanager
+def _state(run: Run):
+    """The run's own state folder, and logging as the CLI sets it at -v (DEBUG), restored."""
+    saved = os.environ.get("DPPIPELINE_STATE_DIR")
+    os.environ["DPPIPELINE_STATE_DIR"] = str(run.root / "state")
+    loggers = {
+        name: (logging.getLogger(name), logging.getLogger(name).handlers[:])
+        for name in ("", "dppipeline")
+    }
+    levels = {name: logger.level for name, (logger, _) in loggers.items()}
+    try:
+        yield
+    finally:
+        for name, (logger, handlers) in loggers.items():
+            logger.handlers[:] = handlers
+            logger.setLevel(levels[name])
+        logging.getLogger("dppipeline").propagate = True
+        if saved is None:
+            os.environ.pop("DPPIPELINE_STATE_DIR", None)
+        else:
+            os.environ["DPPIPELINE_STATE_DIR"] = saved
+
+
+def _outcome(exc: BaseException | None) -> str:
+    if exc is None:
+        return "ok"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def cli_surface(engine: str) -> Callable[[Run], tuple[str, dict | None, Callable]]:
+    """`dppipeline -v run` in this process (Spark reuses the test session)."""
+
+    def run_cli(run: Run) -> tuple[str, dict | None, Callable]:
+        job = run.root / "job.yaml"
+        job.write_text(run.job())
+        argv = [
+            "-v", "run",
+            "--config", str(job),
+            "--engine", engine,
+            "--input", str(run.data),
+            "--format", run.fmt,
+            "--output", str(run.release),
+            "--ledger", f"sqlite:///{run.ledger}",
+        ]  # fmt: skip
         try:
             code = cli.main(argv)
         except SystemExit as exc:  # argparse
             code = int(exc.code or 0)
-        except Exception as exc:  # a crash the CLI did not turn into an exit code
-            code, err = -1, io.StringIO(f"crash: {type(exc).__name__}")
-        finally:
-            if state is None:
-                os.environ.pop("DPPIPELINE_STATE_DIR", None)
-            else:
-                os.environ["DPPIPELINE_STATE_DIR"] = state
-    release = root / "release"
-    schemas, public = {}, {}
-    if code == 0:
-        manifest = json.loads((release / "manifest.json").read_text())
-        for name, query in manifest["queries"].items():
-            table = pq.read_table(release / query["dataset"])
-            schemas[name] = str(table.schema.remove_metadata())
-            if query["partition_selection"]["type"] in ("public", "global"):
-                keys_only = table.select(query["partition_by"]).to_pylist()
-                public[name] = tuple(sorted(tuple(sorted(r.items())) for r in keys_only))
-    return RunOutcome(
-        code,
-        _normalise(out.getvalue(), root),
-        _normalise(err.getvalue(), root),
-        schemas,
-        public,
+        manifest = json.loads((run.release / "manifest.json").read_text()) if code == 0 else None
+        return f"exit {code}", manifest, lambda q: pq.read_table(run.release / q)
+
+    return run_cli
+
+
+def api_surface(kind: str, spark=None) -> Callable[[Run], tuple[str, dict | None, Callable]]:
+    """`dppipeline.release(job, frame, ...)` on a pandas or Spark DataFrame, publishing to
+    the run's release folder, with the CLI's logging at DEBUG (a notebook's basicConfig)."""
+    import dppipeline
+
+    def run_api(run: Run) -> tuple[str, dict | None, Callable]:
+        frame = rows_in_memory(run.data)
+        data = frame if kind == "pandas" else spark.createDataFrame(frame)
+        logs.configure(verbose=True)
+        try:
+            release = dppipeline.release(
+                run.job(PERIOD), data, ledger=run.ledger, scope=SCOPE, output=run.release
+            )
+        except Exception as exc:
+            return _outcome(exc), None, lambda q: None
+        manifest = json.loads(release.manifest.to_json())
+        return "ok", manifest, lambda q: pq.read_table(run.release / q)
+
+    return run_api
+
+
+def transform_surface(run: Run) -> tuple[str, dict | None, Callable]:
+    """`ReleaseTransform` in the caller's Beam pipeline: each query's released rows collected
+    to a JSON file by the caller (Beam gives them in no order: sorted by key here)."""
+    import apache_beam as beam
+
+    from dppipeline.beam import ReleaseTransform
+
+    frame = rows_in_memory(run.data)
+    records = [
+        {**r, "TX_DATETIME": r["TX_DATETIME"].to_pydatetime()} for r in frame.to_dict("records")
+    ]
+    run.release.mkdir()
+    logs.configure(verbose=True)
+
+    def keep(query: str):
+        def write(rows: list[dict]) -> None:
+            table = pa.Table.from_pylist(rows) if rows else pa.table({})
+            pq.write_table(table, run.release / f"{query}.parquet")
+
+        return write
+
+    try:
+        pipeline = beam.Pipeline()
+        transform = ReleaseTransform(run.job(PERIOD), ledger=run.ledger, scope=SCOPE)
+        released = pipeline | beam.Create(records) | transform
+        for query, rows in released.items():
+            _ = rows | f"Collect[{query}]" >> beam.combiners.ToList() | beam.Map(keep(query))
+        pipeline.run().wait_until_finish()
+    except Exception as exc:
+        return _outcome(exc), None, lambda q: None
+    manifest = json.loads(transform.manifest.to_json())
+
+    def read(query: str) -> pa.Table:
+        table = pq.read_table(run.release / f"{query}.parquet")
+        keys = manifest["queries"][query]["partition_by"]
+        return table.sort_by([(k, "ascending") for k in keys]) if keys and table.num_rows else table
+
+    return "ok", manifest, read
+
+
+def trace(run: Run, surface: Callable, capfd) -> Trace:
+    """Runs one surface once, capturing file descriptors 1 and 2, and returns its trace."""
+    capfd.readouterr()
+    with _state(run):
+        try:
+            outcome, manifest, read = surface(run)
+        except Exception as exc:
+            outcome, manifest, read = f"crash: {type(exc).__name__}", None, lambda q: None
+    out, err = capfd.readouterr()
+    schemas, public = _datasets(manifest, read)
+    return Trace(
+        outcome=" ".join(_normalise(outcome, run.root)),
+        stdout=_normalise(out, run.root),
+        stderr=_normalise(err, run.root),
+        files=_files(run.root),
+        manifest=_manifest(manifest, run.root),
+        schemas=schemas,
+        public_rows=public,
+        ledger=_ledger(run.ledger, run.root),
     )
 
 
-def differences(a: RunOutcome, b: RunOutcome) -> list[str]:
-    """Every way two runs' observable outcomes differ (empty: indistinguishable)."""
+def differences(a: Trace, b: Trace) -> list[str]:
+    """Every way two runs' traces differ (empty: indistinguishable)."""
     found = []
-    if a.exit_code != b.exit_code:
-        found.append(f"exit code {a.exit_code} != {b.exit_code}")
-    for name in ("stdout", "stderr"):
-        left, right = getattr(a, name), getattr(b, name)
-        if left != right:
-            only = sorted(set(left) ^ set(right))
-            found.append(f"{name} differs: {only[:4]}")
-    if a.schemas != b.schemas:
-        found.append(f"schemas differ: {sorted(set(a.schemas.items()) ^ set(b.schemas.items()))}")
-    if a.public_rows != b.public_rows:
-        found.append("public-key rows differ")
+    for item in fields(Trace):
+        left, right = getattr(a, item.name), getattr(b, item.name)
+        if left == right:
+            continue
+        if isinstance(left, tuple) and isinstance(right, tuple):
+            only = sorted(set(map(str, left)) ^ set(map(str, right)))
+            found.append(f"{item.name} differs: {only[:4]}")
+        else:
+            found.append(f"{item.name} differs: {str(left)[:300]!r} != {str(right)[:300]!r}")
     return found
 
 
-def neighbour_pair(tmp: Path, engine: str, fmt: str, kind: str) -> list[str]:
-    """Runs the job without and with the adversary; each run has its own root holding its
-    input, keys, ledger and release at the same relative paths, so paths compare equal."""
+def neighbour_pair(
+    tmp: Path, surface: Callable, kind: str, capfd, fmt: str = "parquet"
+) -> list[str]:
+    """Runs a surface without and with the adversary, each in its own root."""
     base = _base(tmp / "without", fmt)
     with_adversary(base, tmp / "with" / "input", kind, fmt)
-    outcomes = []
-    for root in (tmp / "without", tmp / "with"):
-        keys = root / "keys.csv"
-        keys.write_text("TERMINAL_ID\n" + "".join(f"{k}\n" for k in [*range(10), LONELY_TERMINAL]))
-        outcomes.append(run_once(root, root / "input", engine, fmt, str(keys)))
-    return differences(*outcomes)
+    without, with_ = Run(tmp / "without", fmt), Run(tmp / "with", fmt)
+    return differences(trace(without, surface, capfd), trace(with_, surface, capfd))
 
 
 KINDS = ("rare_value", "nan_amount", "many_terminals", "lonely_terminal")
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", [*KINDS, "all"])
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
-def test_local_runs_do_not_depend_on_one_customer(tmp_path, kind, fmt):
-    assert neighbour_pair(tmp_path, "local", fmt, kind) == []
+def test_local_cli_runs_do_not_depend_on_one_customer(tmp_path, capfd, kind, fmt):
+    assert neighbour_pair(tmp_path, cli_surface("local"), kind, capfd, fmt) == []
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_spark_runs_do_not_depend_on_one_customer(tmp_path, spark, kind):
-    assert neighbour_pair(tmp_path, "spark", "parquet", kind) == []
+@pytest.mark.parametrize("kind", ["all", "lonely_terminal"])
+def test_spark_cli_runs_do_not_depend_on_one_customer(tmp_path, spark, capfd, kind):
+    assert neighbour_pair(tmp_path, cli_surface("spark"), kind, capfd) == []
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_beam_runs_do_not_depend_on_one_customer(tmp_path, kind):
-    assert neighbour_pair(tmp_path, "beam", "parquet", kind) == []
+@pytest.mark.parametrize("kind", ["all", "lonely_terminal"])
+def test_beam_cli_runs_do_not_depend_on_one_customer(tmp_path, capfd, kind):
+    assert neighbour_pair(tmp_path, cli_surface("beam"), kind, capfd) == []
+
+
+@pytest.mark.parametrize("kind", ["all", "nan_amount"])
+def test_api_pandas_releases_do_not_depend_on_one_customer(tmp_path, capfd, kind):
+    assert neighbour_pair(tmp_path, api_surface("pandas"), kind, capfd) == []
+
+
+def test_api_spark_releases_do_not_depend_on_one_customer(tmp_path, spark, capfd):
+    assert neighbour_pair(tmp_path, api_surface("spark", spark), "all", capfd) == []
+
+
+def test_beam_transform_releases_do_not_depend_on_one_customer(tmp_path, capfd):
+    assert neighbour_pair(tmp_path, transform_surface, "all", capfd) == []
 
 
 # --------------------------------------------------------------------------- planted leaks
 
 
-def _planted(leak: str):
+def _leaky_aggregates(leak: str):
     """`polars_tasks.aggregate_task_rows` (a task's kept rows -> its aggregates, as the local
     engine calls it) with one leak put back, as a bug would."""
     exact = polars_tasks.aggregate_task_rows
@@ -267,6 +487,8 @@ def _planted(leak: str):
         aggregates = exact(rows, task, unit, keys)
         if leak == "pre-selection count in a log line":
             logger.info(f"{task.name}: {len(aggregates):,} partitions aggregated")
+        elif leak == "pre-selection count at DEBUG":
+            logger.debug(f"{task.name}: {len(aggregates):,} partitions aggregated")
         elif leak == "data-dependent crash" and task.name == "q_rare_global":
             if rows.height > 0:  # the task's rows: those its filter TX_AMOUNT > 1000 keeps
                 raise ZeroDivisionError("an edge case only some data reach")
@@ -277,13 +499,79 @@ def _planted(leak: str):
     return leaky
 
 
-@pytest.mark.parametrize(
-    "leak",
-    ["pre-selection count in a log line", "data-dependent crash", "value in an error message"],
+def _plant(leak: str, monkeypatch) -> None:
+    """Puts one leak back into the code a local run goes through."""
+    from dppipeline.core import manifest as manifest_module
+    from dppipeline.engines import base
+    from dppipeline.ledger import reservation
+    from dppipeline.orchestration import runner
+
+    if leak in (
+        "pre-selection count in a log line",
+        "pre-selection count at DEBUG",
+        "data-dependent crash",
+        "value in an error message",
+    ):
+        monkeypatch.setattr(polars_tasks, "aggregate_task_rows", _leaky_aggregates(leak))
+        return
+    seen: dict[str, int] = {}
+    stage = runner._stage
+
+    def remembering_stage(job, engine, staging, **kw):  # the engine's counts, for the plants
+        real_run = engine.run
+
+        def run(job, staging):
+            result = real_run(job, staging)
+            seen["rows_read"] = result.rejects.rows_read
+            return result
+
+        engine.run = run
+        return stage(job, engine, staging, **kw)
+
+    monkeypatch.setattr(runner, "_stage", remembering_stage)
+    if leak == "rows read in the manifest":
+        to_json = manifest_module.Manifest.to_json
+
+        def with_rows(self) -> str:
+            return json.dumps({**json.loads(to_json(self)), "rows_read": seen["rows_read"]})
+
+        monkeypatch.setattr(manifest_module.Manifest, "to_json", with_rows)
+    elif leak == "a file named by a count":
+        write = base.write_dataset
+
+        def named(released, job, query, dataset_dir):
+            rows = write(released, job, query, dataset_dir)
+            (dataset_dir / f"_rows-{seen.get('rows_read', 0)}").touch()
+            return rows
+
+        monkeypatch.setattr(base, "write_dataset", named)
+    elif leak == "a count in the ledger":
+        commit = reservation.Reservation.commit
+
+        def noted(self) -> None:
+            commit(self)
+            with contextlib.closing(sqlite3.connect(self.ledger.path)) as db, db:
+                db.execute("UPDATE releases SET job = job || ?", (f" {seen['rows_read']}",))
+
+        monkeypatch.setattr(reservation.Reservation, "commit", noted)
+    else:
+        raise ValueError(leak)
+
+
+PLANTS = (
+    "pre-selection count in a log line",
+    "pre-selection count at DEBUG",
+    "data-dependent crash",
+    "value in an error message",
+    "rows read in the manifest",
+    "a file named by a count",
+    "a count in the ledger",
 )
-def test_the_harness_catches_a_planted_leak(tmp_path, monkeypatch, leak):
+
+
+@pytest.mark.parametrize("leak", PLANTS)
+def test_the_harness_catches_a_planted_leak(tmp_path, capfd, monkeypatch, leak):
     """The harness is only as good as what it notices: each leak, put back on purpose, makes
-    some neighbouring pair distinguishable."""
-    monkeypatch.setattr(polars_tasks, "aggregate_task_rows", _planted(leak))
-    found = {kind: neighbour_pair(tmp_path / kind, "local", "parquet", kind) for kind in KINDS}
-    assert any(found.values()), f"planted leak not caught: {leak}"
+    the neighbouring pair distinguishable (one adversary doing every kind of thing)."""
+    _plant(leak, monkeypatch)
+    assert neighbour_pair(tmp_path, cli_surface("local"), "all", capfd), leak

@@ -398,7 +398,11 @@ def _add_logging_flags(parser: argparse.ArgumentParser, default: object) -> None
     what was given before the command."""
     loudness = parser.add_mutually_exclusive_group()
     loudness.add_argument(
-        "-v", "--verbose", action="store_true", default=default, help="debug logging"
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=default,
+        help="dppipeline's debug lines (other libraries' only with --debug-statistics)",
     )
     loudness.add_argument(
         "-q", "--quiet", action="store_true", default=default, help="warnings and errors only"
