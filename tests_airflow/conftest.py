@@ -41,6 +41,8 @@ os.environ.update(
         "DPPIPELINE_DAG_SETTINGS": json.dumps(SHAPE),
         "AIRFLOW_CONN_DPPIPELINE_LEDGER": json.dumps({"conn_type": "sqlite", "host": str(LEDGER)}),
         "DPPIPELINE_SPARK_MASTER": "local[2]",
+        # the jobs' operator state (quarantine, staging) in the test's home, not the checkout
+        "DPPIPELINE_STATE_DIR": str(HOME / "state"),
         # the jobs import this checkout's dppipeline, whatever .venv's editable install names
         "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")])),
     }

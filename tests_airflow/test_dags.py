@@ -70,9 +70,8 @@ class TaskLog:
     def __init__(self, capfd, caplog) -> None:
         self.capfd, self.caplog = capfd, caplog
 
-    def lines(self, logger: str, message: str) -> list[tuple[str, str]]:
-        """(level, message) of the records whose logger name ends with `logger` and whose
-        message matches the regular expression `message`."""
+    def records(self) -> list[tuple[str, str, str]]:
+        """(level, logger, message) of every record logged since the last call."""
         found = [
             (match[1], match[3], match[2])
             for match in map(CONSOLE_LINE.match, self.capfd.readouterr().out.splitlines())
@@ -81,6 +80,12 @@ class TaskLog:
         found += [(r.levelname.lower(), r.name, r.getMessage()) for r in self.caplog.records]
         self.caplog.clear()
         self._seen = getattr(self, "_seen", []) + found
+        return found
+
+    def lines(self, logger: str, message: str) -> list[tuple[str, str]]:
+        """(level, message) of the records whose logger name ends with `logger` and whose
+        message matches the regular expression `message`."""
+        self.records()
         return [
             (level, text)
             for level, name, text in self._seen
@@ -525,3 +530,101 @@ def test_the_sensor_and_the_marker_work_on_s3_roots(airflow_db, monkeypatch, tmp
         assert "_PUBLISHED" in server.keys(release)
     finally:
         server.stop()
+
+
+# -------------------------------------------------------------------------------------------------
+# Neighbouring datasets through an Airflow task (tests/test_neighbours.py: every other surface)
+
+_RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}")
+_TIMING = re.compile(r"\s*\b\d+\.\d+s\b")
+_ALLOWED = re.compile(r"\bread [\d,]+ rows; rejected [\d,]+")  # the operator's raw-input line
+_PRIVATE = re.compile(r"\b(q_private): released [\d,]+ partitions")
+_VOLATILE = re.compile(
+    r"^(id|run_id|pid|host|host_id|note|release_key|input_fingerprint|fingerprint|.*_at)$"
+)
+
+
+def _neighbours(tmp: Path) -> tuple[Path, Path]:
+    """A base input and the same input plus one adversarial customer (every kind of
+    adversary of tests/test_neighbours.py), each under its own root with its job spec."""
+    script = (
+        "import sys; from pathlib import Path; sys.path.insert(0, 'tests')\n"
+        "import test_neighbours as t\n"
+        f"root = Path({str(tmp)!r})\n"
+        "base = t._base(root / 'without', 'parquet')\n"
+        "t.with_adversary(base, root / 'with' / 'input', 'all', 'parquet')\n"
+        "for side in ('without', 'with'):\n"
+        "    run = t.Run(root / side, 'parquet')\n"
+        "    (run.root / 'job.yaml').write_text(run.job())\n"
+    )
+    subprocess.run([str(MAIN_PYTHON), "-c", script], check=True, capture_output=True, cwd=PROJECT)
+    return tmp / "without", tmp / "with"
+
+
+def _normalised(text: str, root: Path) -> str:
+    text = text.replace(str(root), "<root>")
+    return _PRIVATE.sub(r"\1: released <n>", _TIMING.sub(" <t>", _RUN_ID.sub("<run>", text)))
+
+
+def _airflow_trace(dag, root: Path, task_log: TaskLog, monkeypatch) -> dict:
+    """What one DAG run left: task states, the job's lines in the task log (the job's output
+    streamed by the Beam operator, the checks' by dppipeline_common), the release's files and
+    manifest, and its ledger's rows (the run's own ledger: the connection names it)."""
+    ledger = root / "ledger.sqlite"
+    connection = json.dumps({"conn_type": "sqlite", "host": str(ledger)})
+    monkeypatch.setenv("AIRFLOW_CONN_DPPIPELINE_LEDGER", connection)
+    run = dag.test(
+        logical_date=day("2026-01-01"),
+        run_conf={
+            "input_root": str(root / "input"),
+            "release_root": str(root / "releases"),
+            "config": str(root / "job.yaml"),
+        },
+    )
+    lines = [
+        (level, name.rsplit(".", 1)[-1], _normalised(text, root))
+        for level, name, text in task_log.records()
+        if name.endswith(("BeamHook", "dppipeline_common")) and not _ALLOWED.search(text)
+    ]
+    release = root / "releases" / "2026-01-01"
+    manifest = json.loads((release / "manifest.json").read_text()) if release.exists() else {}
+    for name in ("run_id", "created_at", "released_partitions"):
+        manifest.pop(name, None)
+    manifest.get("queries", {}).get("q_private", {}).pop("released_partitions", None)
+    return {
+        "states": states(run),
+        "log": lines,
+        "files": sorted(str(p.relative_to(root)) for p in root.joinpath("releases").rglob("*")),
+        "manifest": _normalised(json.dumps(manifest, sort_keys=True), root),
+        "ledger": sorted(_normalised(row, root) for row in _ledger_dump(ledger)),
+    }
+
+
+def _ledger_dump(path: Path) -> list[str]:
+    if not path.exists():
+        return []
+    rows = []
+    with sqlite3.connect(path) as db:
+        db.row_factory = sqlite3.Row
+        for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'"):
+            if table == "sqlite_sequence":
+                continue
+            for row in db.execute(f'SELECT * FROM "{table}"'):
+                kept = {k: row[k] for k in row.keys() if not _VOLATILE.match(k)}  # noqa: SIM118
+                rows.append(f"{table}: {json.dumps(kept, sort_keys=True, default=str)}")
+    return rows
+
+
+def test_an_airflow_task_does_not_depend_on_one_customer(dagbag, tmp_path, task_log, monkeypatch):
+    """The Beam DAG releases one day of a base input and of the same input plus one
+    adversarial customer (a NaN amount, 500 terminals, a terminal of their own, the only rows
+    a filter keeps): task states, the job's lines in the task log, the release's files and
+    manifest and the ledger rows it adds are the same."""
+    without, with_ = _neighbours(tmp_path)
+    dag = dagbag.get_dag("dp_terminal_stats_beam")
+    first = _airflow_trace(dag, without, task_log, monkeypatch)
+    assert set(first["states"].values()) == {"success"}, first["states"]
+    assert any("committed run" in text for _, _, text in first["log"])
+    assert first["ledger"] and first["files"]
+    second = _airflow_trace(dag, with_, task_log, monkeypatch)
+    assert {k: v for k, v in second.items() if v != first[k]} == {}
