@@ -245,6 +245,28 @@ def test_a_release_bigger_than_what_is_left_is_refused_with_the_composed_spend(l
     assert f"composed; {nights * NIGHT_EPSILON:g} by sums" in message
 
 
+@pytest.mark.parametrize("caps", [(10.0, 2.5e-6), (None, 2.5e-6)], ids=["both", "delta-only"])
+def test_a_delta_cap_holds_when_epsilon_has_room(ledger_url, caps):
+    """Releases of (1, 1e-6) each (selection's delta: an (epsilon, delta) mechanism that
+    composition cannot trade away) under a cap of delta 2.5e-6: the third is refused, naming
+    delta, although epsilon is far from its cap (or uncapped); nothing is recorded for it."""
+    cap_epsilon, cap_delta = caps
+    ledger = Ledger(ledger_url)
+    policy = BudgetPolicy(cap_epsilon=cap_epsilon, cap_delta=cap_delta)
+    events = (approx_dp(1.0, 1e-6),)
+    for night in range(2):
+        ledger.reserve(
+            night_key(night), run_id=f"n{night}", job="j", epsilon=1.0, delta=1e-6,
+            output="/nowhere", policy=policy, events=events,
+        )  # fmt: skip
+    with pytest.raises(BudgetExceededError, match=r"delta 1e-06 needed, 5e-07 left of 2\.5e-06"):
+        ledger.reserve(
+            night_key(2), run_id="n2", job="j", epsilon=1.0, delta=1e-6,
+            output="/nowhere", policy=policy, events=events,
+        )  # fmt: skip
+    assert [row.run_id for row in ledger.rows()] == ["n0", "n1"]
+
+
 def test_releases_recorded_without_events_count_by_their_own_budget(ledger_url):
     """A release from before schema v3 (or with unreadable events) composes as one (epsilon,
     delta) mechanism: never less than its sums say for one release."""
