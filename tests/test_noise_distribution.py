@@ -13,27 +13,35 @@ check gives an exact or asymptotic p-value; a test fails when any p-value is bel
 FAILURE_RATE / (its number of checks) (Bonferroni): a correct sampler fails a test with
 probability at most 1e-6.
 
-Discrete checks (N_DRAWS = 100,000 draws, 2-4 s on the 2-core machine):
+Discrete checks (N_DRAWS = 100,000 draws, 1.5-2.5 s of CPU):
 - chi-square of the residues x mod m, m in 2, 3, 5, 7, 10, against the summed mass;
 - chi-square of the values in ~50 bins of about equal exact mass;
+- each value of |x| expected at least MIN_VALUE_COUNT times, by an exact binomial test (at
+  scales up to ~50; a sampler's error can sit on single values);
 - log-ratios ln P(B) / P(A) of neighbouring windows of |x|, w = max(1, ceil(0.03 scale)) wide
   (single values at scales up to 33), four near zero and four around one scale out: -w / t
   for Laplace, -(2k + 1) / (2 sigma^2) per single step for the Gaussian; the p-value is the
   exact binomial one of the count in B given the count in A and B;
-- for Laplace at an integer scale t <= 1,000, the residues |x| mod t (chi-square and each one
-  by an exact binomial test): CKS20's sampler draws |x| = U + t V with U on {0..t-1}, so an
-  error in U's law (as in OpenDP 0.14.1) is confined to some residues mod t.
+- the residues |x| mod t, t the sampler's period (`sampler_period`: a Laplace scale that is
+  an integer, floor(sigma) + 1 for the Gaussian) when t <= 1,000, by a chi-square and each
+  one by an exact binomial test: an error in one of CKS20's Bernoulli(exp(-r / t)) draws
+  (OpenDP 0.14.1's) sits on one residue.
 
-Power, measured against OpenDP 0.14.1 (whose Bernoulli(exp(-r/t)) draws are wrong for some
-r/t with a small reduced denominator, e.g. 3/5 and 4/5):
-- Laplace scale 5: ln P(4)/P(3) measured -0.05 (exact -0.20) at a standard error of 0.02
-  here, ~8 sigma, and a mod-5 chi-square of ~80 on 4 df: caught with probability ~1.
-- Gaussian sigma 5: ln P(4)/P(3) measured +0.03 (exact -0.14), ~9 sigma here: caught ~1.
-- Laplace scale 200: |x| = 160 mod 200 (4/5) is ~13% too likely, 1/280 of the mass: 100,000
-  draws see it at ~2.5 sigma only. `test_default_count_noise_scale_in_depth` draws 1.2
-  million (slow: 10-40 s) and catches it with probability ~0.99 (exact binomial test on that
-  residue, ~8.7 sigma expected, threshold ~6.1 sigma); no test of an unknown defect of that
-  size can do so in a few seconds (the chi-square distance is ~1.3e-4 per draw).
+Power against OpenDP 0.14.1, whose Bernoulli(exp(-r / t)) draws are wrong for some r / t of
+small reduced denominator (3/5, 4/5, 2/3, ...). Measured on 1 million of its draws, split into
+ten disjoint sets of 100,000 run through these checks:
+- Laplace scale 5: ln P(4)/P(3) = -0.024 (exact -0.200), |x| = 4 mod 5 at z +16 per 100,000
+  draws: 10 of 10 sets fail (also at scales 3 and 10: 10 of 10);
+- Gaussian sigma 5: ln P(4)/P(3) = +0.031 (exact -0.140), |x| = 4 at z +18 per 100,000:
+  10 of 10 fail (sigma 5.3 and 17.7 fail too); smaller defects at sigma 10 (9 of 10 fail)
+  and sigma 3 (4 of 10);
+- scale 200: |x| = 160 mod 200 is 13% too likely (Laplace, 1/280 of the mass; z ~0.0085
+  sqrt(draws)) and |x| = 134 18% (Gaussian, z ~0.0125 sqrt(draws)): 100,000 draws see them
+  at 2.7 and 4 sigma, below the ~6 sigma threshold (0 of 15 Laplace sets fail). The slow
+  `test_default_count_noise_scale_in_depth` draws 1.2 million (Laplace, ~9.3 sigma) and
+  500,000 (Gaussian, ~8.8 sigma): each caught with probability above 0.99. No test finds a
+  defect of that size within a few seconds of drawing (15-25 us of CPU a draw): even one
+  told which residue to test needs ~700,000 Laplace draws.
 
 Continuous checks (100,000 draws): Kolmogorov-Smirnov against the CDF; chi-square of values
 in 50 bins of equal exact mass; chi-square of the fractional parts x - floor(x) in 10 bins
@@ -56,11 +64,14 @@ from dppipeline.core.release import noise_partitions
 
 FAILURE_RATE = 1e-6  # per test, split over its checks (Bonferroni)
 N_DRAWS = 100_000
-DEPTH_DRAWS = 1_200_000  # the default job's scale, in depth (see the module docstring)
+# Scale 200 (the default job's count noise) in depth: the draws that see one residue 13%
+# (Laplace) or one value 18% (Gaussian) off with probability ~0.99 (module docstring).
+DEPTH_DRAWS = {"discrete_laplace": 1_200_000, "discrete_gaussian": 500_000}
 RESIDUE_MODULI = (2, 3, 5, 7, 10)
 SCALES = (3.0, 5.0, 10.0, 200.0, 1e4, 5.3, 17.7, 333.3)
-MAX_PERIOD = 1000  # |x| mod t checked for integer Laplace scales up to this
+MAX_PERIOD = 1000  # |x| mod t checked for sampler periods up to this (`sampler_period`)
 BINS = 50
+MIN_VALUE_COUNT = 500  # each |x| expected at least this often is checked on its own
 
 
 @dataclass
@@ -124,6 +135,20 @@ def window_steps(scale: float) -> tuple[int, list[int]]:
     return w, sorted(starts)
 
 
+def sampler_period(kind: str, scale: float) -> int | None:
+    """The period t of CKS20's samplers (OpenDP's), when at most MAX_PERIOD: discrete
+    Laplace of scale t (as the rational t / 1) draws |x| = U + t V, U on {0..t-1} accepted
+    with probability exp(-U / t); the discrete Gaussian draws Y from discrete Laplace of scale
+    t = floor(sigma) + 1 and keeps it with probability exp(-(|Y| - sigma^2 / t)^2 / 2 sigma^2).
+    An error in one of those Bernoulli draws sits on one residue of |x| mod t (and, for the
+    Gaussian, on one value)."""
+    if kind == "discrete_laplace":
+        t = int(scale) if float(scale).is_integer() else None
+    else:
+        t = math.floor(scale) + 1
+    return t if t is not None and t <= MAX_PERIOD else None
+
+
 def discrete_checks(kind: str, scale: float, noise: np.ndarray) -> Checks:
     """All the discrete checks of `noise` against the exact law (module docstring)."""
     n = len(noise)
@@ -148,6 +173,8 @@ def discrete_checks(kind: str, scale: float, noise: np.ndarray) -> Checks:
 
     folded_mass = np.bincount(np.abs(x), weights=mass)
     folded = np.bincount(np.abs(noise), minlength=len(folded_mass))
+    for k in np.flatnonzero(n * folded_mass >= MIN_VALUE_COUNT):
+        checks.binomial(f"|x| = {k}", int(folded[k]), n, float(folded_mass[k]))
     w, starts = window_steps(scale)
     for a in starts:
         count_a, count_b = int(folded[a : a + w].sum()), int(folded[a + w : a + 2 * w].sum())
@@ -166,8 +193,8 @@ def discrete_checks(kind: str, scale: float, noise: np.ndarray) -> Checks:
             f"{observed_ratio:+.4f} (exact {expected_ratio:+.4f}, se {se:.4f})",
         )
 
-    if kind == "discrete_laplace" and float(scale).is_integer() and scale <= MAX_PERIOD:
-        t = int(scale)
+    t = sampler_period(kind, scale)
+    if t is not None:
         observed = np.bincount(np.abs(noise) % t, minlength=t)
         probability = np.bincount(np.abs(x) % t, weights=mass, minlength=t)
         checks.chi_square(f"|x| mod {t}", observed, n * probability)
@@ -194,12 +221,11 @@ def test_discrete_noise_has_the_exact_law(kind, scale):
 
 
 @pytest.mark.slow
-def test_default_count_noise_scale_in_depth():
-    """The default job's count noise, discrete Laplace of scale 200, at DEPTH_DRAWS draws:
-    the power to see one residue mod 200 off by ~13% (OpenDP 0.14.1's defect)."""
-    discrete_checks(
-        "discrete_laplace", 200.0, draw_discrete("discrete_laplace", 200.0, DEPTH_DRAWS)
-    ).verify()
+@pytest.mark.parametrize("kind", ["discrete_laplace", "discrete_gaussian"])
+def test_default_count_noise_scale_in_depth(kind):
+    """The default job's count noise scale, 200, at DEPTH_DRAWS draws: the same checks, with
+    the power to see OpenDP 0.14.1's defects there (one residue or value off by 13-18%)."""
+    discrete_checks(kind, 200.0, draw_discrete(kind, 200.0, DEPTH_DRAWS[kind])).verify()
 
 
 # ------------------------------------------------------------------------- continuous
