@@ -546,7 +546,9 @@ def test_half_the_additive_noise_is_caught(config, monkeypatch):
     """Half the noise on count and sum while the plan states the same budget: every
     per-mechanism statement is refuted."""
     halve_noise(monkeypatch, ["count", "sum"])
-    measured = run_additive(additive_job(config), ADDITIVE_DRAWS // 2)
+    # the discrete Gaussian's sigma (from zCDP) is looser: its excess shows in rarer events
+    draws = ADDITIVE_DRAWS if config == "gaussian-discrete" else ADDITIVE_DRAWS // 2
+    measured = run_additive(additive_job(config), draws)
     assert violated(measured["count"]) and violated(measured["sum"]), measured
 
 
@@ -660,14 +662,16 @@ BOUNDING_DRAWS = 10_000
 
 
 def counts_job(kind: str) -> Job:
+    """Epsilons that leave a plant's excess loss measurable (2 per mechanism for the scaled
+    pairs, whose plant exceeds it by a factor 5/3 only)."""
     if kind == "privacy_id_count":
-        return make_job(["privacy_id_count"], 1.0, **L0_L3, **PUBLIC)
+        return make_job(["privacy_id_count"], 2.0, **L0_L3, **PUBLIC)
     if kind == "count_distinct":
-        return make_job([f"count_distinct({DISTINCT})"], 1.0, **L0_L3, **PUBLIC)
+        return make_job([f"count_distinct({DISTINCT})"], 2.0, **L0_L3, **PUBLIC)
     if kind == "max_contributions":
         return make_job(["count", "sum"], 2.0, **{"bounds.max_contributions": 4}, **PUBLIC)
     assert kind == "linf_scale"
-    return make_job(["count", "sum"], 2.0, **L0_L3, **{"bounds.linf_bounding": "scale"}, **PUBLIC)
+    return make_job(["count", "sum"], 4.0, **L0_L3, **{"bounds.linf_bounding": "scale"}, **PUBLIC)
 
 
 COUNTS = ["privacy_id_count", "count_distinct", "max_contributions", "linf_scale"]
