@@ -5,10 +5,11 @@ adversarial customer, are bounded once by the local engine's real code (`aggrega
 released many times through `core.release`, as in production. Each release call draws
 independent noise (and selection) per partition, so the bounded aggregates of the partitions the
 adversary reaches are replicated under many partition keys (key = draw x STRIDE + terminal):
-one key group per draw, every draw independent. For events E of the output (one noisy value, or
-all of the adversary's partitions, beyond thresholds placed around the unit's shift, both ways
-round), Clopper-Pearson intervals on P[M(D) in E] and P[M(D') in E] bound what the plan
-states. A test's intervals all hold with probability 1 - 1e-6 (Bonferroni: each two-sided
+one key group per draw, every draw independent. For events E of the output (one released
+value, all of the adversary's partitions, or a likelihood-ratio statistic of them, beyond
+thresholds placed around the unit's shift, both ways round; for selection, which partitions
+were released), Clopper-Pearson intervals on P[M(D) in E] and P[M(D') in E] bound what the
+plan states. A test's intervals all hold with probability 1 - 1e-6 (Bonferroni: each two-sided
 interval at level 1 - 1e-6 / (number of intervals in the test)), so a false failure has
 probability below 1e-6 per test.
 
@@ -20,7 +21,8 @@ What is checked against what the plan states:
   tight-accounting pool (the pool's composed budget, the sum of its members' shares);
 - for continuous Gaussian noise, the tight statement the stated std implies: mu-GDP with
   mu = L2 / std (per mechanism, and sqrt(sum mu_i^2) for several), so for every event
-  Phi^-1(P) - Phi^-1(P') <= mu (Dong, Roth, Su 2019); likelihood-ratio events attain it;
+  Phi^-1(P) - Phi^-1(P') <= mu (Dong, Roth, Su 2019); likelihood-ratio events attain it (the
+  discrete Gaussian, calibrated through zCDP, is held to its (epsilon, delta) only);
 - for Laplace noise (pure epsilon-DP), the loss is attained as well: at thresholds at or
   beyond the shift the true loss equals the stated epsilon, so the upper confidence bound must
   reach it (the noise is not larger than stated, and bounding kept the whole shift).
