@@ -157,11 +157,6 @@ def test_a_near_duplicate_scope_is_refused_before_reading(tmp_path, tx):
     assert not (tmp_path / "b").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole: a scope is whatever the spec names (budget.scope / --scope) or the input "
-    "folder's name; the ledger cannot tell that two scopes hold the same data",
-)
 @pytest.mark.parametrize("how", ["another scope name", "a folder of links to the same days"])
 def test_the_same_data_under_another_scope_is_held_to_its_cap(tmp_path, tx, how):
     """Attack: the cap of tx/CUSTOMER_ID is spent; the same days are released again in a
