@@ -237,6 +237,22 @@ def test_fingerprints_on_a_store_equal_the_local_ones(s3, small_inputs):
     assert contents(f"{bucket}/csv", "csv") == contents(small_inputs["csv"], "csv")
 
 
+def test_fingerprints_through_the_spark_engines_file_systems(spark, small_inputs):
+    """With the Spark engine every remote location goes through Hadoop's FileSystem API, a
+    context variable the fingerprinting threads must see: on `viewfs://` (which pyarrow
+    cannot open), mounted on the local input, the same values."""
+    import uuid
+
+    from dppipeline.engines.spark.hadoop_fs import hadoop_resolver
+    from dppipeline.storage import remote_filesystems
+
+    cluster = f"fp{uuid.uuid4().hex[:8]}"
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    conf.set(f"fs.viewfs.mounttable.{cluster}.link./tx", f"file://{small_inputs['parquet']}")
+    with remote_filesystems(hadoop_resolver(lambda: spark)):
+        assert contents(f"viewfs://{cluster}/tx") == contents(small_inputs["parquet"])
+
+
 # --------------------------------------------------------------------------- the ledger's rule
 
 

@@ -22,6 +22,7 @@ file systems: Spark reads stores through Hadoop's API).
 
 from __future__ import annotations
 
+import contextvars
 import datetime as dt
 import hashlib
 import os
@@ -57,11 +58,17 @@ def input_contents(
     days: Sequence[DailyPartition], root: str | Path | Location, fmt: str
 ) -> tuple[FileContent, ...]:
     """The fingerprint of every file of the selected partitions, in their order. Files are
-    read by a few threads at once: on a store each read waits for a round trip."""
+    read by a few threads at once (on a store each read waits for a round trip), each in a
+    copy of this context: the engine's file systems (`remote_filesystems`) are a context
+    variable, which a new thread would not see."""
     base = Location.of(root)
     files = [(day.day, Location.of(path)) for day in days for path in day.files]
     with ThreadPoolExecutor(READERS) as pool:
-        found = list(pool.map(lambda entry: file_fingerprint(entry[1], fmt), files))
+        tasks = [
+            pool.submit(contextvars.copy_context().run, file_fingerprint, where, fmt)
+            for _, where in files
+        ]
+        found = [task.result() for task in tasks]
     return tuple(
         FileContent(day, _relative(where, base), fingerprint)
         for (day, where), fingerprint in zip(files, found, strict=True)
