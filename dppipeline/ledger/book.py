@@ -70,7 +70,7 @@ DEFAULT_TIMEOUT_SECONDS = 10.0
 LIVE_STATES = ("reserved", "reading")
 # pg_advisory_xact_lock(int4, int4) class of the per-privacy-unit content lock (`reserve`).
 _CONTENT_LOCK = 0x64705F63  # "dp_c"
-_IN_BATCH = 500  # fingerprints per IN (...) list
+_IN_BATCH = 500  # fingerprints per IN (...) list on SQLite
 
 
 class LedgerError(DPPipelineError):
@@ -715,14 +715,14 @@ def _refuse_content_of_other_scopes(conn: Connection, key: ReleaseKey, lock: boo
         )
     wanted = sorted({f.fingerprint for f in files if f.fingerprint is not None})
     first_charge: dict[str, tuple[int, str, str]] = {}  # fingerprint -> (id, scope, run id)
-    for start in range(0, len(wanted), _IN_BATCH):
+    for matching in _any_of(conn, charged_files.c.fingerprint, wanted):
         query = (
             sa.select(releases.c.id, releases.c.scope, releases.c.run_id)
             .add_columns(charged_files.c.fingerprint)
             .join_from(charged_files, releases, releases.c.run_id == charged_files.c.run_id)
             .where(
                 charged_files.c.privacy_unit == content.privacy_unit,
-                charged_files.c.fingerprint.in_(wanted[start : start + _IN_BATCH]),
+                matching,
                 releases.c.scope != key.scope,
                 releases.c.state.in_(CHARGED_STATES),
             )
@@ -743,6 +743,16 @@ def _refuse_content_of_other_scopes(conn: Connection, key: ReleaseKey, lock: boo
         f"unit {content.privacy_unit}); the same data stays in that scope: run with --scope "
         f"{shlex.quote(scope)} (budget.scope)"
     )
+
+
+def _any_of(conn: Connection, column: sa.Column, values: list[str]) -> list[sa.ColumnElement[bool]]:
+    """`column` among `values`, as conditions whose queries together cover them: one array
+    parameter on PostgreSQL (one round trip; 500-value IN lists took it 0.4 s each on a fresh
+    table), IN lists of at most 500 values on SQLite (under its parameter limit, 999 in
+    older builds)."""
+    if conn.dialect.name == "postgresql":
+        return [column == sa.any_(sa.literal(values, pg_dialect.ARRAY(sa.Text)))]
+    return [column.in_(values[i : i + _IN_BATCH]) for i in range(0, len(values), _IN_BATCH)]
 
 
 def _record_content(conn: Connection, run_id: str, content: InputContent) -> None:
