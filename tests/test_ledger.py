@@ -806,6 +806,7 @@ def test_a_new_ledger_is_migrated_to_the_current_version(ledger_url):
         recorded = conn.execute(sa.select(ledger_schema.versions.c.version)).scalars().all()
     assert recorded == list(range(1, SCHEMA_VERSION + 1))
     assert set(table_shapes(ledger)) == {
+        "charged_files",
         "ledger_schema_versions",
         "releases",
         "scope_cap_changes",

@@ -157,16 +157,12 @@ def test_a_near_duplicate_scope_is_refused_before_reading(tmp_path, tx):
     assert not (tmp_path / "b").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole: a scope is whatever the spec names (budget.scope / --scope) or the input "
-    "folder's name; the ledger cannot tell that two scopes hold the same data",
-)
 @pytest.mark.parametrize("how", ["another scope name", "a folder of links to the same days"])
 def test_the_same_data_under_another_scope_is_held_to_its_cap(tmp_path, tx, how):
     """Attack: the cap of tx/CUSTOMER_ID is spent; the same days are released again in a
     scope without a cap, named by the spec or by a folder whose day folders are symbolic
-    links to tx's."""
+    links to tx's. Refused (exit 3) before anything is read: the ledger knows tx's files by
+    content (schema v4), and the same data stays in tx's scope."""
     folder, keys = tx
     url = f"sqlite:///{tmp_path / 'state' / 'ledger.sqlite'}"
     Ledger(url).set_cap(CAPPED, BudgetPolicy(cap_epsilon=1.0), "auditor")
@@ -179,8 +175,10 @@ def test_the_same_data_under_another_scope_is_held_to_its_cap(tmp_path, tx, how)
         for day in folder.iterdir():
             (links / day.name).symlink_to(day.resolve())
         again = job_spec(links, tmp_path / "b", keys)
-    with pytest.raises(BudgetExceededError):
+    with pytest.raises(BudgetExceededError, match=f"charged in scope '{CAPPED}'"):
         run_job(again, "local", ledger=url, echo=quiet)
+    assert [r.scope for r in Ledger(url).rows()] == [CAPPED]
+    assert not (tmp_path / "b").exists()
 
 
 @settings(

@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 
 from dppipeline.commands.charts import day_axis, pyplot
-from dppipeline.ledger import CHARGED_STATES, BudgetPolicy, Ledger, LedgerRow
+from dppipeline.ledger import CHARGED_STATES, BudgetPolicy, Ledger, LedgerRow, ScopeData
 from dppipeline.ledger.caps import over_cap, spend_of, worst_spend, worst_window
 
 SPENDING = CHARGED_STATES  # what counts against a cap: reserved, reading, committed, failed
@@ -41,6 +41,14 @@ def set_cap(url: str, scope: str, policy: BudgetPolicy) -> str:
     return line
 
 
+def _data_line(data: ScopeData) -> str:
+    """`2026-01-01..2026-01-30 (30 days, 30 files by content)`: the files recorded with the
+    scope's charged releases; this data is refused in any other scope."""
+    span = f"{data.first_day}..{data.last_day} " if data.first_day is not None else ""
+    days = f"{data.days} days, " if data.days else ""
+    return f"{span}({days}{data.files} files by content)"
+
+
 def _who() -> str:
     try:
         user = getpass.getuser()
@@ -52,13 +60,15 @@ def _who() -> str:
 def show(url: str, scope: str | None, policy: BudgetPolicy | None) -> str:
     """Per scope: charged releases and their spend by sums and composed (at the cap's delta,
     or the delta the sums spend), its stored cap (or the --config one for a scope without a
-    stored cap), what is left, and a flag on any scope over its cap."""
+    stored cap), what is left, a flag on any scope over its cap, and the data days its
+    releases charged (by content: refused in any other scope)."""
     ledger = _open(url)
     try:
         scopes = [scope] if scope else ledger.scopes()
         if not scopes:
             return f"ledger {ledger.location}: no releases yet"
         stored = ledger.caps()
+        data = ledger.scope_data()
         lines = [f"ledger {ledger.location} (schema v{ledger.schema_version})"]
         lines.append(
             f"  {'scope':32} {'releases':>8} {'epsilon':>10} {'delta':>10} {'composed':>10}"
@@ -95,6 +105,9 @@ def show(url: str, scope: str | None, policy: BudgetPolicy | None) -> str:
             "  epsilon, delta: basic composition (sums); composed: the releases' privacy "
             "events composed by privacy loss distributions, at that delta"
         )
+        for name in scopes:
+            if name in data:
+                lines.append(f"  {name}: data charged {_data_line(data[name])}")
         if over:
             lines.append(f"OVER CAP: {', '.join(over)} (spent more than the cap now stored)")
         return "\n".join(lines)

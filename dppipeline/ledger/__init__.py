@@ -12,6 +12,8 @@ would let anyone average the two releases. The ledger makes both impossible:
 - liveness is a lease renewed by the running job, never a process id;
 - a release is keyed by (scope, canonical spec hash, input fingerprint, date range); the same
   key again returns the committed release: same files, no new noise, no new spend;
+- a file run's files are recorded by content (`inputs.fingerprints`) with the privacy unit:
+  the same data, copied, linked, renamed or named by another scope, is refused there;
 - SQLite is the embedded default (one host); PostgreSQL is one ledger for every host.
 
 Modules: `location` (URLs), `schema` (tables, migrations), `caps`, `keys`, `lease`, `book` (the
@@ -24,6 +26,7 @@ from dppipeline.ledger.book import (
     LedgerError,
     LedgerRow,
     ReservationLostError,
+    ScopeData,
     StoredCap,
     ledger_timeout,
 )
@@ -34,7 +37,7 @@ from dppipeline.ledger.caps import (
     BudgetPolicy,
     left_of,
 )
-from dppipeline.ledger.keys import ReleaseKey, input_fingerprint
+from dppipeline.ledger.keys import InputContent, ReleaseKey, input_fingerprint
 from dppipeline.ledger.lease import host_id, lease_seconds, renew_seconds
 from dppipeline.ledger.location import LedgerLocation, parse_ledger_url
 from dppipeline.ledger.reservation import Reservation
@@ -48,6 +51,7 @@ __all__ = [
     "BudgetExceededError",
     "BudgetPolicy",
     "CapChange",
+    "InputContent",
     "Ledger",
     "LedgerError",
     "LedgerLocation",
@@ -55,6 +59,7 @@ __all__ = [
     "ReleaseKey",
     "Reservation",
     "ReservationLostError",
+    "ScopeData",
     "StoredCap",
     "host_id",
     "input_fingerprint",

@@ -11,14 +11,23 @@ serializable transaction would give the same guarantee but abort one of two race
 serialization failure, which every caller would have to retry: more code, and under a burst of
 racers, more work.) Every other write is a single-row update conditional on the row's state,
 so it needs no lock: a reservation settled by someone else simply matches no row.
+
+The same data in two scopes: a file run's reservation records its files' content fingerprints
+(`charged_files`) and is refused when any was charged for the same privacy unit in another
+scope. On PostgreSQL that lookup and the insert also hold a transaction-level advisory lock
+per privacy unit (taken after the scope's row), so two scopes racing for the same files cannot
+both pass; reservations of file runs with the same privacy unit queue on it for the few
+milliseconds of their transaction.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import math
 import os
 import re
+import shlex
 import socket
 import unicodedata
 import weakref
@@ -33,7 +42,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Connection, Engine
 
 from dppipeline.core.events import PrivacyEvent, approx_dp, from_json, merged, to_json
-from dppipeline.errors import DPPipelineError, UsageError
+from dppipeline.errors import BudgetExceededError, DPPipelineError, UsageError
 from dppipeline.ledger.caps import (
     CHARGED_STATES,
     BudgetPolicy,
@@ -43,12 +52,13 @@ from dppipeline.ledger.caps import (
     spend_of,
     window_spend,
 )
-from dppipeline.ledger.keys import ReleaseKey
+from dppipeline.ledger.keys import InputContent, ReleaseKey
 from dppipeline.ledger.lease import host_id, lease_seconds, seconds_setting
 from dppipeline.ledger.location import LedgerLocation, parse_ledger_url
 from dppipeline.ledger.schema import (
     SCHEMA_VERSION,
     cap_changes,
+    charged_files,
     current_version,
     migrate,
     releases,
@@ -58,6 +68,9 @@ from dppipeline.ledger.schema import (
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 LIVE_STATES = ("reserved", "reading")
+# pg_advisory_xact_lock(int4, int4) class of the per-privacy-unit content lock (`reserve`).
+_CONTENT_LOCK = 0x64705F63  # "dp_c"
+_IN_BATCH = 500  # fingerprints per IN (...) list on SQLite
 
 
 class LedgerError(DPPipelineError):
@@ -105,6 +118,17 @@ class LedgerRow:
     @property
     def charged(self) -> bool:
         return self.state in CHARGED_STATES
+
+
+@dataclass(frozen=True)
+class ScopeData:
+    """What a scope's charged releases read, by content (recorded since schema v4): the span
+    of their days, how many distinct days and distinct files."""
+
+    first_day: dt.date | None  # None: only files without a day (layout `files`)
+    last_day: dt.date | None
+    days: int
+    files: int
 
 
 @dataclass(frozen=True)
@@ -250,6 +274,29 @@ class Ledger:
             named |= set(conn.execute(sa.select(releases.c.scope).distinct()).scalars())
         return sorted(named)
 
+    def scope_data(self) -> dict[str, ScopeData]:
+        """Per scope, the data its charged releases read, by content; scopes whose releases
+        recorded none (in-memory rows, releases before schema v4) are absent."""
+        c = charged_files
+        query = (
+            sa.select(
+                releases.c.scope,
+                sa.func.min(c.c.day),
+                sa.func.max(c.c.day),
+                sa.func.count(sa.distinct(c.c.day)),
+                sa.func.count(sa.distinct(c.c.fingerprint)),
+            )
+            .join_from(c, releases, releases.c.run_id == c.c.run_id)
+            .where(releases.c.state.in_(CHARGED_STATES))
+            .group_by(releases.c.scope)
+        )
+        with self._read() as conn:
+            found = conn.execute(query).all()
+        return {
+            scope: ScopeData(_day(first), _day(last), days, files)
+            for scope, first, last, days, files in found
+        }
+
     def cap(self, scope: str) -> StoredCap | None:
         """The scope's stored cap; None when it has none."""
         return self.caps().get(scope)
@@ -393,6 +440,7 @@ class Ledger:
             known = conn.execute(sa.select(scopes.c.scope).where(scopes.c.scope == key.scope))
             if known.first() is None:
                 _refuse_near_duplicate(conn, key.scope)
+            _refuse_content_of_other_scopes(conn, key)
         effective = self.effective_policy(key.scope, policy)
         with self._read() as conn:
             charged = _charged(conn, key.scope)
@@ -415,7 +463,9 @@ class Ledger:
         atomic across processes and hosts. `policy`: the job spec's cap fields, checked
         against (or, for a scope without a cap, stored as) the scope's cap. `events`: the
         release's mechanisms (`core.events`), which the scope composes; without them the
-        release counts as one (epsilon, delta) mechanism. Returns the cap applied."""
+        release counts as one (epsilon, delta) mechanism. `key.content`: the files a file run
+        reads, by content; refused when any was charged for the same privacy unit in another
+        scope, and recorded. Returns the cap applied."""
         if not (math.isfinite(epsilon) and epsilon >= 0 and 0 <= delta <= 1):
             # An infinite spend would exhaust its scope forever, recorded as a failure.
             raise UsageError(
@@ -425,6 +475,7 @@ class Ledger:
         with self._write() as conn:
             now = self._now(conn)
             row = self._lock_scope(conn, key.scope, stamp(now), f"run {run_id} ({job})")
+            _refuse_content_of_other_scopes(conn, key, lock=True)
             stored = _stored(row).policy
             if governed_policy(key.scope, stored, policy):
                 self._store_cap(
@@ -462,6 +513,8 @@ class Ledger:
                     lease_expires_at=_expiry(now),
                 )
             )
+            if key.content is not None:
+                _record_content(conn, run_id, key.content)
         return effective
 
     def mark_reading(self, run_id: str) -> None:
@@ -622,6 +675,10 @@ def _expiry(now: dt.datetime) -> str:
     return stamp(now + dt.timedelta(seconds=lease_seconds()))
 
 
+def _day(text: str | None) -> dt.date | None:
+    return dt.date.fromisoformat(text) if text else None
+
+
 def _parse(text: str) -> dt.datetime:
     moment = dt.datetime.fromisoformat(text)
     return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
@@ -645,6 +702,81 @@ def _refuse_near_duplicate(conn: Connection, scope: str) -> None:
                 f"case, spaces or slashes: use {other!r} (a near-duplicate scope would escape "
                 "its cap)"
             )
+
+
+def _refuse_content_of_other_scopes(conn: Connection, key: ReleaseKey, lock: bool = False) -> None:
+    """Raises BudgetExceededError when any file this run reads was charged (by a release that
+    is not `aborted`) for the same privacy unit in another scope: the same data, copied,
+    linked, renamed or named by another scope, stays held to its first scope's cap. `lock`:
+    on PostgreSQL, hold the privacy unit's content lock until the transaction ends."""
+    content = key.content
+    files = [f for f in content.files if f.fingerprint is not None] if content else []
+    if content is None or not files:
+        return
+    if lock and conn.dialect.name == "postgresql":
+        unit = int.from_bytes(hashlib.sha256(content.privacy_unit.encode()).digest()[:4], "big")
+        conn.execute(
+            sa.text("SELECT pg_advisory_xact_lock(CAST(:kind AS integer), CAST(:unit AS integer))"),
+            {"kind": _CONTENT_LOCK, "unit": unit - (1 << 32) if unit >= 1 << 31 else unit},
+        )
+    wanted = sorted({f.fingerprint for f in files if f.fingerprint is not None})
+    first_charge: dict[str, tuple[int, str, str]] = {}  # fingerprint -> (id, scope, run id)
+    for matching in _any_of(conn, charged_files.c.fingerprint, wanted):
+        query = (
+            sa.select(releases.c.id, releases.c.scope, releases.c.run_id)
+            .add_columns(charged_files.c.fingerprint)
+            .join_from(charged_files, releases, releases.c.run_id == charged_files.c.run_id)
+            .where(
+                charged_files.c.privacy_unit == content.privacy_unit,
+                matching,
+                releases.c.scope != key.scope,
+                releases.c.state.in_(CHARGED_STATES),
+            )
+        )
+        for found in conn.execute(query):
+            known = first_charge.get(found.fingerprint)
+            if known is None or found.id < known[0]:
+                first_charge[found.fingerprint] = (found.id, found.scope, found.run_id)
+    clashes = [f for f in files if f.fingerprint in first_charge]
+    if not clashes:
+        return
+    first = clashes[0]
+    _, scope, run_id = first_charge[first.fingerprint]  # type: ignore[index]
+    what = f"day {first.day} ({first.name})" if first.day else f"file {first.name}"
+    more = f" and {len(clashes) - 1} more of its files were" if len(clashes) > 1 else " was"
+    raise BudgetExceededError(
+        f"the input's {what}{more} already charged in scope {scope!r} (run {run_id}, privacy "
+        f"unit {content.privacy_unit}); the same data stays in that scope: run with --scope "
+        f"{shlex.quote(scope)} (budget.scope)"
+    )
+
+
+def _any_of(conn: Connection, column: sa.Column, values: list[str]) -> list[sa.ColumnElement[bool]]:
+    """`column` among `values`, as conditions whose queries together cover them: one array
+    parameter on PostgreSQL (one round trip; 500-value IN lists took it 0.4 s each on a fresh
+    table), IN lists of at most 500 values on SQLite (under its parameter limit, 999 in
+    older builds)."""
+    if conn.dialect.name == "postgresql":
+        return [column == sa.any_(sa.literal(values, pg_dialect.ARRAY(sa.Text)))]
+    return [column.in_(values[i : i + _IN_BATCH]) for i in range(0, len(values), _IN_BATCH)]
+
+
+def _record_content(conn: Connection, run_id: str, content: InputContent) -> None:
+    """The reservation's files by content, with its privacy unit (files without rows have no
+    fingerprint and are not recorded)."""
+    rows = [
+        {
+            "run_id": run_id,
+            "privacy_unit": content.privacy_unit,
+            "fingerprint": f.fingerprint,
+            "day": f.day.isoformat() if f.day is not None else None,
+            "file": f.name,
+        }
+        for f in content.files
+        if f.fingerprint is not None
+    ]
+    if rows:
+        conn.execute(charged_files.insert(), rows)
 
 
 def _new_spend(

@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection
 
 from dppipeline.errors import UsageError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 STATES = ("reserved", "reading", "committed", "failed", "aborted")
 # pg_advisory_xact_lock key for migrations: any constant shared by every dppipeline.
 _MIGRATION_LOCK = 0x64705F6C6564  # "dp_led"
@@ -136,6 +136,23 @@ cap_changes = sa.Table(
 )
 
 
+# Version 4: what each reservation of a file run reads, by content (`inputs.fingerprints`),
+# with its privacy unit: the same data is charged in one scope only (`Ledger.reserve`).
+charged_files = sa.Table(
+    "charged_files",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("run_id", sa.Text, nullable=False),  # releases.run_id
+    sa.Column("privacy_unit", sa.Text, nullable=False),
+    sa.Column("fingerprint", sa.Text, nullable=False),
+    sa.Column("day", sa.Text),  # ISO date; NULL for layout `files`
+    sa.Column("file", sa.Text, nullable=False),  # relative to the run's input, for messages
+    sa.Index("charged_files_content", "privacy_unit", "fingerprint"),
+    sa.Index("charged_files_run", "run_id"),
+    sqlite_autoincrement=True,
+)
+
+
 def stamp(moment: dt.datetime) -> str:
     """A timestamp as the ledger stores it."""
     return moment.astimezone(dt.UTC).isoformat(timespec="microseconds")
@@ -210,10 +227,17 @@ def _v3(conn: Connection, now: str) -> None:
     conn.execute(sa.text("ALTER TABLE releases ADD COLUMN events TEXT"))
 
 
+def _v4(conn: Connection, now: str) -> None:
+    """The content fingerprints of the files each reservation charges. Releases recorded
+    before have none: their data cannot be recognised under another scope."""
+    charged_files.create(conn)
+
+
 MIGRATIONS: dict[int, tuple[str, Callable[[Connection, str], None]]] = {
     1: ("releases: reserved, committed, aborted", _v1),
     2: ("states reading and failed; leases and host ids; caps per scope with history", _v2),
     3: ("privacy events per release, composed by caps", _v3),
+    4: ("content fingerprints of the files each release charges, with its privacy unit", _v4),
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 

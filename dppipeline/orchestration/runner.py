@@ -49,10 +49,12 @@ from dppipeline.inputs.files import (
     select_days,
     with_detected_layout,
 )
+from dppipeline.inputs.fingerprints import input_contents
 from dppipeline.inputs.quarantine import default_root as quarantine_root
 from dppipeline.inputs.quarantine import private_folder, run_folder, ship_quarantine, state_dir
 from dppipeline.ledger import (
     BudgetPolicy,
+    InputContent,
     Ledger,
     LedgerRow,
     ReleaseKey,
@@ -231,13 +233,19 @@ def release_key(
     rows: InputRows | None = None,
 ) -> ReleaseKey:
     """The ledger key of a spend on these days (or these in-memory rows): scope, spec hash
-    (or another request's hash), input fingerprint, date range."""
+    (or another request's hash), input fingerprint, date range; with, for files, what they
+    hold by content (their footers or ends, no data page: `inputs.fingerprints`), which the
+    ledger charges to this scope only."""
+    content = None
     if rows is not None:
         fingerprint = rows.fingerprint()
     else:
         assert spec.input.path is not None
         files = [path for day in days for path in day.files]
         fingerprint = input_fingerprint(files, spec.input.path)
+        content = InputContent(
+            spec.privacy_unit, input_contents(days, spec.input.path, spec.input.format)
+        )
     first, last = input_period(spec, days)
     return ReleaseKey(
         scope=default_scope(spec),
@@ -245,6 +253,7 @@ def release_key(
         input_fingerprint=fingerprint,
         start_date=first,
         end_date=last,
+        content=content,
     )
 
 
