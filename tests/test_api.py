@@ -111,6 +111,7 @@ def test_a_notebook_sees_no_beam_warning_and_keeps_its_logging():
     code = (
         "import logging, dppipeline\n"
         "dppipeline.plan(dppipeline.load_job({'metrics': ['count'], "
+        "'bounds': {'max_partitions_contributed': 1, 'max_contributions_per_partition': 1}, "
         "'partition_selection': {'public_partitions': '1..3'}}))\n"
         "print(len(logging.getLogger().handlers), len(logging.getLogger().filters))\n"
     )
@@ -135,14 +136,20 @@ def test_plan_is_typed_and_reads_no_data():
 
 
 def test_load_job_takes_yaml_text_a_file_a_dict_and_overrides(tmp_path):
-    text = "name: t\nmetrics: [count]\nbudget: {epsilon: 2.0, delta: 1.0e-6}\n"
+    text = (
+        "name: t\nmetrics: [count]\nbudget: {epsilon: 2.0, delta: 1.0e-6}\n"
+        "bounds: {max_partitions_contributed: 1, max_contributions_per_partition: 1}\n"
+    )
     (tmp_path / "t.yaml").write_text(text)
     for source in (text, tmp_path / "t.yaml", str(tmp_path / "t.yaml")):
         assert dppipeline.load_job(source).budget.epsilon == 2.0
-    job = dppipeline.load_job({"name": "t", "metrics": ["count"]}, budget__epsilon=0.5)
+    one = {"max_partitions_contributed": 1, "max_contributions_per_partition": 1}
+    job = dppipeline.load_job(
+        {"name": "t", "metrics": ["count"], "bounds": one}, budget__epsilon=0.5
+    )
     assert job.budget.epsilon == 0.5 and dppipeline.load_job(job) is job
     with pytest.raises(dppipeline.SpecError, match=r"budget.epsilon: must be > 0"):
-        dppipeline.load_job({"budget": {"epsilon": -1}})
+        dppipeline.load_job({"budget": {"epsilon": -1}, "bounds": one})
     # overrides of a shorthand Job reach its query; its hash is the written-out spec's
     yaml = ROOT / "jobs" / "configs" / "terminal_stats.yaml"
     overridden = dppipeline.load_job(dppipeline.load_job(yaml), bounds__max_value=100.0)

@@ -51,6 +51,8 @@ def spec_for(**overrides):
     base.update(overrides)
     base.setdefault("bounds.min_value", 0.0)
     base.setdefault("bounds.max_value", 1000.0)
+    base.setdefault("bounds.max_partitions_contributed", 1)  # L0 = Linf = 1 unless given
+    base.setdefault("bounds.max_contributions_per_partition", 1)
     return build_spec({}, base)
 
 

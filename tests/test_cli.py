@@ -18,10 +18,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import DAYS, SMALL
 
-BOUNDS = [
-    "--min-value", "0", "--max-value", "100",
-    "--max-partitions-contributed", "1", "--max-contributions-per-partition", "1",
-]  # fmt: skip
+VALUE_BOUNDS = ["--min-value", "0", "--max-value", "100"]
+PAIR_BOUNDS = ["--max-partitions-contributed", "1", "--max-contributions-per-partition", "1"]
+BOUNDS = [*VALUE_BOUNDS, *PAIR_BOUNDS]
 RUN = ["run", "--input", "{input}", "--output", "{output}", *BOUNDS]
 MANIFEST_BOUNDS = {
     "max_partitions_contributed",
@@ -295,7 +294,7 @@ def releases(tmp_path_factory, small_inputs) -> dict[str, tuple[Path, subprocess
             "3",
             "--max-contributions-per-partition",
             "2",
-            *BOUNDS,
+            *VALUE_BOUNDS,
         )
         runs[fmt] = (output, result)
     return runs
@@ -455,6 +454,8 @@ def test_plan_private_selection_without_input(tmp_path):
                 "budget.delta": 1e-5,
                 "bounds.min_value": 0.0,
                 "bounds.max_value": 100.0,
+                "bounds.max_partitions_contributed": 1,
+                "bounds.max_contributions_per_partition": 1,
             },
         )
     )
@@ -472,7 +473,8 @@ def test_plan_reads_no_data(tmp_path):
     config.write_text(
         "input:\n  path: does-not-exist\noutput: release\n"
         "partition_selection:\n  public_partitions: keys-not-there.csv\n"
-        "bounds: {min_value: 0, max_value: 100}\n"
+        "bounds: {min_value: 0, max_value: 100, max_partitions_contributed: 1,"
+        " max_contributions_per_partition: 1}\n"
     )
     result = run_cli("plan", "--config", config, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -547,7 +549,16 @@ def test_spark_without_java_fails_in_one_line(tmp_path, small_inputs):
     output = tmp_path / "release"
     argv = ["run", "--engine", "spark", "--input", small_inputs["parquet"], "--output", output]
     result = subprocess.run(
-        [sys.executable, "-m", "dppipeline", *map(str, argv), "--metrics", "count", "--no-ledger"],
+        [
+            sys.executable,
+            "-m",
+            "dppipeline",
+            *map(str, argv),
+            "--metrics",
+            "count",
+            "--no-ledger",
+            *PAIR_BOUNDS,
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -701,7 +712,8 @@ def render_plan(spec, plan, basic=None):  # a bug whose message quotes a data va
     raise KeyError("TX_AMOUNT=4242.42 of customer 1234567")
 
 dppipeline.commands.plan.render_plan = render_plan
-sys.exit(cli.main(["plan", "--min-value", "0", "--max-value", "100"]))
+sys.exit(cli.main(["plan", "--min-value", "0", "--max-value", "100",
+                   "--max-partitions-contributed", "1", "--max-contributions-per-partition", "1"]))
 """
 
 
@@ -817,7 +829,8 @@ def test_a_local_run_imports_only_what_it_uses(tmp_path, small_inputs, flags, ab
     )
     done = subprocess.run(
         [sys.executable, "-c", probe, "run", "--input", folder, "--output", tmp_path / "out",
-         "--no-ledger", "--public-partitions", "0..9", "--metrics", "count", *flags],
+         "--no-ledger", "--public-partitions", "0..9", "--metrics", "count", *PAIR_BOUNDS,
+         *flags],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -39,6 +39,8 @@ DISTINCT_TIME = "count_distinct(TX_DATETIME)"
 DISTINCT_TERMINAL = "count_distinct(TERMINAL_ID)"
 LOOSE = {"max_partitions_contributed": 50, "max_contributions_per_partition": 100}
 TIGHT = {"max_partitions_contributed": 2, "max_contributions_per_partition": 2}
+ONE = {"max_partitions_contributed": 1, "max_contributions_per_partition": 1}
+ONE_FLAGS = {f"bounds.{name}": value for name, value in ONE.items()}
 TERMINALS = "0..59"  # 50 terminals with data, 10 empty
 Z = float(norm.isf(0.5e-6))  # two-sided failure rate 1e-6
 
@@ -118,21 +120,21 @@ def exact_runs(small_inputs, tmp_path_factory, request):
 def test_the_metric_parses_to_one_canonical_form_and_column():
     assert parse_metric(" count_distinct( TERMINAL_ID ) ") == "count_distinct(TERMINAL_ID)"
     assert metric_column("count_distinct(TX_DATETIME)") == "count_distinct_TX_DATETIME"
-    spec = build_spec({}, {"metrics": f"count,{DISTINCT_TX},{DISTINCT_TIME}"})
+    spec = build_spec({}, {"metrics": f"count,{DISTINCT_TX},{DISTINCT_TIME}", **ONE_FLAGS})
     assert spec.queries[0].metrics == ("count", DISTINCT_TX, DISTINCT_TIME)
     for bad in ("count_distinct()", "count_distinct(1X)", "count_distinct(A, B)"):
         with pytest.raises(SpecError, match=r"count_distinct\(COLUMN\)"):
             parse_metric(bad)
     with pytest.raises(SpecError, match="twice"):
-        build_spec({}, {"metrics": [DISTINCT_TX, " count_distinct(TRANSACTION_ID)"]})
+        build_spec({}, {"metrics": [DISTINCT_TX, " count_distinct(TRANSACTION_ID)"], **ONE_FLAGS})
 
 
 def test_the_privacy_unit_and_unknown_columns_are_refused_in_one_line():
     with pytest.raises(UsageError, match="counts privacy units: use privacy_id_count"):
-        build_spec({}, {"metrics": ["count_distinct(CUSTOMER_ID)"]})
+        build_spec({}, {"metrics": ["count_distinct(CUSTOMER_ID)"], **ONE_FLAGS})
     with pytest.raises(UsageError, match="'MERCHANT' is not an input column"):
-        build_spec({}, {"metrics": ["count_distinct(MERCHANT)"]})
-    check_query_columns(build_spec({}, {"metrics": [DISTINCT_TX, DISTINCT_TERMINAL]}))
+        build_spec({}, {"metrics": ["count_distinct(MERCHANT)"], **ONE_FLAGS})
+    check_query_columns(build_spec({}, {"metrics": [DISTINCT_TX, DISTINCT_TERMINAL], **ONE_FLAGS}))
 
 
 # --- sensitivity and noise plan ----------------------------------------------------------------
@@ -356,7 +358,8 @@ def test_noise_has_the_manifests_std(small_inputs, tmp_path, noise, count_noise,
 def test_release_passes_check_release_and_shows_in_plan(small_inputs, tmp_path, capsys):
     ledger = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     common = ["--metrics", f"count,{DISTINCT_TX},{DISTINCT_TERMINAL}", "--public-partitions",
-              "0..59", "--epsilon", "1", "--confidence-intervals"]  # fmt: skip
+              "0..59", "--epsilon", "1", "--confidence-intervals", "--max-partitions-contributed",
+              "1", "--max-contributions-per-partition", "1"]  # fmt: skip
     assert main(["plan", *common]) == 0
     text = capsys.readouterr().out
     assert "count_distinct_TRANSACTION_ID" in text and f"{DISTINCT_TERMINAL} std" in text
@@ -395,6 +398,7 @@ def test_evaluate_measures_bounding_and_noise_of_distinct_counts(small_inputs, t
     raw = {
         "metrics": ["count", DISTINCT_TX],
         "budget": {"epsilon": 1.0, "delta": 1e-6},
+        "bounds": ONE,
         "partition_selection": {"public_partitions": TERMINALS},
         "input": {"path": str(small_inputs["parquet"]), "format": "parquet"},
     }

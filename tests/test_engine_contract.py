@@ -487,6 +487,9 @@ def rows_in(folder: Path, fmt: str) -> int:
     return sum(pq.read_metadata(p).num_rows for p in folder.glob("date=*/*.parquet"))
 
 
+PAIR = ("--max-partitions-contributed", "1", "--max-contributions-per-partition", "1")
+
+
 def simple_spec(root: Path, fmt: str, output: Path, **overrides):
     values = {
         "input.path": str(root),
@@ -494,6 +497,8 @@ def simple_spec(root: Path, fmt: str, output: Path, **overrides):
         "output": str(output),
         "bounds.min_value": 0.0,
         "bounds.max_value": 100.0,
+        "bounds.max_partitions_contributed": 1,
+        "bounds.max_contributions_per_partition": 1,
     }
     values.update(overrides)
     return build_spec({}, values)
@@ -650,7 +655,7 @@ def test_cli_public_key_files_fail_in_one_line(small_inputs, tmp_path, engine, c
     """A key above int64 and a binary key file were tracebacks (issue 15 item 8)."""
     engine_for(engine, request)
     common = ["--engine", engine, "--input", str(small_inputs["parquet"])]
-    common += ["--min-value", "0", "--max-value", "100"]
+    common += ["--min-value", "0", "--max-value", "100", *PAIR]
     big = tmp_path / "big.csv"
     big.write_text("TERMINAL_ID\n1\n9223372036854775808\n")
     cli_fails(
@@ -691,7 +696,7 @@ def test_cli_unreadable_input_folder_is_one_line(small_inputs, tmp_path):
                 *("setpriv", f"--bounding-set={DROP}", f"--inh-caps={DROP}"),
                 *(sys.executable, "-m", "dppipeline", "run", "--no-ledger", "--format", "csv"),
                 *("--input", str(folder), "--output", str(base / "out")),
-                *("--min-value", "0", "--max-value", "100"),
+                *("--min-value", "0", "--max-value", "100", *PAIR),
             ],
             capture_output=True,
             text=True,

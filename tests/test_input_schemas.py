@@ -202,7 +202,15 @@ def test_a_card_table_with_string_and_bucket_keys_runs_on_every_engine(cards, tm
 
 
 def spec_of(**fields) -> object:
-    base = {"bounds": {"min_value": 0, "max_value": 100}, "metrics": ["count"]}
+    base = {
+        "bounds": {
+            "min_value": 0,
+            "max_value": 100,
+            "max_partitions_contributed": 1,
+            "max_contributions_per_partition": 1,
+        },
+        "metrics": ["count"],
+    }
     return build_spec({**base, **fields})
 
 

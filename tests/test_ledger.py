@@ -265,7 +265,8 @@ def test_relative_sqlite_url_is_relative_to_the_working_folder(tmp_path, small_i
         result = subprocess.run(
             [sys.executable, "-m", "dppipeline", "run", "--input", small_inputs["parquet"],
              "--output", tmp_path / folder / "release", "--min-value", "0", "--max-value", "100",
-             "--metrics", "count", "--ledger", "sqlite:///state/ledger.sqlite"],
+             "--metrics", "count", "--ledger", "sqlite:///state/ledger.sqlite",
+             "--max-partitions-contributed", "1", "--max-contributions-per-partition", "1"],
             cwd=tmp_path / folder, capture_output=True, text=True, check=False, timeout=120,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
@@ -933,6 +934,7 @@ def test_a_locked_ledger_is_a_one_line_error_after_a_bounded_wait(tmp_path, smal
         result = run_cli(
             "run", "--input", small_inputs["parquet"], "--output", tmp_path / "release",
             "--min-value", "0", "--max-value", "100", "--ledger", path,
+            "--max-partitions-contributed", "1", "--max-contributions-per-partition", "1",
             env={"DPPIPELINE_LEDGER_TIMEOUT": "0.5"},
         )  # fmt: skip
     finally:

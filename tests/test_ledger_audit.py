@@ -37,6 +37,7 @@ CAPPED = "tx/CUSTOMER_ID"
 RUN_A = "20260101T000000Z-aaaaaaaa"
 RUN_B = "20260102T000000Z-bbbbbbbb"
 PAST = "2000-01-01T00:00:00.000000+00:00"
+PAIR = ["--max-partitions-contributed", "1", "--max-contributions-per-partition", "1"]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -93,6 +94,8 @@ def job_spec(input_dir: Path, output: Path, keys: Path, **extra) -> JobSpec:
         "output": str(output),
         "bounds.min_value": 0.0,
         "bounds.max_value": 100.0,
+        "bounds.max_partitions_contributed": 1,
+        "bounds.max_contributions_per_partition": 1,
         "partition_selection.public_partitions": str(keys),
     }
     overrides.update(extra)
@@ -252,7 +255,7 @@ def test_a_run_stopped_past_its_lease_never_gets_a_refund(tmp_path, tx, stage, s
     driver = tmp_path / "stopper.py"
     driver.write_text(STOPPER)
     job = ["--input", folder, "--public-partitions", keys, "--min-value", "0",
-           "--max-value", "100", "--metrics", "count", "--ledger", url]  # fmt: skip
+           "--max-value", "100", "--metrics", "count", "--ledger", url, *PAIR]  # fmt: skip
     env = {**os.environ, "DPPIPELINE_FAILPOINT": f"{stage}:stop"}
     proc = subprocess.Popen(
         [sys.executable, driver, "run", *map(str, job), "--output", tmp_path / "a"],
@@ -336,7 +339,7 @@ def test_tune_never_overwrites_the_ledger_or_other_files(tmp_path, tx, capsys):
     ledger.close()
     other = touch(tmp_path / "notes.txt", "the operator's")
     argv = ["tune", "--input", str(folder), "--public-partitions", str(keys),
-            "--metrics", "count", "--tune-epsilon", "0.1", "--ledger", url]  # fmt: skip
+            "--metrics", "count", "--tune-epsilon", "0.1", "--ledger", url, *PAIR]  # fmt: skip
     for target in (path, other):
         assert main([*argv, "--tune-output", str(target)]) == 2
         assert "--tune-output" in capsys.readouterr().err

@@ -41,6 +41,7 @@ LINF = 3
 LOW, HIGH = 0.0, 100.0
 HALF = (HIGH - LOW) / 2  # r: a row's deviation from the midpoint is at most this
 FAILURE_RATE = 1e-6
+ONE = {"max_partitions_contributed": 1, "max_contributions_per_partition": 1}  # as once implied
 
 # ---------------------------------------------------------------------------------------------
 # Spec
@@ -62,7 +63,11 @@ def test_a_query_bounding_total_rows_takes_not_the_jobs_scaling():
     """The job scales pairs; a query with max_contributions takes none of the job's L0/Linf
     kind of bounds, linf_bounding included (it would be refused with it)."""
     raw = {
-        "bounds": {"linf_bounding": "scale", "max_contributions_per_partition": 3},
+        "bounds": {
+            "linf_bounding": "scale",
+            "max_partitions_contributed": 1,
+            "max_contributions_per_partition": 3,
+        },
         "queries": [{"name": "total", "bounds": {"max_contributions": 4}}, {"name": "pair"}],
     }
     spec = spec_of(raw)
@@ -79,7 +84,7 @@ def test_scale_is_refused_with_max_contributions():
 
 def test_the_job_default_reaches_queries_tasks_and_the_manifest_field():
     raw = {
-        "bounds": {"linf_bounding": "scale", "min_value": 0, "max_value": 10},
+        "bounds": {"linf_bounding": "scale", "min_value": 0, "max_value": 10, **ONE},
         "queries": [
             {"name": "scaled", "metrics": ["count", "sum", "mean", "variance"]},
             {"name": "sampled", "metrics": ["percentile(50)"],
@@ -90,7 +95,7 @@ def test_the_job_default_reaches_queries_tasks_and_the_manifest_field():
     tasks = {t.name: t for t in plan_tasks(spec, make_plan(spec), []).tasks}
     assert tasks["scaled"].scaled and tasks["scaled"].sum_squares
     assert not tasks["sampled"].scaled
-    flagged = spec_of({}, **{"bounds.linf_bounding": "scale"})
+    flagged = spec_of({"bounds": ONE}, **{"bounds.linf_bounding": "scale"})
     assert flagged.queries[0].bounds.linf_bounding == "scale"
 
 
@@ -110,8 +115,9 @@ def test_cli_flag(capsys):
     assert code == 2 and "--linf-bounding (bounds.linf_bounding): scale keeps no rows" in err
     assert len(err.splitlines()) == 1
     code = main(
-        ["plan", "--linf-bounding", "scale", "--metrics", "count", "--public-partitions", "1..5"]
-    )
+        ["plan", "--linf-bounding", "scale", "--metrics", "count", "--public-partitions", "1..5",
+         "--max-partitions-contributed", "1", "--max-contributions-per-partition", "1"]
+    )  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0 and "Linf (max_contributions_per_partition)=1 (scaled pairs)" in out
 
@@ -353,7 +359,7 @@ def one_heavy_unit() -> pd.DataFrame:
 def far_task(scaled: bool):
     spec = spec_of({}, **{
         "metrics": ["count", "variance"], "bounds.linf_bounding": "scale" if scaled else "sample",
-        "bounds.max_contributions_per_partition": 1,
+        "bounds.max_partitions_contributed": 1, "bounds.max_contributions_per_partition": 1,
         "bounds.min_value": FAR[0], "bounds.max_value": FAR[1],
         "partition_selection.public_partitions": "1..5",
     })  # fmt: skip

@@ -90,10 +90,11 @@ def test_job_defaults_do_not_leak_across_bound_kinds():
     job = {
         "bounds": {"max_contributions": 7, "min_value": 0, "max_value": 10},
         "queries": [
-            {"name": "pair", "bounds": {"max_partitions_contributed": 3}},
+            {"name": "pair", "bounds": {"max_partitions_contributed": 3,
+                                        "max_contributions_per_partition": 1}},
             {"name": "total"},
         ],
-    }
+    }  # fmt: skip
     spec = spec_of(job)
     assert spec.query("pair").bounds.max_contributions is None
     assert spec.query("pair").bounds.max_partitions_contributed == 3
@@ -107,7 +108,8 @@ def test_a_flag_of_one_kind_replaces_the_files_other_kind():
     assert bounds.max_contributions == 6 and bounds.model_fields_set.isdisjoint(
         {"max_partitions_contributed", "max_contributions_per_partition"}
     )
-    spec = spec_of({"bounds": {"max_contributions": 6}}, **{"bounds.max_partitions_contributed": 2})
+    flags = {"bounds.max_partitions_contributed": 2, "bounds.max_contributions_per_partition": 1}
+    spec = spec_of({"bounds": {"max_contributions": 6}}, **flags)
     assert spec.queries[0].bounds.max_contributions is None
 
 

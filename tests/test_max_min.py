@@ -138,7 +138,12 @@ def test_tight_accounting_keeps_a_basic_share(accounting):
             "accounting": accounting,
             "noise": "gaussian",
             "metrics": ["count", "max", "min"],
-            "bounds": {"min_value": LOW, "max_value": HIGH},
+            "bounds": {
+                "min_value": LOW,
+                "max_value": HIGH,
+                "max_partitions_contributed": 1,
+                "max_contributions_per_partition": 1,
+            },
             "partition_selection": {"public_partitions": "1..5"},
         }
     )

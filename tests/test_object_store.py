@@ -466,7 +466,9 @@ def test_spark_without_the_schemes_connector_says_which_jars(s3, bucket, spark, 
     from dppipeline.spec.model import build_spec
 
     values = {"input.path": f"{bucket}/tx", "output": str(tmp_path / "out"),
-              "metrics": ["count"], "partition_selection.public_partitions": "0..59"}  # fmt: skip
+              "metrics": ["count"], "partition_selection.public_partitions": "0..59",
+              "bounds.max_partitions_contributed": 1,
+              "bounds.max_contributions_per_partition": 1}  # fmt: skip
     with pytest.raises(DPPipelineError) as refused:
         run_job(build_spec({}, values), "spark", echo=lambda _: None)
     message = str(refused.value)

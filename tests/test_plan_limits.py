@@ -24,7 +24,12 @@ from dppipeline.spec.model import build_spec
 
 
 def spec(**overrides):
-    base = {"bounds.min_value": 0.0, "bounds.max_value": 100.0}
+    base = {
+        "bounds.min_value": 0.0,
+        "bounds.max_value": 100.0,
+        "bounds.max_partitions_contributed": 1,
+        "bounds.max_contributions_per_partition": 1,
+    }
     return build_spec({}, {**base, **overrides})
 
 
@@ -59,7 +64,12 @@ def test_an_epsilon_share_below_pydps_minimum_names_budget_epsilon():
 
 def test_a_tiny_query_weight_names_the_weight_too():
     raw = {
-        "bounds": {"min_value": 0.0, "max_value": 100.0},
+        "bounds": {
+            "min_value": 0.0,
+            "max_value": 100.0,
+            "max_partitions_contributed": 1,
+            "max_contributions_per_partition": 1,
+        },
         "budget": {"epsilon": 1.0},
         "queries": [
             {"name": "big", "partition_selection": {"public_partitions": "1..5"}},

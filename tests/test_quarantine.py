@@ -30,6 +30,9 @@ def with_one_bad_row(small_inputs, folder: Path) -> Path:
     return path
 
 
+PAIR = ["--max-partitions-contributed", "1", "--max-contributions-per-partition", "1"]
+
+
 def spec(root: Path, output: Path, **extra):
     values = {
         "input.path": str(root),
@@ -37,6 +40,8 @@ def spec(root: Path, output: Path, **extra):
         "output": str(output),
         "bounds.min_value": 0.0,
         "bounds.max_value": 100.0,
+        "bounds.max_partitions_contributed": 1,
+        "bounds.max_contributions_per_partition": 1,
     }
     values.update(extra)
     return build_spec({}, values)
@@ -93,7 +98,7 @@ def test_a_quarantine_the_release_readers_could_see_is_refused(
     output = tmp_path / "share" / "release"
     quarantine = where(output)
     argv = ["run", "--no-ledger", "--format", "csv", "--input", str(tmp_path / "in")]
-    argv += ["--output", str(output), "--min-value", "0", "--max-value", "100"]
+    argv += ["--output", str(output), "--min-value", "0", "--max-value", "100", *PAIR]
     assert main([*argv, "--quarantine", str(quarantine)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("dppipeline run: error: --quarantine: "), err
@@ -117,7 +122,7 @@ def test_a_chosen_quarantine_is_used_from_the_flag_or_the_spec(small_inputs, tmp
     assert mode(chosen) == 0o700  # created here, so owner-only
     flag = tmp_path / "operator" / "by_flag"
     argv = ["run", "--no-ledger", "--format", "csv", "--input", str(tmp_path / "in")]
-    argv += ["--output", str(tmp_path / "b"), "--min-value", "0", "--max-value", "100"]
+    argv += ["--output", str(tmp_path / "b"), "--min-value", "0", "--max-value", "100", *PAIR]
     assert main([*argv, "--quarantine", str(flag)]) == 0
     assert len(list(flag.glob("*/rejected.parquet"))) == 1
     assert str(flag) not in capsys.readouterr().out  # stdout is the release's path only

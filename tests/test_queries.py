@@ -448,7 +448,15 @@ def test_the_bank_partner_config_plans_and_names_every_query():
 def test_a_bad_filter_names_the_query_and_position(tmp_path, filter_text, message):
     from dppipeline.errors import SpecError
 
-    queries = [{"name": "q", "filter": filter_text, "partition_by": [], "metrics": ["count"]}]
+    queries = [
+        {
+            "name": "q",
+            "filter": filter_text,
+            "partition_by": [],
+            "metrics": ["count"],
+            "bounds": {"max_contributions_per_partition": 1},  # a global total: Linf only
+        }
+    ]
     with pytest.raises(SpecError) as error:
         build_spec({"queries": queries, "input": {"path": str(tmp_path)}})
     assert message in str(error.value)

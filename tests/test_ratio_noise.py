@@ -134,6 +134,8 @@ def test_plan_manifest_and_report_state_the_bound():
             "metrics": ["count", "mean", "variance"],
             "bounds.min_value": LOW,
             "bounds.max_value": HIGH,
+            "bounds.max_partitions_contributed": 1,
+            "bounds.max_contributions_per_partition": 1,
             "partition_selection.public_partitions": "1..3",
         },
     )

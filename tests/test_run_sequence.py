@@ -42,7 +42,10 @@ from dppipeline.orchestration.runner import run_job
 from dppipeline.spec.hashing import canonical_spec
 from dppipeline.spec.model import BoundsSpec, JobSpec, build_spec
 
-BOUNDS = ["--min-value", "0", "--max-value", "100"]
+BOUNDS = [
+    "--min-value", "0", "--max-value", "100",
+    "--max-partitions-contributed", "1", "--max-contributions-per-partition", "1",
+]  # fmt: skip
 JOB = [*BOUNDS, "--metrics", "count"]
 PAST = "2000-01-01T00:00:00.000000+00:00"
 STAGING = re.compile(r"^\.release\.staging-\d{8}T\d{6}Z-[0-9a-f]{8}$")
@@ -112,6 +115,8 @@ def job_spec(input_dir: Path, output: Path, keys: Path, **extra) -> JobSpec:
         "output": str(output),
         "bounds.min_value": 0.0,
         "bounds.max_value": 100.0,
+        "bounds.max_partitions_contributed": 1,
+        "bounds.max_contributions_per_partition": 1,
         "partition_selection.public_partitions": str(keys),
     }
     overrides.update(extra)
@@ -230,6 +235,7 @@ def test_adding_a_defaulted_field_keeps_every_key():
     spec = build_spec(
         {},
         {"input.path": "/data/tx", "bounds.min_value": 0.0, "bounds.max_value": 100.0,
+         "bounds.max_partitions_contributed": 1, "bounds.max_contributions_per_partition": 1,
          "budget.epsilon": 0.5},
     )  # fmt: skip
 
@@ -266,6 +272,7 @@ def test_the_canonical_spec_keeps_only_what_changes_the_release(tmp_path):
             "budget.cap_epsilon": 3.0,
             "budget.window_days": 30,
             "bounds.max_partitions_contributed": 4,
+            "bounds.max_contributions_per_partition": 1,  # the former default: not in the key
             "bounds.min_value": 0.0,
             "bounds.max_value": 100.0,
             "partition_selection.public_partitions": str(keys),
@@ -528,6 +535,8 @@ from dppipeline.orchestration.runner import release_key, input_days
 from dppipeline.spec.model import build_spec
 url, source = sys.argv[1:]
 spec = build_spec({}, {"input.path": source, "bounds.min_value": 0.0, "bounds.max_value": 100.0,
+                       "bounds.max_partitions_contributed": 1,
+                       "bounds.max_contributions_per_partition": 1,
                        "metrics": ["count"], "budget.scope": "s"})
 key = release_key(spec, input_days(spec), "another-job")
 ledger = Ledger(url)

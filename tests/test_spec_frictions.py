@@ -27,6 +27,8 @@ HUGE = [
     "--max-contributions-per-partition",
     "100",
 ]
+# L0 = Linf = 1, stated: the bounds the spec-only checks below once took by default.
+PAIR = {"max_partitions_contributed": 1, "max_contributions_per_partition": 1}
 
 
 def cli(*args: object, env: dict | None = None) -> subprocess.CompletedProcess[str]:
@@ -91,12 +93,17 @@ def test_a_folder_mixing_layouts_is_refused_in_one_line(small_inputs, tmp_path):
 
 def test_public_keys_can_be_listed_inline():
     spec = build_spec(
-        {"metrics": ["count"], "partition_selection": {"public_partitions": [3, 1, 2]}}
+        {
+            "metrics": ["count"],
+            "bounds": PAIR,
+            "partition_selection": {"public_partitions": [3, 1, 2]},
+        }
     )
     assert spec.queries[0].partition_selection.public_partitions == {"TERMINAL_ID": [3, 1, 2]}
     same = build_spec(
         {
             "metrics": ["count"],
+            "bounds": PAIR,
             "partition_selection": {"public_partitions": {"TERMINAL_ID": [3, 1, 2]}},
         }
     )
@@ -108,6 +115,7 @@ def test_public_keys_can_be_listed_inline():
                     {
                         "name": "q",
                         "metrics": ["count"],
+                        "bounds": PAIR,
                         "partition_by": ["TERMINAL_ID", "day"],
                         "partition_selection": {"public_partitions": [1, 2]},
                     }
@@ -115,7 +123,9 @@ def test_public_keys_can_be_listed_inline():
             }
         )
     with pytest.raises(SpecError, match="public_partitions: must list at least one key"):
-        build_spec({"metrics": ["count"], "partition_selection": {"public_partitions": []}})
+        build_spec(
+            {"metrics": ["count"], "bounds": PAIR, "partition_selection": {"public_partitions": []}}
+        )
 
 
 def test_a_job_level_filter_applies_to_its_queries(small_inputs, tmp_path):
@@ -151,7 +161,7 @@ def test_a_job_level_filter_applies_to_its_queries(small_inputs, tmp_path):
     for name, truth in (("big", kept), ("big_low_terminals", kept[kept["TERMINAL_ID"] < 10])):
         released = pd.read_parquet(tmp_path / "out" / name)
         assert abs(released["count"].sum() - len(truth)) < 1, name
-    shorthand = build_spec({"filter": "TX_AMOUNT >= 25", "metrics": ["count"]})
+    shorthand = build_spec({"filter": "TX_AMOUNT >= 25", "metrics": ["count"], "bounds": PAIR})
     assert shorthand.queries[0].filter == "TX_AMOUNT >= 25"
 
 
@@ -159,7 +169,8 @@ def test_generate_help_shows_defaults_and_plan_says_rows_for_counts():
     helped = cli("generate", "--help")
     assert "(default: 5000)" in helped.stdout and "(default: parquet)" in helped.stdout
     planned = cli(
-        "plan", "--metrics", "count,privacy_id_count,sum", "--min-value", "0", "--max-value", "100"
-    )
+        "plan", "--metrics", "count,privacy_id_count,sum", "--min-value", "0", "--max-value", "100",
+        "--max-partitions-contributed", "1", "--max-contributions-per-partition", "1",
+    )  # fmt: skip
     assert planned.returncode == 0, planned.stderr
     assert "count, privacy_id_count of rows; sum of TX_AMOUNT per TERMINAL_ID" in planned.stdout

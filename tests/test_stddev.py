@@ -45,7 +45,9 @@ def test_stddev_is_exact_at_a_huge_epsilon(small_inputs, tmp_path, engine, reque
 def test_stddev_costs_nothing_beyond_the_variance_and_is_its_square_root(small_inputs, tmp_path):
     def spec(metrics):
         return build_spec({}, {"metrics": metrics, "bounds.min_value": 0.0,
-                               "bounds.max_value": 150.0, "budget.epsilon": 1.0})  # fmt: skip
+                               "bounds.max_value": 150.0, "budget.epsilon": 1.0,
+                               "bounds.max_partitions_contributed": 1,
+                               "bounds.max_contributions_per_partition": 1})  # fmt: skip
 
     with_stddev = make_plan(spec(["count", "variance", "stddev"])).queries[0].plan
     alone = make_plan(spec(["count", "variance"])).queries[0].plan

@@ -20,6 +20,8 @@ from dppipeline.ledger import Ledger
 from dppipeline.spec.model import build_spec
 
 CUSTOMERS, TERMINALS_EACH, ROWS_EACH, MAX_AMOUNT = 3000, 6, 4, 120.0
+# A job states L0 and Linf, even one `tune` replaces (its candidates set them): 1, as before.
+PAIR = ["--max-partitions-contributed", "1", "--max-contributions-per-partition", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +117,7 @@ def test_a_capped_scope_refuses_and_spends_nothing(known, tmp_path, capsys):
     argv = [
         "tune", "--config", str(config), "--input", str(root), "--public-partitions",
         str(keys), "--metrics", "count", "--tune-epsilon", "0.1", "--ledger", ledger,
-        "--tune-output", str(tmp_path / "t.json"),
+        "--tune-output", str(tmp_path / "t.json"), *PAIR,
     ]  # fmt: skip
     assert main(argv) == 3
     assert not (tmp_path / "t.json").exists()
@@ -126,7 +128,7 @@ def test_cli_prints_the_table_and_yaml_and_rejects_unknown_query(known, tmp_path
     root, keys = known
     ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
     base = ["tune", "--input", str(root), "--public-partitions", str(keys),
-            "--metrics", "count", "--ledger", ledger]  # fmt: skip
+            "--metrics", "count", "--ledger", ledger, *PAIR]  # fmt: skip
     assert main([*base, "--tune-output", str(tmp_path / "t.json")]) == 0
     out = capsys.readouterr().out
     assert "<- recommended" in out and "max_partitions_contributed: 6" in out
@@ -146,6 +148,7 @@ def test_a_stored_cap_holds_tune_too(known, tmp_path, capsys):
     argv = [
         "tune", "--input", str(root), "--public-partitions", str(keys), "--metrics", "count",
         "--tune-epsilon", "0.1", "--ledger", ledger, "--tune-output", str(tmp_path / "t.json"),
+        *PAIR,
     ]  # fmt: skip
     assert main(argv) == 3
     assert "0.05 left of 0.05" in capsys.readouterr().err
@@ -185,7 +188,9 @@ def test_noise_that_hides_the_data_gives_no_recommendation(known, tmp_path, caps
     config = tmp_path / "jobs" / "small.yaml"
     config.parent.mkdir()
     config.write_text(
-        'metrics: [count]\nqueries: [{name: few, filter: "TERMINAL_ID < 3", '
+        "metrics: [count]\n"
+        "bounds: {max_partitions_contributed: 1, max_contributions_per_partition: 1}\n"
+        'queries: [{name: few, filter: "TERMINAL_ID < 3", '
         f"partition_selection: {{public_partitions: {keys}}}}}]\n"
     )
     argv = ["tune", "--config", str(config), "--input", str(root),

@@ -335,6 +335,8 @@ def job(root: Path, fmt: str, output: Path):
             "output": str(output),
             "bounds.min_value": 0.0,
             "bounds.max_value": 100.0,
+            "bounds.max_partitions_contributed": 1,
+            "bounds.max_contributions_per_partition": 1,
         },
     )
 
@@ -434,6 +436,10 @@ def test_above_threshold_cli_exit_1_without_release(tmp_path, small_inputs):
             "0",
             "--max-value",
             "100",
+            "--max-partitions-contributed",
+            "1",
+            "--max-contributions-per-partition",
+            "1",
         ],
         capture_output=True,
         text=True,
@@ -501,7 +507,12 @@ def test_only_the_columns_a_job_reads_are_validated(engine, tmp_path, small_inpu
                 "name": name,
                 "input": {"path": str(root), "format": "parquet", "max_rejected_fraction": 0.01},
                 "output": str(tmp_path / name),
-                "bounds": {"min_value": 0.0, "max_value": 100.0},
+                "bounds": {
+                    "min_value": 0.0,
+                    "max_value": 100.0,
+                    "max_partitions_contributed": 1,
+                    "max_contributions_per_partition": 1,
+                },
                 "queries": [{"name": "q", "partition_by": partition_by, "metrics": ["count"]}],
             }
         )

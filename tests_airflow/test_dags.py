@@ -517,7 +517,8 @@ def test_the_sensor_and_the_marker_work_on_s3_roots(airflow_db, monkeypatch, tmp
         done = subprocess.run(
             [str(MAIN_PYTHON), "-m", "dppipeline", "run", "--input", f"{bucket}/tx",
              "--output", release, "--metrics", "count", "--min-value", "0",
-             "--max-value", "100", "--public-partitions", "0..9", "--no-ledger"],
+             "--max-value", "100", "--public-partitions", "0..9", "--no-ledger",
+             "--max-partitions-contributed", "1", "--max-contributions-per-partition", "1"],
             check=False, capture_output=True, text=True,
             env={**os.environ, "DPPIPELINE_STATE_DIR": str(tmp_path / "state")},
         )  # fmt: skip
