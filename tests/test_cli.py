@@ -18,6 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import DAYS, SMALL
 
+from dppipeline.ledger import Ledger
+
 VALUE_BOUNDS = ["--min-value", "0", "--max-value", "100"]
 PAIR_BOUNDS = ["--max-partitions-contributed", "1", "--max-contributions-per-partition", "1"]
 BOUNDS = [*VALUE_BOUNDS, *PAIR_BOUNDS]
@@ -230,6 +232,41 @@ ERROR_CASES = [
         2,
         ["queries.q.filter", "more than 500 conditions"],
         id="config-filter-too-long",
+    ),
+    # No silent bounds: L0 = Linf = 1 released nothing on the demo data, exit 0, charged.
+    pytest.param(
+        ["run", "--input", "{input}", "--output", "{output}", "--metrics", "count"],
+        {},
+        2,
+        ["--max-partitions-contributed", "bounds.max_partitions_contributed", "required"],
+        id="no-l0",
+    ),
+    pytest.param(
+        [
+            "run",
+            "--input",
+            "{input}",
+            "--output",
+            "{output}",
+            "--metrics",
+            "count",
+            "--max-partitions-contributed",
+            "4",
+        ],
+        {},
+        2,
+        ["--max-contributions-per-partition", "required"],
+        id="no-linf",
+    ),
+    pytest.param(
+        [*RUN, "--delta", "0.999999"], {}, 2, ["--delta", "reveal a customer"], id="delta-near-1"
+    ),
+    pytest.param(
+        [*RUN, "--no-ledger", "--cap-epsilon", "1"],
+        {},
+        2,
+        ["budget.cap_epsilon", "only a ledger enforces it", "--no-ledger"],
+        id="cap-without-ledger",
     ),
 ]
 
@@ -864,3 +901,31 @@ def test_the_cli_exit_ends_with_live_threads_and_keeps_the_code():
         [sys.executable, "-c", _LIVE_POOL_AT_EXIT], check=False, timeout=60, env=env
     )
     assert done.returncode == 3
+
+
+def test_tune_refuses_an_infinite_epsilon_and_records_nothing(small_inputs, tmp_path):
+    """`--tune-epsilon inf` once reserved infinity and left a failed row of epsilon inf: the
+    scope was exhausted for ever. Refused now before anything is recorded."""
+    ledger = tmp_path / "ledger.sqlite"
+    result = run_cli(
+        "tune", "--input", small_inputs["parquet"], *BOUNDS, "--partitions", "50",
+        "--tune-epsilon", "inf", "--ledger", ledger,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    (line,) = stderr_lines(result)
+    assert "--tune-epsilon: must be finite" in line
+    assert not ledger.exists() or Ledger(ledger).rows() == []
+
+
+def test_plan_warns_when_the_pre_threshold_exceeds_what_the_noise_needs():
+    result = run_cli(
+        "plan", *BOUNDS, "--metrics", "count", "--pre-threshold", "40",
+        "--partition-selection", "laplace_thresholding",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "warning: pre_threshold=40 exceeds the 32 CUSTOMER_ID the noise alone needs" in (
+        result.stdout
+    )
+    quiet = run_cli("plan", *BOUNDS, "--metrics", "count", "--pre-threshold", "2",
+                    "--partition-selection", "laplace_thresholding")  # fmt: skip
+    assert "warning" not in quiet.stdout

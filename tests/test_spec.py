@@ -95,18 +95,6 @@ RULES = [
         id="max-missing-with-sum",
     ),
     pytest.param(
-        changed(bounds__max_partitions_contributed=DROP),
-        "bounds.max_partitions_contributed",
-        ["required", "L0"],
-        id="l0-missing",
-    ),
-    pytest.param(
-        changed(bounds__max_contributions_per_partition=DROP),
-        "bounds.max_contributions_per_partition",
-        ["required", "Linf"],
-        id="linf-missing",
-    ),
-    pytest.param(
         changed(metrics=["mean"], bounds__min_value=DROP, bounds__max_value=DROP),
         None,
         ["max_value"],
@@ -648,15 +636,40 @@ def test_an_explicit_query_error_names_the_query_and_the_shorthand_the_job():
 def test_bounds_a_query_does_not_use_may_be_left_out():
     """L0 bounds partitions and Linf rows per partition: a global total needs no L0 (one
     partition), privacy_id_count alone no Linf (a unit counts once per partition), and
-    max_contributions replaces both."""
+    max_contributions replaces both: each plans without them."""
+    from dppipeline.orchestration.runner import make_plan
+
     total = changed(partition_key=DROP, bounds__max_partitions_contributed=DROP)
     total["queries"] = [{"name": "all", "partition_by": []}]
-    assert build_spec(total).queries[0].pair_bounds == (1, 1)
     units = changed(metrics=["privacy_id_count"], bounds__max_contributions_per_partition=DROP)
     units["bounds"]["max_partitions_contributed"] = 4
-    assert build_spec(units).queries[0].pair_bounds == (4, 1)
     rows = changed(
         bounds__max_partitions_contributed=DROP, bounds__max_contributions_per_partition=DROP
     )
     rows["bounds"]["max_contributions"] = 7
-    assert build_spec(rows).queries[0].bounds.max_contributions == 7
+    for raw, pair in ((total, (1, 1)), (units, (4, 1)), (rows, None)):
+        spec = build_spec(raw)
+        make_plan(spec)
+        if pair is not None:
+            assert spec.queries[0].pair_bounds == pair
+
+
+@pytest.mark.parametrize(
+    ("dropped", "fragment"),
+    [("max_partitions_contributed", "L0"), ("max_contributions_per_partition", "Linf")],
+)
+def test_a_release_needs_the_contribution_bounds_it_uses(dropped, fragment):
+    """No default suits every dataset: planning a release refuses a bound a query uses and
+    does not state, naming the field (the spec itself loads: `tune` recommends bounds)."""
+    from dppipeline.orchestration.runner import make_plan
+
+    spec = build_spec(changed(**{f"bounds__{dropped}": DROP}))
+    with pytest.raises(SpecError) as info:
+        make_plan(spec)
+    assert info.value.field == f"bounds.{dropped}"
+    assert "required" in info.value.rule and fragment in info.value.rule
+    queries = changed(**{f"bounds__{dropped}": DROP})
+    queries["queries"] = [{"name": "q"}]
+    with pytest.raises(SpecError) as info:
+        make_plan(build_spec(queries))
+    assert info.value.field == f"queries.q.bounds.{dropped}"

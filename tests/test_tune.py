@@ -83,6 +83,22 @@ def test_recommends_the_bounds_the_data_was_built_with(known, tmp_path):
     ]
 
 
+def test_tune_needs_no_contribution_bounds_in_the_job(known, tmp_path):
+    """A release refuses a job without L0 and Linf; tune, which recommends them, takes it
+    and recommends the same bounds as with placeholder ones."""
+    root, keys = known
+    unbounded = job(root, keys).to_dict()
+    del unbounded["bounds"]["max_partitions_contributed"]
+    del unbounded["bounds"]["max_contributions_per_partition"]
+    del unbounded["queries"]
+    spec = build_spec(unbounded)
+    result, _ = tune(
+        spec, query_name=None, epsilon=1.0, partitions=None, ledger=None,
+        output=tmp_path / "tune.json", progress=lambda _: None,
+    )  # fmt: skip
+    assert (result.best.l0, result.best.linf) == (TERMINALS_EACH, ROWS_EACH)
+
+
 def test_histogram_noise_is_present_and_as_claimed(known):
     """Released minus exact over 2,000 draws of the 22-bin histogram: the variance matches
     2 b^2 within the sampling tolerance of a Laplace variance (kurtosis 6), failure rate 1e-6;

@@ -42,7 +42,8 @@ def query(
 ) -> dict[str, Any]:
     """A job of one query, as a dict of spec fields (`load_job`, `release`, `Session`):
     `metrics` per partition of `group_by` (no columns: one global total) over the rows
-    `filter` keeps; bounds as in a job spec (unset: the spec's defaults); `public_keys` as
+    `filter` keeps; bounds as in a job spec (L0 and Linf must be stated for a release, or
+    max_contributions; see the job spec); `public_keys` as
     partition_selection.public_partitions (unset: private selection). Budget fields are left
     to the caller (`Session.release` sets them)."""
     bounds = {

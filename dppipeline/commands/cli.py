@@ -416,7 +416,9 @@ def _add_logging_flags(parser: argparse.ArgumentParser, default: object) -> None
     )
 
 
-def _spec_from_args(args: argparse.Namespace):
+def _spec_from_args(args: argparse.Namespace, *, release: bool = True):
+    """The job spec of the flags and `--config`; `release`: one a run or a plan can release
+    from (its contribution bounds stated; `tune`, which recommends them, passes False)."""
     from dppipeline.spec.model import build_spec, load_raw  # noqa: PLC0415
 
     raw = load_raw(args.config) if args.config else {}
@@ -427,6 +429,8 @@ def _spec_from_args(args: argparse.Namespace):
             overrides[field] = value
     try:
         spec = build_spec(raw, overrides)
+        if release:
+            spec.require_contribution_bounds()
     except SpecError as exc:
         # Name the flag when the bad value came from one, the config file otherwise.
         field = exc.field
@@ -572,7 +576,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from dppipeline.commands.tune import render, tune  # noqa: PLC0415
     from dppipeline.orchestration.ledger_choice import choose_ledger  # noqa: PLC0415
 
-    spec = _spec_from_args(args)
+    spec = _spec_from_args(args, release=False)
     ledger = choose_ledger(False if args.no_ledger else args.ledger, spec, "--no-ledger")
     if ledger is None:
         logs.log.warning("[tune] --no-ledger: this spend is NOT recorded anywhere")

@@ -233,7 +233,7 @@ def tune(
         raise UsageError(
             f"--tune-epsilon: must be finite and >= 2^-50 (~{MIN_EPSILON:.2g}), got {eps:g}"
         )
-    plan = make_plan(spec)
+    plan = make_plan(spec, require_bounds=False)  # its bounds are what tune recommends
     days = input_days(spec)
     task = plan_tasks(spec, plan, days).task(name)
     if partitions is None:
@@ -401,7 +401,7 @@ def _count_noise(spec: JobSpec, query: QuerySpec, bounds: dict) -> float:
     accounting = "zcdp" if spec.accounting == "pld" else spec.accounting
     job = spec.model_copy(update={"accounting": accounting, "queries": tuple(
         tuned if q.name == query.name else q for q in spec.queries)})  # fmt: skip
-    plan = make_plan(job).query(query.name).plan
+    plan = make_plan(job, require_bounds=False).query(query.name).plan
     return float(plan.metric_noise_stddev("count") or 0.0)
 
 

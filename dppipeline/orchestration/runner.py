@@ -102,8 +102,11 @@ class InputRows:
         return f"dataset:{self.dataset_id}" if self.dataset_id else f"memory:{uuid.uuid4().hex}"
 
 
-def make_plan(spec: JobSpec) -> JobPlan:
-    """The job's budget split over all its queries; checks every query's columns first."""
+def make_plan(spec: JobSpec, *, require_bounds: bool = True) -> JobPlan:
+    """The job's budget split over all its queries; checks every query's columns and (unless
+    `require_bounds` is off: `tune`, which recommends them) its contribution bounds first."""
+    if require_bounds:
+        spec.require_contribution_bounds()
     check_query_columns(spec)
     queries = [
         (

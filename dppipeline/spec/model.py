@@ -863,9 +863,6 @@ class QuerySpec(_Section):
                 "the kept rows: use sample for this query",
                 at="bounds.linf_bounding",
             )
-        missing = self.missing_bounds()
-        if missing is not None:
-            raise _broken(missing[1], at=f"bounds.{missing[0]}")
         if self.needs_value_bounds and self.bounds.min_value is None:
             raise _broken(
                 "min_value and max_value are required for sum, mean, variance, max, min and "
@@ -1202,6 +1199,16 @@ class JobSpec(_Section):
     def to_dict(self) -> dict[str, Any]:
         """The spec as JSON data (as the manifest records it)."""
         return self.model_dump(mode="json")
+
+    def require_contribution_bounds(self) -> None:
+        """Raises SpecError naming the first contribution bound a query uses and does not
+        state (`QuerySpec.missing_bounds`). Every release plans through this; `tune`, which
+        recommends those bounds, does not need them."""
+        for query in self.queries:
+            missing = query.missing_bounds()
+            if missing is not None:
+                where = "" if self.is_shorthand else f"queries.{query.name}."
+                raise SpecError(f"{where}bounds.{missing[0]}", missing[1])
 
     def spec_hash(self) -> str:
         """sha256 of the canonical spec: what decides the release's numbers, defaults left
@@ -1646,7 +1653,8 @@ def describe_fields() -> list[tuple[str, str, str]]:
                 rows.append((f"queries[].{sub}", default, sub_info.description or ""))
         elif isinstance(section, type) and issubclass(section, _Section):
             for sub, sub_info in section.model_fields.items():
-                rows.append((f"{name}.{sub}", repr(sub_info.default), sub_info.description or ""))
+                default = "required" if sub in PER_PARTITION_BOUNDS else repr(sub_info.default)
+                rows.append((f"{name}.{sub}", default, sub_info.description or ""))
         else:
             rows.append((name, repr(info.default), doc))
     return rows

@@ -157,8 +157,10 @@ class _ReleaseShard(beam.DoFn):
         tables = {}
         for query, released in release_job(self._plan, shard_tasks, exact).items():
             schema = self._schemas[query]
-            tables[query] = pa.Table.from_pandas(
-                released[schema.names], schema=schema, preserve_index=False
+            tables[query] = (
+                pa.Table.from_pandas(released[schema.names], schema=schema, preserve_index=False)
+                if len(released)
+                else schema.empty_table()  # an empty frame's date keys are float64
             )
         return tables
 
