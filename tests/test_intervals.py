@@ -191,3 +191,149 @@ def test_no_intervals_unless_asked(small_inputs, tmp_path):
     assert not [c for c in released.columns if "_ci_" in c]
     metrics = manifest["queries"]["terminal_stats"]["metrics"]
     assert all("confidence_interval" not in m for m in metrics.values())
+
+
+# ------------------------------------------------------------------ coverage, regime by regime
+
+PARTITIONS = 4000
+REGIMES = [
+    # (noise, count_noise, L0 x Linf): count noise std below 200 (L0 Linf = 20) and above it
+    # (L0 Linf = 200) at epsilon 1 over four mechanisms
+    pytest.param("laplace", "discrete", 20, id="laplace-discrete-small-std"),
+    pytest.param("laplace", "discrete", 200, id="laplace-discrete-large-std"),
+    pytest.param("laplace", "continuous", 200, id="laplace-continuous-large-std"),
+    pytest.param("gaussian", "discrete", 20, id="gaussian-discrete-small-std"),
+    pytest.param("gaussian", "discrete", 200, id="gaussian-discrete-large-std"),
+    pytest.param("gaussian", "continuous", 20, id="gaussian-continuous-small-std"),
+]
+
+
+def regime_plan(noise: str, count_noise: str, l0_linf: int):
+    params = AggregationParams(
+        metrics=("count", "sum", "mean", "variance", "stddev"),
+        noise=noise,
+        max_partitions_contributed=l0_linf // 10 if l0_linf >= 10 else 1,
+        max_contributions_per_partition=10 if l0_linf >= 10 else l0_linf,
+        min_value=0.0,
+        max_value=200.0,
+        public_partitions=True,
+        confidence_intervals=True,
+        count_noise=count_noise,
+    )
+    return plan_budget(params, 1.0, 1e-6)
+
+
+def identical_partitions(rows: int, low_share: float = 0.25) -> tuple[pd.DataFrame, dict]:
+    """PARTITIONS partitions of `rows` rows each, a quarter at 30 and the rest at 170: the
+    exact aggregates and the exact metric values (the same for every partition)."""
+    from dppipeline.core.release import CENTRED_SQUARES
+
+    low = round(rows * low_share)
+    values = np.array([30.0] * low + [170.0] * (rows - low))
+    exact = pd.DataFrame(
+        {
+            "k": np.arange(PARTITIONS),
+            "privacy_id_count": np.full(PARTITIONS, rows, dtype=np.int64),
+            "count": np.full(PARTITIONS, rows, dtype=np.int64),
+            "sum": np.full(PARTITIONS, values.sum()),
+            CENTRED_SQUARES: np.full(PARTITIONS, ((values - 100.0) ** 2).sum()),
+        }
+    )
+    truth = {
+        "count": rows,
+        "sum": values.sum(),
+        "mean": values.mean(),
+        "variance": values.var(),
+        "stddev": values.std(),
+    }
+    return exact, truth
+
+
+def coverage_tolerance(n: int) -> float:
+    """Four standard errors of a 95% coverage share over n independent intervals."""
+    return 4 * math.sqrt(0.95 * 0.05 / n)
+
+
+@pytest.mark.parametrize(("noise", "count_noise", "l0_linf"), REGIMES)
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_intervals_cover_95_percent_and_are_as_narrow_as_the_noise_allows(
+    noise, count_noise, l0_linf, size
+):
+    """For PARTITIONS identical partitions (so every released value is an independent draw
+    of the same mechanism): each metric's interval covers the exact value in 95% of them
+    within 4 standard errors (or more, never less), and its median width is at most 10% above
+    the Monte Carlo width of the same mechanism (the central 95% range of the released values
+    themselves). Small: 5 x the count's 95% noise half-width rows (ratios mostly noise);
+    large: 40 x."""
+    from dppipeline.core.release import noise_partitions
+
+    plan = regime_plan(noise, count_noise, l0_linf)
+    w_n = half_width(plan.mechanism("count"))
+    rows = max(2, round((5 if size == "small" else 40) * w_n))
+    exact, truth = identical_partitions(rows)
+    released = noise_partitions(exact, ["k"], plan)
+    tolerance = coverage_tolerance(PARTITIONS)
+    for metric in ("count", "sum", "mean", "variance", "stddev"):
+        low, high = released[f"{metric}_ci_low"], released[f"{metric}_ci_high"]
+        covered = ((low <= truth[metric] + 1e-9) & (truth[metric] - 1e-9 <= high)).mean()
+        assert covered >= 0.95 - tolerance, (metric, covered)
+        values = released[metric].to_numpy(dtype=np.float64)
+        monte_carlo = np.quantile(values, 0.975) - np.quantile(values, 0.025)
+        width = float(np.median(high - low))
+        assert width <= 1.10 * monte_carlo, (metric, width, monte_carlo)
+        if metric in ("count", "sum"):  # constant widths: also no narrower than the noise
+            assert covered <= 0.95 + tolerance + (0.02 if count_noise == "discrete" else 0)
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+@pytest.mark.parametrize("scale", [0.7, 3.0, 40.0, 300.0])
+def test_integer_count_intervals_are_the_narrowest_that_cover_95_percent(noise, scale):
+    """Discrete noise: the interval count -/+ w is integer, covers at least 95% (exactly,
+    from the pmf) and w - 1 would not."""
+    from dppipeline.core import discrete
+
+    kind = f"discrete_{noise}"
+    w = discrete.discrete_half_width(kind, scale, 0.05)
+    x = np.arange(-math.ceil(80 * scale) - 10, math.ceil(80 * scale) + 11, dtype=np.float64)
+    mass = np.exp(-np.abs(x) / scale) if noise == "laplace" else np.exp(-(x**2) / (2 * scale**2))
+    mass /= mass.sum()
+
+    def cover(width: int) -> float:
+        return float(mass[np.abs(x) <= width].sum())
+
+    assert cover(w) >= 0.95
+    assert w == 0 or cover(w - 1) < 0.95
+
+
+def test_released_integer_count_intervals_are_int64(small_inputs, tmp_path):
+    released, manifest = release_small(
+        small_inputs, tmp_path, "local", **{"confidence_intervals": True}
+    )
+    for column in ("count_ci_low", "count_ci_high", "privacy_id_count_ci_low"):
+        assert released[column].dtype == np.int64, column
+    entry = manifest["queries"]["terminal_stats"]["metrics"]["count"]["confidence_interval"]
+    assert entry["level"] == "at least 0.95"
+
+
+@pytest.mark.parametrize(("noise", "count_noise", "l0_linf"), REGIMES[:3])
+def test_evaluates_expected_noise_is_the_median_of_the_released_noise(
+    noise, count_noise, l0_linf
+):
+    """`evaluate`'s "noise alone (expected)" figure (the median |noise| of count and sum) is
+    the median |released - exact| of the same mechanism over PARTITIONS draws: within 4
+    standard errors of a sample median (failure rate about 1e-4 per metric)."""
+    from dppipeline.commands.evaluate import noise_median_abs
+    from dppipeline.core.release import noise_partitions
+
+    plan = regime_plan(noise, count_noise, l0_linf)
+    exact, truth = identical_partitions(500)
+    released = noise_partitions(exact, ["k"], plan)
+    for metric in ("count", "sum"):
+        errors = np.abs(released[metric].to_numpy(dtype=np.float64) - truth[metric])
+        expected = noise_median_abs(plan, metric, noise)
+        # the sample median's rank is within 4 standard errors of half the sample
+        share_below = float((errors <= expected).mean())
+        assert abs(share_below - 0.5) <= 4 * math.sqrt(0.25 / PARTITIONS), (
+            metric,
+            share_below,
+        )

@@ -8,13 +8,17 @@ not the raw total before bounding: bounds that drop rows bias the value below th
 - count, privacy_id_count, count_distinct(COLUMN), sum: value -/+ the exact (1 - alpha)
   quantile of |noise|; with discrete noise on counts an integer (`core.discrete`), so their
   intervals are integers.
-- sum computed with mean (noisy centred sum + midpoint x noisy count): the exact quantile of
-  the sum of the two independent noises (closed form for two Laplace variables, a normal for
-  two Gaussians).
-- mean: a sound, conservative interval: the count and the centred sum each get an interval at
-  level 1 - alpha/2; every (count, centred sum) pair inside both gives a mean, and the interval
-  spans them (union bound: coverage >= 1 - alpha). A count interval reaching below one row
-  gives [min_value, max_value].
+- sum computed with mean (noisy centred sum + midpoint x noisy count): the certified
+  quantile of the sum of the two independent noises (`core.noise_laws`: their distributions
+  convolved, at most a fraction of a percent above the exact quantile, never below).
+- mean: its error is exactly (Z_c - a Z_n) / D (D the noisy count, a the centred mean), so
+  the released value -/+ w / D covers with probability exactly 1 - alpha when w is that
+  combination's quantile at the true a; the released centred mean stands in for a (a
+  plug-in, `mean_interval`; the coverage test checks it in every regime).
+- variance: the same to first order, with the three noises (`variance_interval`); stddev the
+  square roots of the variance's interval.
+- A ratio whose noisy count is within twice the count noise's half-width of 0 may be mostly
+  noise: its interval is the whole range.
 
 Mean and variance are ratios of noisy values, so their noise is not additive; for a partition
 of n rows (after bounding) `mean_stddev_bound` and `variance_stddev_bound` give a conservative
@@ -39,17 +43,19 @@ worst case has every value at one bound).
 
 from __future__ import annotations
 
+import functools
 import math
 from statistics import NormalDist
 
 import numpy as np
 
-from dppipeline.core import discrete
+from dppipeline.core import discrete, noise_laws
 from dppipeline.core.budget import BudgetPlan, MechanismBudget
+from dppipeline.core.noise_laws import Combination, NoiseLaw
 from dppipeline.spec.model import distinct_column_of, metric_column
 
 LEVEL = 0.95
-INTERVAL_METRICS = ("count", "sum", "mean", "privacy_id_count")  # released with intervals
+INTERVAL_METRICS = ("count", "sum", "mean", "variance", "stddev", "privacy_id_count")
 
 
 def has_interval(metric: str) -> bool:
@@ -72,72 +78,24 @@ def half_width(mechanism: MechanismBudget, alpha: float = 1 - LEVEL) -> float:
     return std * NormalDist().inv_cdf(1 - alpha / 2)
 
 
+def law_of(mechanism: MechanismBudget) -> NoiseLaw:
+    """The noise distribution of one additive mechanism."""
+    if mechanism.discrete:
+        assert mechanism.noise_scale is not None
+        return NoiseLaw(mechanism.kind, mechanism.noise_scale, discrete=True)
+    std = mechanism.noise_stddev or 0.0
+    return NoiseLaw(mechanism.kind, std / math.sqrt(2) if mechanism.kind == "laplace" else std)
+
+
 def sum_half_width(
     first: MechanismBudget, second: MechanismBudget, scale: float, alpha: float = 1 - LEVEL
 ) -> float:
-    """w with P(|X + scale * Y| > w) = alpha, X and Y the two mechanisms' independent noises."""
+    """w with P(|X + scale * Y| > w) <= alpha, X and Y the two mechanisms' independent noises
+    (certified, `core.noise_laws`: at most a fraction of a percent above the exact w)."""
     if scale == 0:
         return half_width(first, alpha)
-    if second.discrete:
-        return _mixed_sum_half_width(first, second, scale, alpha)
-    std_x, std_y = first.noise_stddev or 0.0, (second.noise_stddev or 0.0) * abs(scale)
-    if first.kind != "laplace":
-        return math.hypot(std_x, std_y) * NormalDist().inv_cdf(1 - alpha / 2)
-    b1, b2 = std_x / math.sqrt(2), std_y / math.sqrt(2)
-
-    def two_sided_tail(w: float) -> float:
-        if math.isclose(b1, b2, rel_tol=1e-9):
-            return math.exp(-w / b1) * (2 + w / b1) / 2
-        return (b1 * b1 * math.exp(-w / b1) - b2 * b2 * math.exp(-w / b2)) / (b1 * b1 - b2 * b2)
-
-    low, high = 0.0, (b1 + b2) * math.log(2 / alpha) * 2
-    for _ in range(200):  # bisection on a decreasing tail: exact to float precision
-        mid = (low + high) / 2
-        low, high = (mid, high) if two_sided_tail(mid) > alpha else (low, mid)
-    return high
-
-
-def _mixed_sum_half_width(
-    first: MechanismBudget, second: MechanismBudget, scale: float, alpha: float
-) -> float:
-    """`sum_half_width` when Y (the count's noise) is discrete: P(|X + sY| > w) summed over
-    Y's integers exactly; where Y's support is too wide for that, the union bound
-    w_X(alpha/2) + |s| w_Y(alpha/2) (sound, a little wider)."""
-    assert second.noise_scale is not None
-    std_x, std_y = first.noise_stddev or 0.0, second.noise_stddev or 0.0
-    reach = math.ceil(_GRID_WIDTH * std_y) + 1
-    if reach > _GRID_POINTS or std_x == 0:
-        return half_width(first, alpha / 2) + abs(scale) * half_width(second, alpha / 2)
-    y = np.arange(-reach, reach + 1, dtype=np.float64)
-    if second.kind == "laplace":
-        mass = np.exp(-np.abs(y) / second.noise_scale)
-    else:
-        mass = np.exp(-(y**2) / (2 * second.noise_scale**2))
-    mass /= np.sum(mass)
-    shift = scale * y
-
-    def tail(w: float) -> float:
-        if first.kind == "laplace":
-            b = std_x / math.sqrt(2)
-            upper, lower = w - shift, -w - shift  # P(X > upper) + P(X < lower)
-            p_up = np.where(
-                upper >= 0, 0.5 * np.exp(-np.abs(upper) / b), 1 - 0.5 * np.exp(-np.abs(upper) / b)
-            )
-            p_low = np.where(
-                lower <= 0, 0.5 * np.exp(-np.abs(lower) / b), 1 - 0.5 * np.exp(-np.abs(lower) / b)
-            )
-        else:
-            from scipy.special import ndtr  # noqa: PLC0415 (0.2 s of start-up: Gaussian only)
-
-            p_up = ndtr((shift - w) / std_x)
-            p_low = ndtr((-w - shift) / std_x)
-        return float(np.sum(mass * (p_up + p_low))) + 1e-17  # + Y's mass beyond 40 std
-
-    low, high = 0.0, half_width(first, alpha / 2) + abs(scale) * half_width(second, alpha / 2)
-    for _ in range(100):
-        mid = (low + high) / 2
-        low, high = (mid, high) if tail(mid) > alpha else (low, mid)
-    return high
+    combination = Combination(law_of(first), count=law_of(second))
+    return noise_laws.half_width(combination, 0.0, scale, alpha)
 
 
 def metric_half_width(plan: BudgetPlan, metric: str) -> float | None:
@@ -152,29 +110,129 @@ def metric_half_width(plan: BudgetPlan, metric: str) -> float | None:
     return None
 
 
+# Coefficients of the count's noise (and the centred sum's, for the variance) are tabulated at
+# this many points from 0 to their largest value; a row reads the point above its own, which
+# by Anderson's theorem gives a wider interval than its exact one (`core.noise_laws`).
+_TABLE_POINTS = 33
+_RATIO_RELIABLE = 2.0  # a ratio's interval needs noisy count > this x the count's half-width
+
+
+def _table_index(value: np.ndarray, top: float, points: int = _TABLE_POINTS) -> np.ndarray:
+    """The grid point at or above each |value| on linspace(0, top, points)."""
+    if top <= 0:
+        return np.zeros(len(value), dtype=np.int64)
+    return np.clip(np.ceil(np.abs(value) / top * (points - 1) - 1e-9), 0, points - 1).astype(
+        np.int64
+    )
+
+
+def _reliable(plan: BudgetPlan, noisy_count: np.ndarray) -> np.ndarray:
+    """Rows whose noisy count is far enough from its noise for a ratio's linear error (a
+    count within twice its noise's 95% half-width of 0 may be mostly noise: the interval is
+    then the whole range)."""
+    w_n = half_width(plan.mechanism("count"))
+    return noisy_count > max(1.0, _RATIO_RELIABLE * w_n)
+
+
 def mean_interval(
     plan: BudgetPlan, noisy_count: np.ndarray, noisy_centred_sum: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per row (low, high) of the mean's interval (see the module docstring)."""
+    """Per row (low, high) of the mean's 95% interval.
+
+    The released mean is mid + C / D (clamped), with C = n a + Z_c the noisy centred sum, D =
+    n + Z_n the noisy count (n rows of centred mean a). Its error is (Z_c - a Z_n) / D: the
+    interval is the released value -/+ w / D, w the certified 95% half-width of Z_c - a Z_n
+    (the two noises' distributions convolved): exact at the true a; here at the released
+    centred mean (a plug-in; the table's grid point above it); clipped to [min_value, max_value]. Where the noisy count is within
+    twice its noise's half-width of 0 the ratio may be mostly noise: [min_value, max_value].
+    """
     params = plan.params
-    alpha = 1 - LEVEL
-    w_n = half_width(plan.mechanism("count"), alpha / 2)
-    w_c = half_width(plan.mechanism("centred_sum"), alpha / 2)
-    n_low, n_high = noisy_count - w_n, noisy_count + w_n
-    c_low, c_high = noisy_centred_sum - w_c, noisy_centred_sum + w_c
-    defined = n_low >= 1
-    safe_low, safe_high = np.where(defined, n_low, 1.0), np.where(defined, n_high, 1.0)
-    # c / n over the box is extreme at a corner: divide by the smallest n where that moves the
-    # ratio outwards, by the largest where it moves it inwards.
-    upper = np.where(c_high >= 0, c_high / safe_low, c_high / safe_high)
-    lower = np.where(c_low >= 0, c_low / safe_high, c_low / safe_low)
     assert params.min_value is not None and params.max_value is not None
-    low = np.where(defined, params.midpoint + lower, params.min_value)
-    high = np.where(defined, params.midpoint + upper, params.max_value)
+    r = params.half_range
+    count = np.asarray(noisy_count, dtype=np.float64)
+    denominator = np.maximum(1.0, count)
+    centred = np.asarray(noisy_centred_sum, dtype=np.float64) / denominator
+    widths = _mean_table(plan)
+    w = widths[_table_index(np.clip(centred, -r, r), r)]
+    centre = params.midpoint + centred
+    reliable = _reliable(plan, count)
+    low = np.where(reliable, centre - w / denominator, params.min_value)
+    high = np.where(reliable, centre + w / denominator, params.max_value)
     return (
         np.clip(low, params.min_value, params.max_value),
         np.clip(high, params.min_value, params.max_value),
     )
+
+
+def _mean_table(plan: BudgetPlan) -> np.ndarray:
+    combination = Combination(
+        law_of(plan.mechanism("centred_sum")), count=law_of(plan.mechanism("count"))
+    )
+    coefficients = np.linspace(0.0, plan.params.half_range, _TABLE_POINTS)
+    return _cached_widths(combination, (0.0,), tuple(coefficients))
+
+
+def variance_interval(
+    plan: BudgetPlan,
+    noisy_count: np.ndarray,
+    noisy_centred_sum: np.ndarray,
+    noisy_centred_squares: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row (low, high) of the variance's 95% interval (stddev: their square roots).
+
+    The released variance is V = S / D + r^2/2 - (C / D)^2 (clamped to [0, r^2]), S the noisy
+    centred sum of squares. To first order its error is (Z_s - 2a Z_c + (a^2 - v + r^2/2) Z_n)
+    / D, v the variance: the interval is V -/+ w / D, w the certified 95% half-width of that
+    combination of the three noises at the released a and v (plug-ins), clipped to [0, r^2];
+    the whole range where the noisy count is within twice its noise's half-width of 0.
+    """
+    r = plan.params.half_range
+    r2 = r * r
+    count = np.asarray(noisy_count, dtype=np.float64)
+    denominator = np.maximum(1.0, count)
+    centred = np.clip(np.asarray(noisy_centred_sum, dtype=np.float64) / denominator, -r, r)
+    squares = np.asarray(noisy_centred_squares, dtype=np.float64)
+    value = squares / denominator + r2 / 2 - (noisy_centred_sum / denominator) ** 2
+    plug_in = np.clip(value, 0.0, r2)
+    count_coefficient = centred**2 - plug_in + r2 / 2  # in [-r^2/2, 3r^2/2]
+    a_top, c_top = 2 * r, 1.5 * r2
+    widths = _variance_table(plan, a_top, c_top)
+    i = _table_index(2 * centred, a_top, _VARIANCE_POINTS)
+    j = _table_index(count_coefficient, c_top, _VARIANCE_POINTS)
+    w = widths.reshape(_VARIANCE_POINTS, _VARIANCE_POINTS)[i, j]
+    reliable = _reliable(plan, count)
+    low = np.where(reliable, value - w / denominator, 0.0)
+    high = np.where(reliable, value + w / denominator, r2)
+    return np.clip(low, 0.0, r2), np.clip(high, 0.0, r2)
+
+
+_VARIANCE_POINTS = 17
+
+
+def _variance_table(plan: BudgetPlan, a_top: float, c_top: float) -> np.ndarray:
+    combination = Combination(
+        law_of(plan.mechanism("centred_sum_of_squares")),
+        law_of(plan.mechanism("centred_sum")),
+        law_of(plan.mechanism("count")),
+    )
+    a, c = np.meshgrid(
+        np.linspace(0.0, a_top, _VARIANCE_POINTS),
+        np.linspace(0.0, c_top, _VARIANCE_POINTS),
+        indexing="ij",
+    )
+    return _cached_widths(combination, tuple(a.ravel()), tuple(c.ravel()))
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_widths(
+    combination: Combination, a: tuple[float, ...], c: tuple[float, ...]
+) -> np.ndarray:
+    """Certified 95% half-widths of a table of coefficient pairs (a release computes its
+    table once per plan; batches on Spark's executors reuse it)."""
+    widths, _ = noise_laws.certified_half_widths(
+        combination, np.asarray(a), np.asarray(c), 1 - LEVEL, fine=len(c) <= 64
+    )
+    return widths
 
 
 # ---------------------------------------------------------------------------------------------

@@ -482,15 +482,32 @@ def _interval_entry(plan: BudgetPlan, metric: str) -> dict[str, Any]:
     """Where a metric's released 95% interval is and what it means (when released)."""
     if not plan.params.confidence_intervals or not has_interval(metric):
         return {}
+    column = metric_column(metric)
+    discrete = plan.has(column) and plan.mechanism(column).discrete
+    ratio = (
+        "plug-in: the released value -/+ the certified 95% quantile of the linearised error "
+        "(the noises' distributions convolved) over the noisy count; the whole range where "
+        "the noisy count is within twice its noise's 95% half-width of 0"
+    )
     method = {
-        "mean": "conservative: count and centred sum each at 97.5%, union bound",
-        "sum": "exact quantile of the noise"
-        + (" (sum of the centred sum's and the count's)" if plan.has("centred_sum") else ""),
-    }.get(metric, "exact quantile of the noise")
+        "mean": ratio,
+        "variance": ratio,
+        "stddev": "square roots of the variance's interval",
+        "sum": (
+            "certified quantile of the sum of the centred sum's and the count's noises"
+            if plan.has("centred_sum")
+            else "exact quantile of the noise"
+        ),
+    }.get(
+        metric,
+        "the narrowest integer interval from the discrete noise's exact quantiles"
+        if discrete
+        else "exact quantile of the noise",
+    )
     return {
         "confidence_interval": {
-            "columns": [f"{metric_column(metric)}_ci_low", f"{metric_column(metric)}_ci_high"],
-            "level": LEVEL,
+            "columns": [f"{column}_ci_low", f"{column}_ci_high"],
+            "level": f"at least {LEVEL}" if discrete else LEVEL,
             "method": method,
             "covers": "the exact value after contribution bounding and clipping",
         }

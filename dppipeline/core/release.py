@@ -37,7 +37,12 @@ from dppipeline.core.columns import (
 )
 from dppipeline.core.discrete import add_discrete_noise
 from dppipeline.core.extremes import release_extremes
-from dppipeline.core.intervals import has_interval, mean_interval, metric_half_width
+from dppipeline.core.intervals import (
+    has_interval,
+    mean_interval,
+    metric_half_width,
+    variance_interval,
+)
 from dppipeline.spec.model import (
     VARIANCE_METRICS,
     distinct_column_of,
@@ -226,6 +231,7 @@ def noise_partitions(
         if plan.has("centred_sum_of_squares"):
             r2 = params.half_range**2
             noisy = _noised(plan, "centred_sum_of_squares", centred_squares_term(exact, params))
+            values["_centred_squares"] = noisy
             variance = noisy / denominator + r2 / 2 - centred_mean**2
             values["variance"] = np.clip(variance, 0.0, r2)
             values["stddev"] = np.sqrt(values["variance"])  # post-processing
@@ -261,11 +267,20 @@ def _add_intervals(out: pd.DataFrame, plan: BudgetPlan, values: dict[str, np.nda
     for metric in (m for m in plan.params.metrics if has_interval(m)):
         if metric == "mean":
             low, high = mean_interval(plan, values["count"], values["_centred_sum"])
+        elif metric in ("variance", "stddev"):
+            low, high = variance_interval(
+                plan, values["count"], values["_centred_sum"], values["_centred_squares"]
+            )
+            if metric == "stddev":
+                low, high = np.sqrt(low), np.sqrt(high)
         else:
             width = metric_half_width(plan, metric)
             assert width is not None
-            centre = values[metric].astype(np.float64)
-            low, high = centre - width, centre + width
+            centre = values[metric]
+            if centre.dtype.kind == "i":  # integer noise: an integer interval
+                low, high = centre - int(width), centre + int(width)
+            else:
+                low, high = centre - width, centre + width
         column = metric_column(metric)
         out[f"{column}_ci_low"], out[f"{column}_ci_high"] = low, high
 
@@ -332,9 +347,10 @@ def release_arrow_schema(
     metric columns in order. `integer_counts`: count and privacy_id_count as int64 (discrete
     noise), not float64."""
     schema = release_schema(list(key_columns), release_columns(metrics, intervals))
-    if integer_counts:
+    if integer_counts:  # integer values and their integer intervals
         for name in schema.names:
-            if name in DISCRETE_METRICS or name.startswith(DISTINCT_PREFIX):
+            base = name.removesuffix("_ci_low").removesuffix("_ci_high")
+            if base in DISCRETE_METRICS or base.startswith(DISTINCT_PREFIX):
                 i = schema.get_field_index(name)
                 schema = schema.set(i, schema.field(i).with_type(pa.int64()))
     return schema

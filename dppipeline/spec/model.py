@@ -1042,7 +1042,7 @@ class JobSpec(_Section):
         False,
         description=(
             "Release 95% intervals <metric>_ci_low/_ci_high beside count, sum, mean, "
-            "privacy_id_count and count_distinct (from the noise distribution: no extra "
+            "variance, stddev, privacy_id_count and count_distinct (from the noise distribution: no extra "
             "budget)."
         ),
     )
