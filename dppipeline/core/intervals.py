@@ -143,8 +143,9 @@ def mean_interval(
     n + Z_n the noisy count (n rows of centred mean a). Its error is (Z_c - a Z_n) / D: the
     interval is the released value -/+ w / D, w the certified 95% half-width of Z_c - a Z_n
     (the two noises' distributions convolved): exact at the true a; here at the released
-    centred mean (a plug-in; the table's grid point above it); clipped to [min_value, max_value]. Where the noisy count is within
-    twice its noise's half-width of 0 the ratio may be mostly noise: [min_value, max_value].
+    centred mean (a plug-in; the table's grid point above it); clipped to [min_value,
+    max_value]. Where the noisy count is within twice its noise's half-width of 0 the ratio
+    may be mostly noise: [min_value, max_value].
     """
     params = plan.params
     assert params.min_value is not None and params.max_value is not None
