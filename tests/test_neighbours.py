@@ -67,13 +67,15 @@ queries:
 @dataclass(frozen=True)
 class RunOutcome:
     """What one run showed: exit code, normalised output lines, datasets and their schemas,
-    and the key rows of public-key datasets."""
+    the release's files and their Parquet metadata, and the key rows of public-key
+    datasets."""
 
     exit_code: int
     stdout: tuple[str, ...]
     stderr: tuple[str, ...]
     schemas: dict[str, str]
     public_rows: dict[str, tuple]
+    files: tuple[tuple[str, object], ...] = ()
 
 
 # --------------------------------------------------------------------------- the inputs
@@ -187,8 +189,12 @@ def run_once(root: Path, data: Path, engine: str, fmt: str, keys: str) -> RunOut
             else:
                 os.environ["DPPIPELINE_STATE_DIR"] = state
     release = root / "release"
-    schemas, public = {}, {}
+    schemas, public, files = {}, {}, ()
     if code == 0:
+        files = tuple(
+            (name, _file_metadata(release / name))
+            for name in sorted(p.relative_to(release).as_posix() for p in release.rglob("*"))
+        )
         manifest = json.loads((release / "manifest.json").read_text())
         for name, query in manifest["queries"].items():
             table = pq.read_table(release / query["dataset"])
@@ -202,7 +208,16 @@ def run_once(root: Path, data: Path, engine: str, fmt: str, keys: str) -> RunOut
         _normalise(err.getvalue(), root),
         schemas,
         public,
+        files,
     )
+
+
+def _file_metadata(path: Path) -> object:
+    """A Parquet file's writer and key-value metadata (the Arrow schema); None otherwise."""
+    if path.suffix != ".parquet":
+        return None
+    meta = pq.read_metadata(path)
+    return meta.created_by, meta.metadata
 
 
 def differences(a: RunOutcome, b: RunOutcome) -> list[str]:
@@ -219,6 +234,9 @@ def differences(a: RunOutcome, b: RunOutcome) -> list[str]:
         found.append(f"schemas differ: {sorted(set(a.schemas.items()) ^ set(b.schemas.items()))}")
     if a.public_rows != b.public_rows:
         found.append("public-key rows differ")
+    if a.files != b.files:
+        only = [f for f in a.files if f not in b.files] + [f for f in b.files if f not in a.files]
+        found.append(f"files differ: {only[:4]}")
     return found
 
 

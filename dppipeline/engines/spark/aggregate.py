@@ -42,7 +42,7 @@ from dppipeline.engines.base import ReleaseJob
 from dppipeline.engines.spark.bound import bounded_pairs, distinct_name, group_keys
 
 
-# Above this many partitions the release runs on the executors (mapInPandas). Read when the
+# Above this many partitions the release runs on the executors (mapInArrow). Read when the
 # engine runs, so tests and users can set it per run.
 def driver_release_max_partitions() -> int:
     return int(os.environ.get("DPPIPELINE_DRIVER_RELEASE_MAX_PARTITIONS", "1000000"))
