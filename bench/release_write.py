@@ -1,13 +1,17 @@
 """How the Spark engine gets a large release from the executors into its one file.
 
 The release on the executors (`engines.spark.aggregate.release_on_executors`) must end as one
-`part-00000.parquet` with rows in key order (`engines.shared.release_file`). Three ways,
+`part-00000.parquet` with rows in key order (`engines.shared.release_file`). Five ways,
 each in its own process on Spark `local[2]` over N synthetic aggregates (one per partition,
-private selection at epsilon 1 that keeps them all (1,000 customers each), the partitions
-  shuffled first):
+private selection at epsilon 1 that keeps them all: 1,000 customers each; shuffled first):
 
-- `stream` (the engine's): sort, release with `mapInArrow`, stream the Arrow batches to the
-  driver task by task (`toLocalIterator`), write them with one `ReleaseWriter`;
+- `stream` (the engine's): sort, release with `mapInArrow` (one job on every core, kept where
+  it ran by `localCheckpoint`), stream the Arrow batches to the driver task by task
+  (`toLocalIterator`), write them with one `ReleaseWriter`;
+- `stream-serial`: the same without the checkpoint (`toLocalIterator` then runs the release a
+  task or two at a time);
+- `stream-persist`: the same with `persist` + `count` instead of the checkpoint (the cached
+  plan keeps the sort's un-coalesced partitions);
 - `collect`: the same released batches collected at once, then written;
 - `spark-write`: the old way, Spark writes `part-<uuid>` files from the executors (no order);
   normalising those into one sorted file would add a pass over them.
@@ -33,6 +37,7 @@ import psutil
 
 def run_one(way: str, partitions: int, out: Path) -> dict[str, float]:
     """One way, in this process: returns seconds and peak memory (MB)."""
+    import pyarrow as pa
     from pyspark.sql import functions as F
 
     from dppipeline.core.tasks import plan_tasks
@@ -96,9 +101,15 @@ def run_one(way: str, partitions: int, out: Path) -> dict[str, float]:
             if way == "stream":
                 for batch in released_batches(chunks):
                     writer.write(batch)
+            elif way == "stream-persist":
+                kept = chunks.persist()
+                kept.count()
+                for row in kept.toLocalIterator(prefetchPartitions=True):
+                    writer.write(pa.ipc.open_stream(row[0]).read_all())
+            elif way == "stream-serial":
+                for row in chunks.toLocalIterator(prefetchPartitions=True):
+                    writer.write(pa.ipc.open_stream(row[0]).read_all())
             else:
-                import pyarrow as pa
-
                 tables = [pa.ipc.open_stream(r[0]).read_all() for r in chunks.collect()]
                 writer.write(pa.concat_tables(tables))
         rows = writer.rows
@@ -117,7 +128,7 @@ def run_one(way: str, partitions: int, out: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--partitions", default="200000,1000000,3000000")
-    parser.add_argument("--ways", default="stream,collect,spark-write")
+    parser.add_argument("--ways", default="stream,stream-serial,collect,spark-write")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # way, partitions (a child)
     args = parser.parse_args()
     if args.one:

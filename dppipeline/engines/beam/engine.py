@@ -297,12 +297,15 @@ PARTS = "_parts"  # each dataset's sorted parts before their merge, in the stagi
 
 
 def _remove_parts(staging: Path | Location) -> None:
-    """The sorted parts are not part of the release: removed before it is published."""
+    """The sorted parts are not part of the release: removed, and checked gone, before it is
+    published (a store's run folder is published as listed)."""
     parts = Location.of(staging).join(PARTS)
     if parts.is_local:
         shutil.rmtree(parts.path, ignore_errors=True)
-    else:
-        parts.delete_tree()
+        return
+    parts.delete_tree()
+    if parts.files():
+        raise OutputError(f"could not remove the sorted parts {parts.display()}")
 
 
 def _scratch_folder(job: ReleaseJob, staging: Path | Location) -> str:
