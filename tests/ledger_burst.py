@@ -1,13 +1,18 @@
-"""A burst of real `dppipeline run` processes racing for one capped scope, on a loaded machine
-(issue 32 case 1): shared by the burst tests and `python tests/ledger_burst.py` (numbers).
+"""A burst of runs racing for one capped scope on a loaded machine (issue 32 case 1), shared by
+the burst tests and `python tests/ledger_burst.py` (numbers).
 
-Each racer is the CLI itself (local engine, the small input, a new release of epsilon 1), all
-started at once with the default lock wait, while busy processes keep the cores loaded; a few
-runs in another scope (other data) run at the same time.
+Racers are real runs (`run_job`, local engine, the small input, a new release of epsilon 1 each;
+the reservation, the `reading` mark, the engine, the commit and the publication), all released
+at once with the default lock wait while busy processes keep the cores loaded; a few runs in
+another scope (other data) run at the same time. So that sixteen runs fit a test's time on two
+cores, a driver process imports dppipeline once, as the CLI does (dp_accounting's PLD code left
+out until a cap needs composing, so each racer loads it lazily, as a CLI run would), and forks
+the racers; `--cli` starts sixteen `dppipeline run` processes instead.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -19,11 +24,19 @@ SCOPE = "burst/CUSTOMER_ID"
 OTHER = "elsewhere/CUSTOMER_ID"
 CAP = 3.0  # three releases of epsilon 1
 BUSY = "while True:\n    pass\n"
+JOB = {
+    "budget.epsilon": 1.0,
+    "metrics": ["count"],
+    "bounds.min_value": 0.0,
+    "bounds.max_value": 100.0,
+    "bounds.max_partitions_contributed": 5,
+    "bounds.max_contributions_per_partition": 2,
+}
 
 
 @dataclass
 class Burst:
-    """What the racers did: exit codes and last stderr lines per run, the ledger's rows."""
+    """What the racers did: exit codes and last error lines per run, the ledger's rows."""
 
     codes: dict[str, int]
     last_lines: dict[str, str]
@@ -36,13 +49,19 @@ class Burst:
         return {name: code for name, code in self.codes.items() if name.startswith(prefix)}
 
 
-def job(input_dir: Path, output: Path, ledger: str, scope: str) -> list[str]:
-    return [
-        "run", "--input", str(input_dir), "--output", str(output), "--ledger", ledger,
-        "--scope", scope, "--epsilon", "1", "--metrics", "count", "--min-value", "0",
-        "--max-value", "100", "--max-partitions-contributed", "5",
-        "--max-contributions-per-partition", "2", "--new-release",
-    ]  # fmt: skip
+def plan(inputs: tuple[Path, Path], folder: Path, racers: int, others: int) -> dict[str, dict]:
+    """name -> the job spec overrides of each run."""
+    runs = {}
+    for n in range(racers + others):
+        racer = n < racers
+        name = f"racer-{n:02d}" if racer else f"other-{n - racers}"
+        runs[name] = {
+            **JOB,
+            "input.path": str(inputs[0] if racer else inputs[1]),
+            "output": str(folder / name),
+            "budget.scope": SCOPE if racer else OTHER,
+        }
+    return runs
 
 
 def race(
@@ -53,34 +72,36 @@ def race(
     racers: int = 16,
     others: int = 2,
     busy: int = 2,
-    env: dict[str, str] | None = None,
+    cli: bool = False,
 ) -> Burst:
     """`racers` runs in SCOPE (capped at CAP) and `others` in OTHER (uncapped, other data),
-    all started at once while `busy` processes spin; returns what happened."""
+    released at once while `busy` processes spin; returns what happened."""
     from dppipeline.ledger import BudgetPolicy, Ledger
 
     with Ledger(ledger) as book:
         book.set_cap(SCOPE, BudgetPolicy(cap_epsilon=CAP), "burst test")
-    base = {k: v for k, v in os.environ.items() if k not in ("DPPIPELINE_DEBUG",)}
-    base.pop("DPPIPELINE_LEDGER_TIMEOUT", None)  # the default wait, as an operator has it
-    base.update(env or {})
+    folder.mkdir(parents=True, exist_ok=True)
+    runs = plan(inputs, folder, racers, others)
+    env = {k: v for k, v in os.environ.items() if k not in ("DPPIPELINE_DEBUG",)}
+    env.pop("DPPIPELINE_LEDGER_TIMEOUT", None)  # the default wait, as an operator has it
     spinners = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(busy)]
-    procs: dict[str, subprocess.Popen[str]] = {}
     started = time.monotonic()
     try:
-        names = [f"racer-{n:02d}" for n in range(racers)] + [f"other-{n}" for n in range(others)]
-        for name in names:
-            source, scope = (inputs[0], SCOPE) if name.startswith("racer") else (inputs[1], OTHER)
-            procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "dppipeline", *job(source, folder / name, ledger, scope)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=base,
+        if cli:
+            results = _race_cli(ledger, runs, env)
+        else:
+            (folder / "runs.json").write_text(json.dumps(runs))
+            driver = subprocess.run(
+                [sys.executable, __file__, "drive", ledger, str(folder / "runs.json")],
+                capture_output=True, text=True, env=env, timeout=600, check=False,
             )  # fmt: skip
-        errors = {name: proc.communicate(timeout=600)[1] for name, proc in procs.items()}
+            if driver.returncode != 0:
+                raise RuntimeError(f"the burst driver failed: {driver.stderr[-3000:]}")
+            results = json.loads(driver.stdout)
         seconds = time.monotonic() - started
     finally:
-        for proc in [*procs.values(), *spinners]:
-            if proc.poll() is None:
-                proc.kill()
+        for proc in spinners:
+            proc.kill()
             proc.wait()
     with Ledger(ledger) as book:
         rows = book.rows()
@@ -88,13 +109,78 @@ def race(
     for row in rows:
         states.setdefault(row.scope, {})[row.run_id] = row.state
     return Burst(
-        codes={name: proc.returncode for name, proc in procs.items()},
-        last_lines={n: (e.strip().splitlines() or [""])[-1] for n, e in errors.items()},
+        codes={name: code for name, (code, _) in results.items()},
+        last_lines={name: line for name, (_, line) in results.items()},
         states=states,
         outputs={row.run_id: row.output for row in rows},
         seconds=seconds,
-        tracebacks=[n for n, e in errors.items() if "Traceback" in e],
+        tracebacks=[name for name, (_, line) in results.items() if "Traceback" in line],
     )
+
+
+def _race_cli(ledger: str, runs: dict[str, dict], env: dict[str, str]) -> dict[str, list]:
+    procs = {}
+    for name, job in runs.items():
+        argv = [
+            "run", "--input", job["input.path"], "--output", job["output"], "--ledger", ledger,
+            "--scope", job["budget.scope"], "--epsilon", "1", "--metrics", "count",
+            "--min-value", "0", "--max-value", "100", "--max-partitions-contributed", "5",
+            "--max-contributions-per-partition", "2", "--new-release",
+        ]  # fmt: skip
+        procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "dppipeline", *argv],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+    results = {}
+    for name, proc in procs.items():
+        err = proc.communicate(timeout=600)[1]
+        results[name] = [proc.returncode, (err.strip().splitlines() or [""])[-1]]
+    return results
+
+
+def _drive(ledger: str, runs_file: str) -> None:
+    """The driver: imports once as the CLI does, forks one process per run, all released at
+    once; prints name -> [exit code, the error line] as JSON."""
+    sys.modules.setdefault("apache_beam", None)  # type: ignore[arg-type]
+    sys.modules["dp_accounting.pld"] = None  # type: ignore[assignment]
+    try:
+        import pipeline_dp  # noqa: F401
+    finally:
+        del sys.modules["dp_accounting.pld"]
+    from dppipeline.engines.local.engine import LocalEngine  # noqa: F401
+    from dppipeline.errors import describe_failure
+    from dppipeline.orchestration.runner import run_job
+    from dppipeline.spec.model import build_spec
+
+    runs = json.loads(Path(runs_file).read_text())
+    specs = {name: build_spec({}, job) for name, job in runs.items()}
+    read_end, write_end = os.pipe()
+    children = {}
+    for name, spec in specs.items():
+        pid = os.fork()
+        if pid == 0:  # a racer: wait for the start, run, report
+            os.close(write_end)
+            os.read(read_end, 1)
+            code, line = 0, ""
+            try:
+                run_job(spec, "local", echo=lambda _: None, ledger=ledger, new_release=True)
+            except BaseException as exc:
+                code, line = describe_failure(exc)
+            Path(runs[name]["output"] + ".result").write_text(json.dumps([code, line]))
+            os._exit(code)
+        children[name] = pid
+    os.close(read_end)
+    os.write(write_end, b"x" * len(children))  # everyone at once
+    os.close(write_end)
+    results = {}
+    for name, pid in children.items():
+        _, status = os.waitpid(pid, 0)
+        result = Path(runs[name]["output"] + ".result")
+        if result.exists():
+            results[name] = json.loads(result.read_text())
+        else:
+            results[name] = [-os.WTERMSIG(status) or os.WEXITSTATUS(status), "no result"]
+    print(json.dumps(results))
 
 
 def summary(result: Burst) -> str:
@@ -109,18 +195,17 @@ def summary(result: Burst) -> str:
     )
 
 
-if __name__ == "__main__":  # numbers: python tests/ledger_burst.py sqlite|postgresql [runs]
+def _numbers(backend: str, repeat: int, cli: bool) -> None:
+    import collections
+    import datetime as dt
+    import re
     import tempfile
 
     sys.path.insert(0, str(Path(__file__).parent))
     from dppipeline.commands.generate import generate
 
-    backend = sys.argv[1] if len(sys.argv) > 1 else "sqlite"
-    repeat = int(sys.argv[2]) if len(sys.argv) > 2 else 1
     base = Path(tempfile.mkdtemp(prefix="burst-"))
     small = {"customers": 200, "terminals": 50, "days": 3, "tx_per_day": 500}
-    import datetime as dt
-
     data = tuple(
         generate(base / name, fmt="parquet", start_date=dt.date(2026, 1, 1), seed=seed, **small)
         .output
@@ -138,16 +223,23 @@ if __name__ == "__main__":  # numbers: python tests/ledger_burst.py sqlite|postg
                 if server is not None
                 else f"sqlite:///{base / f'ledger-{n}.sqlite'}"
             )
-            result = race(url, data, base / f"out-{n}")
+            result = race(url, data, base / f"out-{n}", cli=cli)
             print(summary(result), flush=True)
-            import collections
-            import re
-
             lines = collections.Counter(
-                re.sub(r"run \S+|/\S+|\d+(\.\d+)? s", "…", line) for line in result.last_lines.values()
+                re.sub(r"run \S+|/\S+|\d+(\.\d+)? s", "...", line)
+                for line in result.last_lines.values()
             )
             for line, count in lines.items():
-                print(f"  {count} x {line[:220]}")
+                print(f"  {count} x {line[:200]}")
     finally:
         if server is not None:
             server.stop()
+
+
+if __name__ == "__main__":
+    # python tests/ledger_burst.py sqlite|postgresql [repeat] [--cli]; (internal) drive URL FILE
+    if sys.argv[1] == "drive":
+        _drive(sys.argv[2], sys.argv[3])
+    else:
+        arguments = [a for a in sys.argv[1:] if a != "--cli"]
+        _numbers(arguments[0], int(arguments[1]) if len(arguments) > 1 else 1, "--cli" in sys.argv)

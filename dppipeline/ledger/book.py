@@ -107,11 +107,12 @@ _IN_BATCH = 500  # fingerprints per IN (...) list on SQLite
 
 class LedgerError(DPPipelineError):
     """The ledger cannot be used now (unreachable, locked, corrupt, read-only): exit code 1,
-    worth a retry once the cause is gone. `locked`: it was a lock wait that ran out."""
+    worth a retry once the cause is gone. `cause`: "locked" (a lock wait ran out),
+    "unreachable" (PostgreSQL's connection failed), else "other"."""
 
-    def __init__(self, message: str, *, locked: bool = False):
+    def __init__(self, message: str, *, cause: str = "other"):
         super().__init__(message)
-        self.locked = locked
+        self.cause = cause
 
 
 class ReservationLostError(LedgerError):
@@ -230,8 +231,8 @@ class Ledger:
         try:
             yield
         except sa.exc.DBAPIError as exc:
-            message, locked = self._describe(exc)
-            raise LedgerError(message, locked=locked) from None
+            message, cause = self._describe(exc)
+            raise LedgerError(message, cause=cause) from None
 
     @contextmanager
     def _transaction(self, write: bool, patient: bool = False) -> Iterator[Connection]:
@@ -268,8 +269,8 @@ class Ledger:
         with self._read() as conn:
             return current_version(conn)
 
-    def _describe(self, exc: sa.exc.DBAPIError) -> tuple[str, bool]:
-        """(one line, was it a lock wait that ran out)."""
+    def _describe(self, exc: sa.exc.DBAPIError) -> tuple[str, str]:
+        """(one line, its cause for LedgerError)."""
         orig = exc.orig
         lines = str(orig if orig is not None else exc).strip().splitlines()
         text = lines[0] if lines else type(orig).__name__
@@ -287,22 +288,24 @@ class Ledger:
             return (
                 f"ledger {where} is locked by another process ({waited}; "
                 "DPPIPELINE_LEDGER_TIMEOUT sets the wait): retry later"
-            ), True
+            ), "locked"
         if "not a database" in low or "malformed" in low:
-            return f"ledger {where} is not a SQLite database or is corrupt", False
+            return f"ledger {where} is not a SQLite database or is corrupt", "other"
         if "readonly" in low or "read-only" in low:
             why = _read_only_part(self.location.path) if self.location.path else None
             return (
                 f"ledger {where} is read-only{why or ''}: it must be writable to record spends",
-                False,
+                "other",
             )
         if "unable to open" in low:
-            return f"cannot open ledger {where} (a missing or unwritable folder?)", False
+            return f"cannot open ledger {where} (a missing or unwritable folder?)", "other"
         if "disk is full" in low or "disk i/o error" in low:
-            return f"ledger {where}: {text} (a full disk?)", False
+            return f"ledger {where}: {text} (a full disk?)", "other"
         if self.location.backend == "postgresql" and isinstance(exc, sa.exc.OperationalError):
-            return f"cannot use ledger {where}: {text}", False
-        return f"ledger {where}: {text}", False
+            state = getattr(orig, "sqlstate", None) or ""
+            lost = not state or state.startswith(("08", "57P"))  # connection, shutdown
+            return f"cannot use ledger {where}: {text}", "unreachable" if lost else "other"
+        return f"ledger {where}: {text}", "other"
 
     def _trust(self) -> None:
         """Refuses a damaged SQLite ledger before a reservation relies on its sums: an index
@@ -689,8 +692,11 @@ class Ledger:
         reading: bool = False,
         patient: bool = False,
     ) -> None:
-        """One conditional update. `patient`: a lock wait that runs out is retried (on
-        PostgreSQL; SQLite's wait is patient itself), never reported."""
+        """One conditional update. `patient` (a run that has read its data): a lock wait that
+        runs out is retried without end (SQLite's wait is patient itself), and a PostgreSQL
+        that cannot be reached is retried for up to a lease (`lease_seconds`), after which
+        the row may be settled by others anyway; the run says so every 10 s."""
+        deadline = noted = None
         while True:
             try:
                 record = self._update_state(
@@ -698,9 +704,17 @@ class Ledger:
                 )
                 break
             except LedgerError as exc:
-                if not (patient and exc.locked):
+                if not patient or exc.cause not in ("locked", "unreachable"):
                     raise
-                log.warning("%s; still waiting to record run %s as %s", exc, run_id, target)
+                now = time.monotonic()
+                if exc.cause == "unreachable":
+                    deadline = deadline or now + lease_seconds()
+                    if now >= deadline:
+                        raise
+                    time.sleep(0.5)
+                if noted is None or now - noted >= 10:
+                    noted = now
+                    log.warning("%s; still trying to record run %s as %s", exc, run_id, target)
         if record is None:
             return
         if not record:
