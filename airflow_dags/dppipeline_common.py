@@ -473,7 +473,7 @@ def release_dag(
         doc_md=doc_md + "\n#### Settings\n" + shape_doc(shape),
     ) as dag:
 
-        @task(task_id="check_budget", retries=0)
+        @task(task_id="check_budget")  # exit 3 fails it for good; 75 (held) is retried
         def check_budget_task(params=None, ds=None) -> str:
             return check_budget(run_settings(params), ds)
 

@@ -207,8 +207,9 @@ def _numbers(backend: str, repeat: int, cli: bool) -> None:
     base = Path(tempfile.mkdtemp(prefix="burst-"))
     small = {"customers": 200, "terminals": 50, "days": 3, "tx_per_day": 500}
     data = tuple(
-        generate(base / name, fmt="parquet", start_date=dt.date(2026, 1, 1), seed=seed, **small)
-        .output
+        generate(
+            base / name, fmt="parquet", start_date=dt.date(2026, 1, 1), seed=seed, **small
+        ).output
         for name, seed in (("a", 11), ("b", 12))
     )
     server = None
