@@ -199,8 +199,9 @@ def _normalise(text: str, root: Path) -> tuple[str, ...]:
 
 def _files(root: Path) -> tuple[str, ...]:
     """Every file a run left under its release and state folders, by relative name (run ids
-    normalised), with a Parquet file's writer and metadata. The quarantine's rows are raw input kept for the operator: whether there are
-    any is the rejected count the operator line shows, so only the folder itself is listed."""
+    normalised), with a Parquet file's writer and metadata. The quarantine's rows are raw
+    input kept for the operator: whether there are any is the rejected count the operator line
+    shows, so only the folder itself is listed."""
     found = []
     for top in ("release", "state"):
         for path in sorted((root / top).rglob("*")):
