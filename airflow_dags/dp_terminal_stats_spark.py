@@ -6,7 +6,8 @@ For each day (the data interval), in order:
 1. **wait_for_input**: the day's input partition exists (a sensor in reschedule mode; it logs
    the partition's path and fails after `sensor_timeout_seconds`).
 2. **check_budget**: the privacy-budget ledger would accept the release, or already has it.
-   A refusal fails the run at once, without retries: more attempts cannot create budget.
+   A refusal fails the run at once, without retries: more attempts cannot create budget. A
+   budget held by live reservations of other runs (exit 75) is tried again (the task's retries).
 3. **submit_spark_job**: `jobs/spark_terminal_stats.py` with `spark-submit`, through the
    `spark_default` connection (`local[*]` out of the box: see the README).
 4. **validate_release**: manifest present, schema as `schemas/terminal_stats.json`, ledger row

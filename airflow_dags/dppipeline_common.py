@@ -59,7 +59,8 @@ SETTINGS_VARIABLE = "dppipeline_terminal_stats"
 SHAPE_ENVIRONMENT = "DPPIPELINE_DAG_SETTINGS"
 PROJECT = Path(os.environ.get("DPPIPELINE_HOME", Path(__file__).resolve().parent.parent))
 PUBLISHED_MARKER = "_PUBLISHED"
-BUDGET_REFUSED = 3  # dppipeline's exit code when the ledger refuses the spend
+BUDGET_REFUSED = 3  # dppipeline's exit code when the ledger refuses the spend: final
+BUDGET_HELD = 75  # live reservations of other runs hold the budget: retry later
 LEDGER_CONNECTION = "dppipeline_ledger"
 
 log = logging.getLogger(__name__)
@@ -340,13 +341,18 @@ def last_line(text: str) -> str:
 
 
 def check_budget(settings: RunSettings, ds: str) -> str:
-    """Fails fast, without retries, when the ledger would refuse the release; passes when the
-    budget is available or the day is already released (a rerun spends nothing)."""
+    """Fails fast, without retries, when the ledger refuses the release (exit 3: more attempts
+    cannot create budget); passes when the budget is available or the day is already released
+    (a rerun spends nothing). Exit 75 (live reservations of other runs hold the budget; they
+    may still give it back) and any other failure fail this try, and the task's retries try
+    again."""
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
     done = dppipeline(settings, "run", *job_args(settings, ds), "--check-budget")
     if done.returncode == BUDGET_REFUSED:
         raise AirflowFailException(done.last_error)
+    if done.returncode == BUDGET_HELD:
+        raise AirflowException(f"budget held, retrying later: {done.last_error}")
     if done.returncode != 0:
         raise AirflowException(done.last_error or f"exit code {done.returncode}")
     return last_line(done.stdout)
@@ -467,7 +473,7 @@ def release_dag(
         doc_md=doc_md + "\n#### Settings\n" + shape_doc(shape),
     ) as dag:
 
-        @task(task_id="check_budget", retries=0)
+        @task(task_id="check_budget")  # exit 3 fails it for good; 75 (held) is retried
         def check_budget_task(params=None, ds=None) -> str:
             return check_budget(run_settings(params), ds)
 

@@ -1,8 +1,10 @@
 """Errors a user can act on, and how any failure becomes the CLI's one line.
 
 Exit codes follow the CLI contract: 0 success; 1 input/output error (bad or missing data, an
-existing release, a file system refusing a write: retryable); 2 usage error (flags, job spec);
-3 budget refused by the ledger (do not retry); 70 internal error, a bug; 130 interrupted.
+existing release, a file system refusing a write, a ledger that cannot be used: retryable); 2
+usage error (flags, job spec); 3 budget refused by the ledger (do not retry); 70 internal error,
+a bug; 75 budget held by a live reservation of another run (EX_TEMPFAIL: retry after the time
+it names); 130 interrupted; 143 terminated.
 
 Messages echo what a user typed (a spec value, a filter token, a flag) only through `excerpt`:
 short, escaped, on one line, so a megabyte-long identifier or a value with control characters
@@ -20,6 +22,7 @@ EXIT_IO = 1
 EXIT_USAGE = 2
 EXIT_BUDGET = 3
 EXIT_BUG = 70  # EX_SOFTWARE in sysexits.h
+EXIT_HELD = 75  # EX_TEMPFAIL in sysexits.h
 
 EXCERPT_CHARS = 40  # characters of a user's text an error message quotes at most
 LINE_CHARS = 2000  # the longest line `one_line` lets through
@@ -72,6 +75,30 @@ class BudgetExceededError(DPPipelineError):
         super().__init__(message)
         self.remaining_epsilon = remaining_epsilon
         self.remaining_delta = remaining_delta
+
+
+class BudgetHeldError(BudgetExceededError):
+    """The spend would fit but for live reservations of other runs that have read nothing yet
+    (they may still abort and give their budget back): exit code 75, retry at `retry_at` (the
+    latest of their leases, UTC). Nothing was read or spent. A BudgetExceededError, so code
+    that catches refusals catches this one too."""
+
+    exit_code = EXIT_HELD
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        held_by: str,
+        retry_at: str,
+        remaining_epsilon: float | None = None,
+        remaining_delta: float | None = None,
+    ):
+        super().__init__(
+            message, remaining_epsilon=remaining_epsilon, remaining_delta=remaining_delta
+        )
+        self.held_by = held_by
+        self.retry_at = retry_at
 
 
 BudgetExceeded = BudgetExceededError  # the public API's name

@@ -269,23 +269,51 @@ def test_release_dp_aligns_public_partitions_and_releases_exact_values_at_huge_e
         assert_that(released[spec.name], check)
 
 
-def test_write_release_writes_the_release_schema(tmp_path):
-    spec = spec_for(**{"metrics": ["count"]})
-    table = pd.DataFrame({"TERMINAL_ID": [1, 2], "count": [3.5, -1.0]})
+def test_write_release_merges_the_shards_into_one_sorted_file(tmp_path):
+    """Released tables of several shards, each in any order -> the dataset's one
+    `part-00000.parquet`, rows sorted by key, the release schema; the sorted parts stay under
+    their folder for the launcher to remove. Folder names that are no pattern."""
     from dppipeline.core.release import release_arrow_schema, to_release_table
 
+    spec = spec_for(**{"metrics": ["count"]})
     keys = [("TERMINAL_ID", pa.int64())]
     schema = release_arrow_schema(keys, spec.metrics)
+    shards = {3: [9, 1, 5], 0: [4, 8], 7: [2, 6, 3, 7]}
+    frames = {
+        shard: pd.DataFrame({"TERMINAL_ID": ids, "count": [i * 1.5 for i in ids]})
+        for shard, ids in shards.items()
+    }
+    elements = [(s, to_release_table(f, keys, spec.metrics)) for s, f in frames.items()]
+    dataset, parts = tmp_path / "ds[1]", tmp_path / "parts[1]"
     with BeamTestPipeline() as pipeline:
         _ = (
             pipeline
-            | beam.Create([(3, to_release_table(table, keys, spec.metrics))])
-            | WriteRelease(tmp_path / "ds[1]", schema)  # a folder name that is no pattern
+            | beam.Create(elements)
+            | WriteRelease(dataset, str(parts), schema, ["TERMINAL_ID"], partition_shards=8)
         )
-    files = sorted((tmp_path / "ds[1]").glob("part-*.parquet"))
-    assert [p.name for p in (tmp_path / "ds[1]").iterdir()] == ["part-00003.parquet"]
-    assert pq.read_schema(files[0]).names == schema.names
-    assert pq.read_table(files[0]).to_pandas()["count"].tolist() == [3.5, -1.0]
+    assert [p.name for p in dataset.iterdir()] == ["part-00000.parquet"]
+    table = pq.read_table(dataset / "part-00000.parquet")
+    assert table.schema.remove_metadata() == schema
+    assert table.column("TERMINAL_ID").to_pylist() == list(range(1, 10))
+    assert table.column("count").to_pylist() == [i * 1.5 for i in range(1, 10)]
+    assert sorted(p.name for p in parts.iterdir()) == [
+        "part-00000.parquet", "part-00003.parquet", "part-00007.parquet"
+    ]  # fmt: skip
+
+
+def test_write_release_of_nothing_writes_the_schema(tmp_path):
+    """No shard released a row: the dataset is still its one file, with the schema."""
+    from dppipeline.core.release import release_arrow_schema
+
+    schema = release_arrow_schema([("TERMINAL_ID", pa.int64())], ["count"])
+    with BeamTestPipeline() as pipeline:
+        _ = (
+            pipeline
+            | beam.Create([]).with_output_types(tuple)
+            | WriteRelease(tmp_path / "ds", str(tmp_path / "parts"), schema, ["TERMINAL_ID"], 4)
+        )
+    table = pq.read_table(tmp_path / "ds" / "part-00000.parquet")
+    assert table.num_rows == 0 and table.schema.remove_metadata() == schema
 
 
 # ---------------------------------------------------------------------------------------------

@@ -413,7 +413,7 @@ def test_evaluate_measures_bounding_and_noise_of_distinct_counts(small_inputs, t
 def test_spark_release_on_the_executors_gives_the_driver_values(
     small_inputs, tmp_path, spark, monkeypatch, exact_runs
 ):
-    """Above DPPIPELINE_DRIVER_RELEASE_MAX_PARTITIONS the release runs in mapInPandas: the same
+    """Above DPPIPELINE_DRIVER_RELEASE_MAX_PARTITIONS the release runs in mapInArrow: the same
     exact distinct counts (a one-query job, which that path serves)."""
     monkeypatch.setenv("DPPIPELINE_DRIVER_RELEASE_MAX_PARTITIONS", "0")
     raw = {

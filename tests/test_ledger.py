@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import pwd
 import re
 import shutil
 import sqlite3
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from file_modes import bound_by_file_modes
 
 from dppipeline.errors import UsageError
 from dppipeline.ledger import (
@@ -479,7 +479,9 @@ if reading == "1":
 
 
 def reserve_in_dead_process(url: str, run_id: str, output: Path, *, reading: bool) -> None:
-    """A reservation by a process that then died without settling it."""
+    """A reservation by a process that then died without settling it, on another host: its
+    recorded process proves nothing here, so only its lease can tell (a process gone from this
+    host is settled at once: test_ledger_faults.py)."""
     done = subprocess.run(
         [sys.executable, "-c", RESERVE_AND_EXIT, url, run_id, str(output), str(int(reading))],
         capture_output=True,
@@ -488,6 +490,13 @@ def reserve_in_dead_process(url: str, run_id: str, output: Path, *, reading: boo
         check=False,
     )
     assert done.returncode == 0, done.stderr
+    table = ledger_schema.releases
+    with Ledger(url) as ledger, ledger._engine.begin() as conn:
+        conn.execute(
+            table.update()
+            .where(table.c.run_id == run_id)
+            .values(process="another-boot-id/4026531836/4242/1")
+        )
 
 
 def publish_fake_release(output: Path, run_id: str) -> None:
@@ -950,7 +959,8 @@ def test_a_locked_ledger_is_a_one_line_error_after_a_bounded_wait(tmp_path, smal
 
 
 def test_a_read_only_ledger_is_a_one_line_error(tmp_path):
-    """Root ignores file modes (CI is root), so the CLI runs as `nobody` there."""
+    """Root ignores file modes (CI is root), so the CLI runs without root's file-mode override
+    there (`file_modes`: from any checkout, a private one included)."""
     folder = Path(tempfile.mkdtemp(prefix="dppipeline-ro-"))
     try:
         path = folder / "ledger.sqlite"
@@ -961,11 +971,9 @@ def test_a_read_only_ledger_is_a_one_line_error(tmp_path):
             leftover.unlink()
         path.chmod(0o444)
         folder.chmod(0o555)
-        argv = [sys.executable, "-m", "dppipeline", "budget", "show", "--ledger", str(path)]
-        if os.geteuid() == 0:
-            nobody = pwd.getpwnam("nobody")
-            argv = ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}",
-                    "--clear-groups", *argv]  # fmt: skip
+        argv = bound_by_file_modes(
+            [sys.executable, "-m", "dppipeline", "budget", "show", "--ledger", str(path)]
+        )
         env = {k: v for k, v in os.environ.items() if k != "DPPIPELINE_DEBUG"}
         result = subprocess.run(
             argv, capture_output=True, text=True, env=env, cwd=folder, timeout=120, check=False

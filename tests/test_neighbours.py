@@ -199,15 +199,20 @@ def _normalise(text: str, root: Path) -> tuple[str, ...]:
 
 def _files(root: Path) -> tuple[str, ...]:
     """Every file a run left under its release and state folders, by relative name (run ids
-    normalised). The quarantine's rows are raw input kept for the operator: whether there are
-    any is the rejected count the operator line shows, so only the folder itself is listed."""
+    normalised), with a Parquet file's writer and metadata. The quarantine's rows are raw
+    input kept for the operator: whether there are any is the rejected count the operator line
+    shows, so only the folder itself is listed."""
     found = []
     for top in ("release", "state"):
         for path in sorted((root / top).rglob("*")):
             rel = path.relative_to(root).as_posix()
             if rel.startswith("state/quarantine/") or path.is_dir():
                 continue
-            found.append(_RUN_ID.sub("<run>", rel))
+            name = _RUN_ID.sub("<run>", rel)
+            if path.suffix == ".parquet":  # the writer and its key-value metadata too
+                meta = pq.read_metadata(path)
+                name = f"{name} {meta.created_by} {meta.metadata}"
+            found.append(name)
     return tuple(found)
 
 

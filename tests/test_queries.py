@@ -493,7 +493,7 @@ def test_cli_run_of_a_multi_query_job_writes_every_dataset(transactions, tmp_pat
 
 @pytest.mark.usefixtures("spark")
 def test_spark_executor_release_of_a_multi_key_query(transactions, tmp_path, monkeypatch):
-    """Above the driver limit the release runs in mapInPandas: composite date keys, empty
+    """Above the driver limit the release runs in mapInArrow: composite date keys, empty
     public partitions (no kept values) and percentiles go through it, equal to the truth."""
     from dppipeline.commands.check_release import check_release
 

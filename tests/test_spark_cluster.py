@@ -9,7 +9,7 @@ a minute), and the job is `jobs/spark_terminal_stats.py`, submitted as the READM
         --conf spark.pyspark.driver.python=.venv/bin/python jobs/spark_terminal_stats.py ...
 
 with DPPIPELINE_DRIVER_RELEASE_MAX_PARTITIONS=0, so the DP release runs on the executors
-(mapInPandas), which then need dppipeline and its dependencies from the archive. The worker runs
+(mapInArrow), which then need dppipeline and its dependencies from the archive. The worker runs
 without .venv on PATH or PYTHONPATH: an executor that found dppipeline would have it from the
 archive, and a probe application checks exactly where it came from.
 """
@@ -235,8 +235,9 @@ def public_keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def check_release(submitted: subprocess.CompletedProcess[str], output: Path) -> None:
-    """Exit 0, a manifest, exactly the public keys, released on the executors (written by
-    Spark; the progress lines do not say where: that depends on the data)."""
+    """Exit 0, a manifest, exactly the public keys in key order, in the one file every path
+    writes (the progress lines do not say where the release ran: that depends on the
+    data)."""
     assert submitted.returncode == 0, describe(submitted)
 
     manifest = json.loads((output / "manifest.json").read_text())
@@ -245,12 +246,12 @@ def check_release(submitted: subprocess.CompletedProcess[str], output: Path) -> 
     assert query["partition_selection"]["public_partitions_count"] == len(PUBLIC_KEYS)
 
     dataset = output / "terminal_stats"
-    # Written by Spark from the executors (not the driver's single part-00000.parquet).
-    assert (dataset / "_SUCCESS").exists()
-    assert not (dataset / "part-00000.parquet").exists()
+    # Released on the executors, streamed to the driver in key order: the one file the driver
+    # writes on either path (no `_SUCCESS`, no Spark part files).
+    assert sorted(p.name for p in dataset.iterdir()) == ["part-00000.parquet"]
     table = pq.read_table(dataset)
     assert table.num_rows == len(PUBLIC_KEYS)
-    assert sorted(table.column("TERMINAL_ID").to_pylist()) == PUBLIC_KEYS
+    assert table.column("TERMINAL_ID").to_pylist() == sorted(PUBLIC_KEYS)
     assert set(table.column_names) == {"TERMINAL_ID", "count", "sum", "mean"}
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -169,6 +171,41 @@ def test_rejected_rows_are_quarantined_with_their_line(small_inputs, tmp_path):
 
     published = [k for k in keys(manifest) if k != "max_rejected_fraction"]
     assert not [k for k in published if "reject" in k or "quarantine" in k or "rows" in k]
+
+
+# ---------------------------------------------------------------------------------------------
+# What a Spark run prints
+
+RUN_CLI = "import sys; from dppipeline.commands.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["default", "verbose"])
+def test_a_spark_run_prints_no_console_progress_bar(small_inputs, tmp_path, verbose):
+    """Spark's console progress bar (`[Stage 3:=====>  (41 + 2) / 200]`) prints task counts
+    that follow the data (adaptive execution sizes tasks at run time): a `dppipeline run` in
+    its own process, the JVM's output captured with it, shows progress only as its own
+    `[spark]` lines, at -v too. The release runs on the executors, so stages last long
+    enough (Python workers importing PyDP) for a bar to show if it were on."""
+    argv = [
+        "run", "--engine", "spark", "--input", small_inputs["parquet"],
+        "--output", tmp_path / "release", "--no-ledger", "--metrics", "count,sum",
+        "--min-value", "0", "--max-value", "150",
+        "--public-partitions", "0..59", *(["-v"] if verbose else []),
+    ]  # fmt: skip
+    env = {**os.environ, "DPPIPELINE_DRIVER_RELEASE_MAX_PARTITIONS": "0"}
+    env.pop("DPPIPELINE_DEBUG", None)
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_CLI, *map(str, argv)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "[Stage" not in done.stderr and "\r" not in done.stderr, done.stderr
+    spark_lines = [line for line in done.stderr.splitlines() if "[spark]" in line]
+    assert any("releasing (partition selection and noise)" in line for line in spark_lines)
 
 
 # ---------------------------------------------------------------------------------------------

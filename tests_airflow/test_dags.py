@@ -115,7 +115,8 @@ def test_task_graph_is_a_chain(dagbag, dag_id):
     assert sorted(dag.task_ids) == sorted(chain)
     for upstream, downstream in itertools.pairwise(chain):
         assert dag.get_task(downstream).upstream_task_ids == {upstream}
-    assert dag.get_task("check_budget").retries == 0  # a refusal is final
+    # a refusal (exit 3) is final by AirflowFailException; a held budget (75) is retried
+    assert dag.get_task("check_budget").retries == dag.default_args["retries"]
 
 
 def test_spark_dag_releases_a_day_and_a_rerun_changes_nothing(dagbag, transactions, task_log):
@@ -192,12 +193,12 @@ def test_missing_input_fails_at_the_sensor(dagbag, transactions, task_log, run_c
         assert poke - 1 < after_end <= poke
 
 
-def capped_config(folder: Path) -> Path:
+def capped_config(folder: Path, scope: str = "capped") -> Path:
     """The job spec with its own ledger scope capped at epsilon 1: one release uses it up."""
     text = (PROJECT / "jobs" / "configs" / "terminal_stats.yaml").read_text()
-    text = text.replace("budget:\n", "budget:\n  scope: capped\n  cap_epsilon: 1.0\n", 1)
+    text = text.replace("budget:\n", f"budget:\n  scope: {scope}\n  cap_epsilon: 1.0\n", 1)
     text = text.replace("../../schemas/", f"{PROJECT}/schemas/")
-    path = folder / "capped.yaml"
+    path = folder / f"{scope}.yaml"
     path.write_text(text)
     return path
 
@@ -222,6 +223,53 @@ def test_no_budget_left_fails_at_the_check(dagbag, transactions, tmp_path, task_
     (refusal,) = task_log.lines("dppipeline_common", "budget")
     assert refusal[0] == "error" and "scope 'capped' exhausted" in refusal[1]
     assert not (DATA / "releases" / "2026-01-03").exists()
+
+
+HOLDER = """
+import datetime as dt, sys
+from dppipeline.ledger import BudgetPolicy, Ledger, ReleaseKey
+day = dt.date(2026, 1, 5)
+Ledger(sys.argv[1]).reserve(
+    ReleaseKey("held", "holder", "holder", day, day), run_id="holder", job="holder", epsilon=1.0,
+    delta=0.0, output="/nowhere", policy=BudgetPolicy(cap_epsilon=1.0))
+print("reserved", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_budget_held_by_a_live_run_is_retried_not_final(airflow_db, tmp_path):
+    """Issue 32 case 4: a live reservation that has read nothing holds the whole cap. The
+    check exits 75, a retryable failure (the task's retries try again), not 3, which fails
+    the run for good; once the holder is gone, its reservation is settled and the budget is
+    there."""
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    module = common()
+    data = tmp_path / "tx"  # data of its own: no other scope charged these files
+    subprocess.run(
+        [str(MAIN_PYTHON), "-m", "dppipeline", "generate", "--output", str(data), "--days", "1",
+         "--start-date", "2026-01-05", "--seed", "7", "--customers", "50", "--terminals", "20",
+         "--tx-per-day", "200"],
+        check=True, capture_output=True, cwd=PROJECT,
+    )  # fmt: skip
+    settings = module.run_settings(
+        {"config": str(capped_config(tmp_path, "held")), "input_root": str(data)}
+    )
+    holder = subprocess.Popen(
+        [str(MAIN_PYTHON), "-c", HOLDER, str(LEDGER)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=PROJECT,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "reserved"
+        with pytest.raises(AirflowException) as held:
+            module.check_budget(settings, "2026-01-05")
+        assert not isinstance(held.value, AirflowFailException)
+        assert "held by run holder until" in str(held.value)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert "budget available" in module.check_budget(settings, "2026-01-05")
+    assert ("holder", "2026-01-05", "aborted", 1.0) in ledger_rows()
 
 
 def test_beam_dag_releases_a_day_on_the_direct_runner(dagbag, transactions, task_log):

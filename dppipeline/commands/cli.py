@@ -2,8 +2,10 @@
 
 Every failure prints one line on stderr, with no traceback (`errors.describe_failure`): exit 2
 for usage errors (flags, job spec), 1 for input/output errors (data, files, a release already
-there), 3 for a budget the ledger refuses, 70 for a bug (any other exception: its type and
-place, never its message), 130 when interrupted. `DPPIPELINE_DEBUG=1` shows the traceback.
+there, a ledger that cannot be used), 3 for a budget the ledger refuses, 75 for a budget held
+by live reservations of other runs (retry at the time it names), 70 for a bug (any other
+exception: its type and place, never its message), 130 when interrupted, 143 when
+terminated. `DPPIPELINE_DEBUG=1` shows the traceback.
 """
 
 from __future__ import annotations
@@ -268,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--check-budget",
         action="store_true",
         help="only check that the ledger would accept this release (or already has it): "
-        "reads no data, spends nothing; exit 3 when the budget is exhausted",
+        "reads no data, spends nothing; exit 3 when the budget is exhausted, 75 when live "
+        "reservations of other runs hold it (retry at the time named)",
     )
     run.add_argument(
         "--new-release",

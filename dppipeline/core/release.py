@@ -4,7 +4,7 @@ Every engine calls these functions on exact, already bounded aggregates, one row
 with the key columns and `AGGREGATE_COLUMNS` (plus `centred_squares` for variance, `values`, the
 kept values, for percentiles, and `count_distinct_COLUMN`, the exact number of distinct non-null
 COLUMN values among the kept rows, for each count_distinct(COLUMN)). Partitions are independent
-of each other here, so any batching (Spark `mapInPandas`, a Beam DoFn, one local call) gives the
+of each other here, so any batching (Spark `mapInArrow`, a Beam DoFn, one local call) gives the
 same distribution. Noise and
 selection come from PyDP's secure mechanisms, rebuilt from the plan; integer noise on counts
 (`count_noise: discrete`) from OpenDP's (`core.discrete`).

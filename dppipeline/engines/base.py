@@ -14,11 +14,11 @@ from typing import Protocol
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from dppipeline.core.budget import JobPlan
 from dppipeline.core.release import release_arrow_schema
 from dppipeline.core.tasks import JobTasks, release_job
+from dppipeline.engines.shared.release_file import RELEASE_FILE, write_release_file
 from dppipeline.engines.shared.sampling import new_salt
 from dppipeline.inputs.contract import RejectSummary
 from dppipeline.inputs.files import DailyPartition
@@ -83,12 +83,12 @@ class EngineRun:
 
 
 def write_dataset(released: pd.DataFrame, job: ReleaseJob, query: str, dataset_dir: Path) -> int:
-    """One query's released rows as one Parquet file in its dataset folder."""
+    """One query's released rows as its dataset's one file, sorted by key (`release_file`)."""
     schema = job.release_schema(query)
     table = pa.Table.from_pandas(released[schema.names], schema=schema, preserve_index=False)
     dataset_dir.mkdir(parents=True)
-    pq.write_table(table, dataset_dir / "part-00000.parquet")
-    return table.num_rows
+    keys = job.tasks.task(query).key_names
+    return write_release_file(dataset_dir / RELEASE_FILE, table, schema, keys)
 
 
 def release_to_datasets(

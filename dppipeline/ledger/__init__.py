@@ -9,7 +9,8 @@ would let anyone average the two releases. The ledger makes both impossible:
   spec can only restate them (or create one for a scope that has none);
 - a release is reserved before any data is read, marked `reading` just before the first byte,
   and committed before it is published; a run that read data and failed stays charged;
-- liveness is a lease renewed by the running job, never a process id;
+- liveness is a lease renewed by the running job; a run whose process is provably gone from
+  this host (pid and start time recorded) is settled at once, without waiting for its lease;
 - a release is keyed by (scope, canonical spec hash, input fingerprint, date range); the same
   key again returns the committed release: same files, no new noise, no new spend;
 - a file run's files are recorded by content (`inputs.fingerprints`) with the privacy unit:
@@ -20,6 +21,7 @@ Modules: `location` (URLs), `schema` (tables, migrations), `caps`, `keys`, `leas
 Ledger), `reservation` (one run's spend by the charge rules).
 """
 
+from dppipeline.errors import BudgetHeldError
 from dppipeline.ledger.book import (
     CapChange,
     Ledger,
@@ -49,6 +51,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "STATES",
     "BudgetExceededError",
+    "BudgetHeldError",
     "BudgetPolicy",
     "CapChange",
     "InputContent",

@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection
 
 from dppipeline.errors import UsageError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 STATES = ("reserved", "reading", "committed", "failed", "aborted")
 # pg_advisory_xact_lock key for migrations: any constant shared by every dppipeline.
 _MIGRATION_LOCK = 0x64705F6C6564  # "dp_led"
@@ -89,11 +89,13 @@ def _release_columns() -> list[sa.Column]:
     ]
 
 
-def releases_table(meta: sa.MetaData, name: str = "releases", version: int = 3) -> sa.Table:
+def releases_table(meta: sa.MetaData, name: str = "releases", version: int = 5) -> sa.Table:
     """`releases` as of `version`: 2 added five states, a lease, the host id and the reading
-    time; 3 the release's privacy events (`core.events`, JSON), which caps compose."""
+    time; 3 the release's privacy events (`core.events`, JSON), which caps compose; 5 the
+    process that reserved (`lease.this_process`), which lets a dead run be settled at once."""
     states = ", ".join(f"'{s}'" for s in STATES)
     events = [sa.Column("events", sa.Text)] if version >= 3 else []
+    process = [sa.Column("process", sa.Text)] if version >= 5 else []
     return sa.Table(
         name,
         meta,
@@ -102,6 +104,7 @@ def releases_table(meta: sa.MetaData, name: str = "releases", version: int = 3) 
         sa.Column("reading_at", sa.Text),
         sa.Column("lease_expires_at", sa.Text),
         *events,
+        *process,
         sa.CheckConstraint(f"state IN ({states})", name=f"{name}_state"),
         sqlite_autoincrement=True,
     )
@@ -233,11 +236,19 @@ def _v4(conn: Connection, now: str) -> None:
     charged_files.create(conn)
 
 
+def _v5(conn: Connection, now: str) -> None:
+    """The process that holds each reservation (boot id, pid namespace, pid, start time), so
+    that a run killed on this machine is settled at once instead of after its lease. Rows
+    recorded before have none and wait for their lease."""
+    conn.execute(sa.text("ALTER TABLE releases ADD COLUMN process TEXT"))
+
+
 MIGRATIONS: dict[int, tuple[str, Callable[[Connection, str], None]]] = {
     1: ("releases: reserved, committed, aborted", _v1),
     2: ("states reading and failed; leases and host ids; caps per scope with history", _v2),
     3: ("privacy events per release, composed by caps", _v3),
     4: ("content fingerprints of the files each release charges, with its privacy unit", _v4),
+    5: ("the process holding each reservation, so a dead run is settled at once", _v5),
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 

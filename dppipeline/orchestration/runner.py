@@ -6,7 +6,9 @@ The run sequence (every crash point is safe; see `publication.py` for the folder
    target; lock the output; settle expired reservations (`Ledger.repair`) and repair what
    crashed runs left beside the output (`publication.heal`); return an already committed
    release with the same key.
-2. reserve the budget (`reserved`; a lease renewed by a heartbeat thread).
+2. reserve the budget (`reserved`; a lease renewed by a heartbeat thread): decided outside the
+   ledger's lock, recorded under it (`ledger.book`); refused with exit 3 when the cap is spent,
+   75 when live reservations of other runs hold what is missing.
 3. `reading`, immediately before the engine reads the first byte: from here on the budget is
    charged whatever happens (`failed` if the run does not commit).
 4. the engine writes the complete release into the staging folder; manifest last; fsync.
@@ -270,9 +272,15 @@ def ledger_line(book: Ledger, text: str) -> str:
 
 
 def settle_expired(book: Ledger, scope: str, say: Callable[[str], None]) -> None:
-    """`Ledger.repair` for one scope, each settled reservation on a `[ledger]` line."""
+    """`Ledger.repair` for one scope (leases that ran out, runs whose process is gone from
+    this host), each settled reservation on a `[ledger]` line."""
     for settled_run, state in book.repair(scope):
-        say(ledger_line(book, f"settled expired reservation of run {settled_run}: {state}"))
+        row = book.row(settled_run)
+        if row is not None and row.note is not None and " expired" not in row.note:
+            what = f"reservation of run {settled_run} (its process ended on this host)"
+        else:
+            what = f"expired reservation of run {settled_run}"
+        say(ledger_line(book, f"settled {what}: {state}"))
 
 
 def check_budget(
@@ -282,10 +290,12 @@ def check_budget(
     *,
     new_release: bool = False,
 ) -> str:
-    """Would the ledger accept this release now? Reads no data; settles expired reservations
-    in the scope as `run` does (a dead run's reservation must not look like spent budget), and
-    writes nothing else. Returns a line saying the release is already published or the budget
-    is available, or raises BudgetExceededError (exit 3) like `run` would."""
+    """Would the ledger accept this release now? Reads no data; settles reservations of dead
+    runs in the scope as `run` does (a dead run's reservation must not look like spent budget),
+    and writes nothing else. Returns a line saying the release is already published or the
+    budget is available, or raises like `run` would: BudgetExceededError (exit 3, do not
+    retry), or BudgetHeldError (exit 75: live reservations hold the budget; retry at the time
+    it names)."""
     say = _tolerant(echo or _to_stderr)
     if spec.input.path is None:
         raise UsageError("--input: required (or input.path in the job spec)")

@@ -28,6 +28,10 @@ Bounding is exact whatever the bundles are:
 - Per-partition partial aggregates are routed to `partition_shards` shards by a stable hash of
   the key, summed by a combiner, aligned with the public partitions (a PCollection joined by
   CoGroupByKey) and released by `core.release` in a DoFn: one batch per shard.
+- Each shard's released rows are sorted by key into a part under `_parts/` in the staging
+  area; once every part is written, one DoFn merges them, a row group per part at a time,
+  into the dataset's one file (`engines.shared.release_file`: the name, row order and
+  metadata every engine writes), and the launcher removes `_parts/`.
 
 Public partitions also reach the first step as a side input, to drop unlisted rows before
 bounding (no unit spends its L0 on a partition that is never released).
@@ -73,11 +77,11 @@ from dppipeline.engines.beam.release import (
     WriteParquetFile,
     WriteRelease,
     parquet_name,
-    write_parquet,
 )
 from dppipeline.engines.shared.polars_read import (
     first_rejected,
 )
+from dppipeline.engines.shared.release_file import RELEASE_FILE
 from dppipeline.errors import InputError, OutputError, UsageError
 from dppipeline.inputs.contract import (
     RejectSummary,
@@ -190,14 +194,11 @@ class BeamEngine:
             rejects = self._check_input(counters, job, scratch)
         finally:
             scratch.remove()
-        released = {}
-        for query in job.plan.queries:
-            dataset = Location.of(staging).join(query.name)
-            files = [name for name in dataset.files() if name.endswith(".parquet")]
-            if not files:  # nothing released: the dataset still has its schema
-                empty = job.release_schema(query.name).empty_table()
-                write_parquet(parquet_name(str(dataset), "part", 0), empty)
-            released[query.name] = sum(_rows_in(dataset.join(name)) for name in files)
+            _remove_parts(staging)
+        released = {
+            query.name: _rows_in(Location.of(staging).join(query.name, RELEASE_FILE))
+            for query in job.plan.queries
+        }
         return EngineRun(rejects=rejects, released_partitions=released)
 
     def _build(
@@ -225,7 +226,10 @@ class BeamEngine:
         for query in job.plan.queries:
             _ = released[query.name] | f"WriteRelease[{query.name}]" >> WriteRelease(
                 FileSystems.join(staging, query.name),
+                FileSystems.join(staging, PARTS, query.name),
                 job.release_schema(query.name),
+                job.tasks.task(query.name).key_names,
+                partition_shards,
             )
 
     def _expand(self, job: ReleaseJob) -> EngineRun:
@@ -307,6 +311,19 @@ def release_record(job: ReleaseJob) -> str:
 
 
 SCRATCH = "_scratch"
+PARTS = "_parts"  # each dataset's sorted parts before their merge, in the staging area
+
+
+def _remove_parts(staging: Path | Location) -> None:
+    """The sorted parts are not part of the release: removed, and checked gone, before it is
+    published (a store's run folder is published as listed)."""
+    parts = Location.of(staging).join(PARTS)
+    if parts.is_local:
+        shutil.rmtree(parts.path, ignore_errors=True)
+        return
+    parts.delete_tree()
+    if parts.files():
+        raise OutputError(f"could not remove the sorted parts {parts.display()}")
 
 
 def _scratch_folder(job: ReleaseJob, staging: Path | Location) -> str:

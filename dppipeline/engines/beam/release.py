@@ -1,5 +1,6 @@
 """Per-partition sums, the DP release of each partition shard (`core.release`) and the
-release's Parquet files written by exact name."""
+release's Parquet file (one per dataset, rows in key order: `engines.shared.release_file`),
+written by exact name."""
 
 from __future__ import annotations
 
@@ -37,6 +38,14 @@ from dppipeline.engines.beam.record import ReleaseRecord
 from dppipeline.engines.shared.bounding import (
     DISTINCT_VALUES_PREFIX,
     stable_shard,
+)
+from dppipeline.engines.shared.release_file import (
+    RELEASE_FILE,
+    ReleaseWriter,
+    SortedPart,
+    merge_sorted_parts,
+    part_row_groups,
+    sort_by_keys,
 )
 
 PUBLIC_CHUNK = 100_000  # public keys per element
@@ -235,19 +244,82 @@ def write_parquet(path: str, table: pa.Table) -> None:
         pq.write_table(table, handle)
 
 
-class WriteRelease(beam.PTransform):
-    """(partition shard, released table) -> `part-SSSSS.parquet` in the dataset folder (a
-    shard with nothing released writes no file; the engine writes an empty one for a query
-    that released nothing). The folder is in the runner's staging area, published only on
-    success."""
+class _WriteSortedPart(beam.DoFn):
+    """(partition shard, released table) -> the table, sorted by key, as
+    `<folder>/part-SSSSS.parquet` in row groups a merge can hold one of per part; yields the
+    file's name. A retried bundle overwrites its own file."""
 
-    def __init__(self, dataset_dir: str | Path, schema: pa.Schema):
+    def __init__(self, folder: str, schema: pa.Schema, keys: list[str], row_group_rows: int):
+        self._folder, self._schema, self._keys = folder, schema, keys
+        self._row_group_rows = row_group_rows
+
+    def process(self, element) -> Iterator[str]:
+        shard, table = element
+        path = parquet_name(self._folder, "part", shard)
+        rows = sort_by_keys(table.cast(self._schema), self._keys)
+        with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            pq.write_table(rows, handle, row_group_size=self._row_group_rows)
+        yield path
+
+
+def _read_row_group(path: str, index: int) -> pa.Table:
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        return pq.ParquetFile(handle).read_row_group(index)
+
+
+def _sorted_part(path: str) -> SortedPart:
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        groups = pq.ParquetFile(handle).metadata.num_row_groups
+    return SortedPart(read=lambda index: _read_row_group(path, index), row_groups=groups)
+
+
+class _MergeRelease(beam.DoFn):
+    """Every sorted part's name (one element, once all parts are written) -> the dataset's one
+    file, `<dataset>/part-00000.parquet` (`engines.shared.release_file`), rows merged in key
+    order, one row group per part in memory. No parts (nothing released): the file holds the
+    schema and no rows. Rewritten whole when retried."""
+
+    def __init__(self, dataset_dir: str, schema: pa.Schema, keys: list[str]):
+        self._dir, self._schema, self._keys = dataset_dir, schema, keys
+
+    def process(self, paths: list[str]) -> None:
+        parts = [_sorted_part(path) for path in sorted(paths)]
+        target = FileSystems.join(self._dir, RELEASE_FILE)
+        with (
+            FileSystems.create(target, compression_type=CompressionTypes.UNCOMPRESSED) as handle,
+            ReleaseWriter(handle, self._schema) as writer,
+        ):
+            merge_sorted_parts(parts, self._keys, writer)
+
+
+class WriteRelease(beam.PTransform):
+    """(partition shard, released table) -> the dataset's one file, the same on every engine:
+    each shard's rows sorted into a part under `parts_dir` (a folder of the staging area the
+    launcher removes), then, once every shard is written, the parts merged into
+    `<dataset_dir>/part-00000.parquet`. The folder is in the runner's staging area, published
+    only on success."""
+
+    def __init__(
+        self,
+        dataset_dir: str | Path,
+        parts_dir: str,
+        schema: pa.Schema,
+        keys: list[str],
+        partition_shards: int,
+    ):
         super().__init__()
-        self._dir, self._schema = str(dataset_dir), schema
+        self._dir, self._parts, self._schema = str(dataset_dir), parts_dir, schema
+        self._keys, self._shards = keys, partition_shards
 
     def expand(self, tables):
-        return tables | "WriteParquet" >> beam.ParDo(
-            WriteParquetFile(self._dir, "part", self._schema)
+        write = _WriteSortedPart(
+            self._parts, self._schema, self._keys, part_row_groups(self._shards)
+        )
+        return (
+            tables
+            | "WriteSortedParts" >> beam.ParDo(write)
+            | "AllParts" >> beam.combiners.ToList()
+            | "MergeParts" >> beam.ParDo(_MergeRelease(self._dir, self._schema, self._keys))
         )
 
 

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import pyarrow.parquet as pq
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Observation, SparkSession
 
@@ -22,11 +21,13 @@ from dppipeline.core.tasks import (
     read_schema,
 )
 from dppipeline.engines.base import EngineRun, ReleaseJob, release_to_datasets
+from dppipeline.engines.shared.release_file import RELEASE_FILE, ReleaseWriter
 from dppipeline.engines.spark import read as spark_read
 from dppipeline.engines.spark.aggregate import (
     bound_and_aggregate,
     driver_release_max_partitions,
     release_on_executors,
+    released_batches,
     to_aggregates_frame,
 )
 from dppipeline.engines.spark.bound import shuffled_by_unit
@@ -225,14 +226,16 @@ class SparkEngine:
         self, aggregates: DataFrame, job: ReleaseJob, query: str, staging: Path
     ) -> int:
         """Recomputes the aggregates (the same sample: priorities depend on the salt only; the
-        driver copy is discarded unreleased) and releases each batch where it lies; Spark
-        writes the dataset."""
+        driver copy is discarded unreleased), releases each batch where it lies, and streams
+        the released batches, in key order, into the dataset's one file on the driver (never
+        more than a task's output or two in the driver's memory)."""
         public_keys = job.tasks.public_keys.get(query)
         public = None if public_keys is None else self.spark.createDataFrame(public_keys)
         self.spark.sparkContext.setJobGroup("dppipeline", f"dppipeline {query}: release")
-        released = release_on_executors(aggregates, job, query, public)
+        chunks = release_on_executors(aggregates, job, query, public)
         dataset_dir = staging / query
-        released.write.parquet(str(dataset_dir))
-        return sum(
-            pq.ParquetFile(p).metadata.num_rows for p in sorted(dataset_dir.glob("*.parquet"))
-        )
+        dataset_dir.mkdir(parents=True)
+        with ReleaseWriter(dataset_dir / RELEASE_FILE, job.release_schema(query)) as writer:
+            for batch in released_batches(chunks):
+                writer.write(batch)
+        return writer.rows

@@ -32,6 +32,11 @@ SQL_DEFAULTS: dict[str, str] = {
     # List input files on the driver: the day folders are known, a listing job costs seconds.
     "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
 }
+# Spark's console progress bar prints, on stderr, each stage's task counts, which follow the
+# data (adaptive execution sizes tasks at run time): off in every session dppipeline starts,
+# whatever spark-defaults.conf or --conf say. Progress goes through the job's own `[spark]`
+# lines, whose text depends on public parameters only.
+SESSION_SETTINGS: dict[str, str] = {"spark.ui.showConsoleProgress": "false"}
 LOG4J_CONF = Path(__file__).resolve().parent / "log4j2.properties"
 # JVM options of a session started here (local mode: the driver JVM runs the tasks). The
 # throughput collector: bounding boxes every value it collects, and G1 (Java's default) was
@@ -59,7 +64,8 @@ def check_java() -> None:
 def get_spark(
     app_name: str = "dppipeline", master: str | None = None, conf: dict[str, str] | None = None
 ):
-    """The active SparkSession, or a new one.
+    """The active SparkSession (a caller's: its settings are its own), or a new one, with
+    `SESSION_SETTINGS` (no console progress bar).
 
     Under spark-submit (or the pyspark shell) the master and resources come from there; run
     in-process, the master is `master`, else $DPPIPELINE_SPARK_MASTER, else `local[*]`.
@@ -72,11 +78,11 @@ def get_spark(
         return active
     check_java()
     builder = SparkSession.builder.appName(app_name)
-    for key, value in (conf or {}).items():
+    for key, value in {**(conf or {}), **SESSION_SETTINGS}.items():
         builder = builder.config(key, value)
     if "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
         chosen = master or os.environ.get("DPPIPELINE_SPARK_MASTER") or "local[*]"
-        builder = builder.master(chosen).config("spark.ui.showConsoleProgress", "true")
+        builder = builder.master(chosen)
         builder = builder.config(
             "spark.driver.extraJavaOptions",
             f"-Dlog4j2.configurationFile={LOG4J_CONF.as_uri()} {local_java_options()}",
