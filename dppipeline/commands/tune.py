@@ -115,6 +115,7 @@ class Tuning:
     hidden: tuple[str, ...] = ()  # what the noise hides, for the user
     needed_epsilon: float | None = None  # the tune epsilon that would show it
     mean_limit: float | None = None  # the largest mean noise recommended (queries with mean)
+    needs_values: bool = True  # the query has value bounds to recommend
 
     def recommendation(self) -> dict[str, float | int]:
         """The bounds recommended: only those the DP statistics support."""
@@ -440,7 +441,7 @@ def _measure(spec, query, task, days, *, eps, partitions, progress) -> Tuning:
         query=query.name, epsilon=eps, partitions_per_unit=noisy_h1, rows_per_pair=noisy_h2,
         values=values, partitions=partitions, candidates=candidates, best=best,
         min_value=min_value, max_value=max_value, hidden=tuple(hidden), needed_epsilon=needed,
-        mean_limit=mean_limit,
+        mean_limit=mean_limit, needs_values=needs_values,
     )  # fmt: skip
 
 
@@ -525,13 +526,13 @@ def render(result: Tuning, top: int = 12, *, recorded: bool = True) -> str:
             lines.append("  # L0 x Linf (tune does not tune max_contributions; these replace it)")
         lines += [f"  {name}: {value:g}" for name, value in recommended.items()]
     if result.hidden:
+        missing = ["contribution bounds"] if result.best is None else []
+        if result.needs_values and result.min_value is None:
+            missing.append("value bounds")
         lines += [
             "",
-            f"the noise hides part of the data at tune epsilon {result.epsilon:g} "
-            f"({'; '.join(result.hidden)}): "
-            + ("no contribution bounds recommended" if result.best is None else "")
-            + (" and " if result.best is None and result.min_value is None else "")
-            + ("no value bounds recommended" if result.min_value is None else "")
-            + f"; rerun with --tune-epsilon {result.needed_epsilon:.2g} or more",
+            f"the noise hides part of query {result.query}'s data at tune epsilon "
+            f"{result.epsilon:g} ({'; '.join(result.hidden)}): no {' and no '.join(missing)} "
+            f"recommended; rerun with --tune-epsilon {result.needed_epsilon:.2g} or more",
         ]
     return "\n".join(lines)
