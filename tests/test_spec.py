@@ -251,7 +251,7 @@ def test_overrides_win_over_yaml_and_none_keeps_it():
     assert spec.budget.epsilon == 3.0
     assert spec.budget.delta == 1e-6
     assert spec.metrics == ("count",)
-    assert raw["budget"]["epsilon"] == 1.0  # the raw data is not modified
+    assert raw["budget"]["epsilon"] == yaml.safe_load(CONFIG.read_text())["budget"]["epsilon"]
 
 
 def test_spec_hash():

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from airflow.dag_processing.dagbag import BundleDagBag
 from conftest import DATA, LEDGER, MAIN_PYTHON, PROJECT
 
@@ -194,9 +195,11 @@ def test_missing_input_fails_at_the_sensor(dagbag, transactions, task_log, run_c
 
 
 def capped_config(folder: Path, scope: str = "capped") -> Path:
-    """The job spec with its own ledger scope capped at epsilon 1: one release uses it up."""
+    """The job spec with its own ledger scope capped at the job's epsilon: one release uses
+    it up."""
     text = (PROJECT / "jobs" / "configs" / "terminal_stats.yaml").read_text()
-    text = text.replace("budget:\n", f"budget:\n  scope: {scope}\n  cap_epsilon: 1.0\n", 1)
+    cap = yaml.safe_load(text)["budget"]["epsilon"]
+    text = text.replace("budget:\n", f"budget:\n  scope: {scope}\n  cap_epsilon: {cap}\n", 1)
     text = text.replace("../../schemas/", f"{PROJECT}/schemas/")
     path = folder / f"{scope}.yaml"
     path.write_text(text)

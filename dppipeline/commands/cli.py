@@ -345,8 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tune.add_argument(
         "--tune-output",
-        help="JSON file for the DP statistics and recommendation (default: a new file beside "
-        "the --config job spec, else in the working folder)",
+        help="write the DP statistics and recommendation to this JSON file too (default: "
+        "printed only, no file written)",
     )
     _add_ledger_flags(tune)
     tune.add_argument("--no-ledger", action="store_true", help="do not record the spend (!)")
@@ -591,10 +591,10 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         ledger=None if ledger is None else str(ledger),
         output=Path(args.tune_output) if args.tune_output else None,
         progress=logs.log.info,
-        output_dir=Path(args.config).resolve().parent if args.config else None,
     )
-    _print(render(result))
-    print(f"\nDP statistics and recommendation: {path}")
+    _print(render(result, recorded=ledger is not None))
+    if path is not None:
+        print(f"\nDP statistics and recommendation: {path}")
     return 0
 
 

@@ -20,7 +20,17 @@ From the noisy histograms (post-processing only) it estimates, for every
 candidate (L0, Linf), the share of rows bounding keeps, assuming a unit's number of partitions
 and its pairs' sizes are independent, and the count noise the job's own budget would give with
 those bounds; it recommends the candidate with the smallest sqrt(bias^2 + noise^2) per
-partition, bias = rows dropped / partitions.
+partition, bias = rows dropped / partitions. For a query that releases a mean, only candidates
+whose mean noise at the typical partition (the plan's noise on the centred sum over the rows that
+partition keeps) stays within MEAN_NOISE_SHARE of the value range are recommended: looser
+bounds lower the count's bias but divide more noise by a count that grows less, and a mean lost
+in its noise is released clamped to a bound.
+
+`tune` never fails once it has read data: whether it fails would depend on the data, and the
+spend could not be released. When the noise hides a statistic it recommends what it can,
+names what it could not and the tune epsilon that would do, and exits 0. Everything that can
+refuse (flags, the job, the input's days, the output file, the ledger's cap) is checked
+before the first byte is read, and such a refusal spends nothing.
 """
 
 from __future__ import annotations
@@ -45,7 +55,7 @@ from dppipeline.core.budget import MechanismBudget
 from dppipeline.core.tasks import plan_tasks, read_schema
 from dppipeline.engines.shared.polars_read import read_validated
 from dppipeline.engines.shared.polars_tasks import task_rows
-from dppipeline.errors import InputError, UsageError
+from dppipeline.errors import UsageError
 from dppipeline.ledger import Reservation
 from dppipeline.orchestration.runner import (
     budget_policy,
@@ -68,6 +78,10 @@ VALUE_EDGES = tuple(
 )
 EMPTY_BIN_RISK = 1e-6  # chance that any empty bin of a histogram keeps noise mass
 TAIL = 0.005  # share of the value distribution the clipping bounds may cut on each side
+# A mean is useful when its noise at the typical partition is at most this share of the value
+# range: a mean a quarter of the range from a bound then reaches it with Laplace probability
+# 0.5 exp(-0.25 / 0.05 * sqrt(2)) = 0.04%.
+MEAN_NOISE_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -77,6 +91,7 @@ class Candidate:
     kept_share: float
     bias: float
     noise_std: float
+    mean_noise_std: float | None = None  # at the typical partition's kept rows; None: no mean
 
     @property
     def error(self) -> float:
@@ -94,9 +109,24 @@ class Tuning:
     values: list[float]
     partitions: int
     candidates: list[Candidate]
-    best: Candidate
-    min_value: float
-    max_value: float
+    best: Candidate | None  # None: the noise hides the contribution histograms
+    min_value: float | None  # None: not needed, or the noise hides the value histogram
+    max_value: float | None
+    hidden: tuple[str, ...] = ()  # what the noise hides, for the user
+    needed_epsilon: float | None = None  # the tune epsilon that would show it
+    mean_limit: float | None = None  # the largest mean noise recommended (queries with mean)
+    needs_values: bool = True  # the query has value bounds to recommend
+
+    def recommendation(self) -> dict[str, float | int]:
+        """The bounds recommended: only those the DP statistics support."""
+        out: dict[str, float | int] = {}
+        if self.best is not None:
+            out["max_partitions_contributed"] = self.best.l0
+            out["max_contributions_per_partition"] = self.best.linf
+        if self.min_value is not None and self.max_value is not None:
+            out["min_value"] = self.min_value
+            out["max_value"] = self.max_value
+        return out
 
     def to_json(self) -> dict:
         return {
@@ -108,12 +138,9 @@ class Tuning:
             "value_edges": value_edges(),
             "values": self.values,
             "partitions": self.partitions,
-            "recommendation": {
-                "max_partitions_contributed": self.best.l0,
-                "max_contributions_per_partition": self.best.linf,
-                "min_value": self.min_value,
-                "max_value": self.max_value,
-            },
+            "recommendation": self.recommendation(),
+            "hidden_by_noise": list(self.hidden),
+            "needed_tune_epsilon": self.needed_epsilon,
         }
 
 
@@ -216,11 +243,10 @@ def tune(
     ledger: str | None,
     output: Path | None,
     progress: Callable[[str], None] = print,
-    output_dir: Path | None = None,
-) -> tuple[Tuning, Path]:
+) -> tuple[Tuning, Path | None]:
     """Spends `epsilon` (default: a tenth of the job's) on the DP statistics above, records it
-    in the ledger, writes them with the recommendation to a JSON file (`output`, else a new
-    file in `output_dir`, beside the job spec); returns both."""
+    in the ledger and returns them with the recommendation; writes them to the JSON file
+    `output` only when one is given (never a file nobody asked for), returned beside them."""
     if spec.input.path is None:
         raise UsageError("--input: required (or input.path in the job spec)")
     queries = {q.name: q for q in spec.queries}
@@ -244,8 +270,9 @@ def tune(
             )
         partitions = len(task.public_keys)
     run_id = "tune-" + dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + uuid.uuid4().hex[:6]
-    target = output or (output_dir or Path()) / f"{run_id}.json"
-    refuse_to_replace(target)  # before anything is reserved or read
+    target = output
+    if target is not None:
+        refuse_to_replace(target)  # before anything is reserved or read
     book = open_ledger(ledger) if ledger else None
     spend: Reservation | contextlib.nullcontext = contextlib.nullcontext()
     key = None
@@ -255,12 +282,13 @@ def tune(
         settle_expired(book, key.scope, progress)
         spend = Reservation(
             book, key, run_id=run_id, job=f"tune:{spec.name}", epsilon=eps, delta=0.0,
-            output=str(target.resolve()), policy=budget_policy(spec),
+            output=str(target.resolve()) if target else "-", policy=budget_policy(spec),
         )  # fmt: skip
     # The same charge rules as a release: reserved, reading before the first byte, committed
     # before the statistics are written where the user sees them.
-    partial = target.with_name(f".{target.name}.{run_id}.tmp")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = None if target is None else target.with_name(f".{target.name}.{run_id}.tmp")
+    if target is not None:
+        target.parent.mkdir(parents=True, exist_ok=True)
     with spend:
         try:
             if isinstance(spend, Reservation):
@@ -268,13 +296,16 @@ def tune(
             result = _measure(
                 spec, query, task, days, eps=eps, partitions=partitions, progress=progress,
             )  # fmt: skip
-            partial.write_text(json.dumps(result.to_json(), indent=1) + "\n")
+            if partial is not None:
+                partial.write_text(json.dumps(result.to_json(), indent=1) + "\n")
             with signals_deferred():
                 if isinstance(spend, Reservation):
                     spend.commit()
-                partial.replace(target)
+                if partial is not None and target is not None:
+                    partial.replace(target)
         finally:
-            partial.unlink(missing_ok=True)
+            if partial is not None:
+                partial.unlink(missing_ok=True)
     if book is not None and key is not None:
         progress(ledger_line(book, f"committed {run_id}: epsilon={eps:g} in scope {key.scope!r}"))
     return result, target
@@ -283,21 +314,22 @@ def tune(
 # A recommendation needs the privacy units the histograms count to stand out of their noise:
 # SIGNAL_TO_NOISE times the std of the noise on that count.
 SIGNAL_TO_NOISE = 10.0
+VALUES_HIDDEN = "most of the value histogram below its noise level"
 
 
-def _require_signal(
-    query: str,
+def _hidden_by_noise(
     *,
     eps: float,
     eps_units: float,
     h1: Sequence[float],
     h2: Sequence[float],
     values: Sequence[float] | None,
-) -> None:
-    """Refuses to recommend from histograms the noise hides (all bins zeroed, fewer privacy
-    units than SIGNAL_TO_NOISE noise stds, or, when the query needs clipping bounds, a value
-    histogram whose tails cut more than half of its mass), naming the epsilon that would do.
-    Post-processing of the noisy histograms only."""
+) -> tuple[list[str], float | None]:
+    """What the noise hides of the histograms (all bins zeroed, fewer privacy units than
+    SIGNAL_TO_NOISE noise stds, or, when the query needs clipping bounds, a value histogram
+    whose tails cut more than half of its mass), and the tune epsilon that would show it
+    (None when nothing is hidden). Post-processing of the noisy histograms only: the caller
+    reports it instead of failing, since a failure after reading could not be refunded."""
     units = float(sum(h1))
     noise = math.sqrt(2 * len(h1)) / eps_units  # std of the noise on sum(h1): Laplace b = 1/eps
     hidden = []
@@ -306,9 +338,9 @@ def _require_signal(
     if not float(sum(h2)) > 0:
         hidden.append("every bin of rows per (unit, partition) pair below its noise level")
     if values is not None and not float(sum(values)) >= 0.5 * units:
-        hidden.append("most of the value histogram below its noise level")
+        hidden.append(VALUES_HIDDEN)
     if not hidden:
-        return
+        return [], None
     # Noise scales as 1/epsilon: the units' signal-to-noise says how much more is needed (1.5x:
     # the units counted are noisy too); a histogram zeroed by its noise level needs at least its
     # mass spread over its bins to clear that level. Never less than twice the epsilon spent.
@@ -318,11 +350,7 @@ def _require_signal(
         1.5 * eps * SIGNAL_TO_NOISE * noise / max(units, noise),
         eps * level * len(h2) / max(units, 1.0) if float(sum(h2)) <= 0 else 0.0,
     )
-    raise InputError(
-        f"tune: the noise hides query {query}'s data at epsilon {eps:g} ({'; '.join(hidden)}): "
-        f"no bounds recommended; rerun with --tune-epsilon {needed:.2g} or more (this spend is "
-        "recorded in the ledger)"
-    )
+    return hidden, needed
 
 
 def refuse_to_replace(target: Path) -> None:
@@ -369,31 +397,64 @@ def _measure(spec, query, task, days, *, eps, partitions, progress) -> Tuning:
     noisy_h2 = noisy(_mechanism("rows_per_pair", specs[1]), h2, tails=True)
     values = noisy(_mechanism("values", specs[2]), value_histogram(frame, unit), tails=True)
     progress("[tune] DP histograms computed; scoring candidates")
-    _require_signal(
-        query.name, eps=eps, eps_units=specs[0].eps, h1=noisy_h1, h2=noisy_h2,
-        values=values if query.needs_value_bounds else None,
+    needs_values = query.needs_value_bounds
+    hidden, needed = _hidden_by_noise(
+        eps=eps, eps_units=specs[0].eps, h1=noisy_h1, h2=noisy_h2,
+        values=values if needs_values else None,
     )  # fmt: skip
-    total = total_rows(noisy_h1, noisy_h2)
-    candidates = []
-    for l0 in CANDIDATES if task.key_names else (1,):
-        for linf in CANDIDATES:
-            share = kept_share(noisy_h1, noisy_h2, l0, linf)
-            bounds = {"max_partitions_contributed": l0, "max_contributions_per_partition": linf}
-            noise = _count_noise(spec, query, bounds)
-            candidates.append(Candidate(l0, linf, share, total * (1 - share) / partitions, noise))
-    best = min(candidates, key=lambda c: (c.error, c.l0 * c.linf))
-    min_value, max_value = clipping_bounds(values)
+    values_hidden = VALUES_HIDDEN in hidden
+    min_value = max_value = None
+    if needs_values and not values_hidden:
+        min_value, max_value = clipping_bounds(values)
+    candidates: list[Candidate] = []
+    best = None
+    mean_limit = None
+    if not [h for h in hidden if h != VALUES_HIDDEN]:
+        # The mean's noise is judged on the value bounds the run will use: those recommended
+        # here, else the job's own.
+        clip = (min_value, max_value) if min_value is not None else None
+        if "mean" in query.metrics and (clip or query.bounds.max_value is not None):
+            low, high = clip or (query.bounds.min_value, query.bounds.max_value)
+            mean_limit = MEAN_NOISE_SHARE * (float(high) - float(low))
+        total = total_rows(noisy_h1, noisy_h2)
+        for l0 in CANDIDATES if task.key_names else (1,):
+            for linf in CANDIDATES:
+                share = kept_share(noisy_h1, noisy_h2, l0, linf)
+                bounds = {"max_partitions_contributed": l0, "max_contributions_per_partition": linf}
+                count_std, centred_std = _candidate_noise(spec, query, bounds, clip)
+                kept = total * share / partitions  # rows the typical partition keeps
+                mean_std = None
+                if mean_limit is not None:
+                    mean_std = centred_std / kept if kept >= 1 else math.inf
+                candidates.append(Candidate(
+                    l0, linf, share, total * (1 - share) / partitions, count_std, mean_std,
+                ))  # fmt: skip
+        useful = [
+            c for c in candidates
+            if c.mean_noise_std is None or mean_limit is None or c.mean_noise_std <= mean_limit
+        ]  # fmt: skip
+        if useful:
+            best = min(useful, key=lambda c: (c.error, c.l0 * c.linf))
+        else:  # no candidate gives a useful mean at the job's epsilon: the least noisy mean
+            best = min(candidates, key=lambda c: (c.mean_noise_std or 0.0, c.error))
     return Tuning(
         query=query.name, epsilon=eps, partitions_per_unit=noisy_h1, rows_per_pair=noisy_h2,
         values=values, partitions=partitions, candidates=candidates, best=best,
-        min_value=min_value, max_value=max_value,
+        min_value=min_value, max_value=max_value, hidden=tuple(hidden), needed_epsilon=needed,
+        mean_limit=mean_limit, needs_values=needs_values,
     )  # fmt: skip
 
 
-def _count_noise(spec: JobSpec, query: QuerySpec, bounds: dict) -> float:
-    """Noise std of the count with these bounds under the job's own budget split."""
+def _candidate_noise(
+    spec: JobSpec, query: QuerySpec, bounds: dict, clip: tuple[float, float] | None
+) -> tuple[float, float]:
+    """Noise std of the count, and of the mean's centred sum (0 without a mean), with these
+    bounds (and clipping bounds, when given) under the job's own budget split."""
+    update = {**bounds, "max_contributions": None}
+    if clip is not None:
+        update |= {"min_value": clip[0], "max_value": clip[1]}
     tuned = query.model_copy(update={
-        "bounds": query.bounds.model_copy(update={**bounds, "max_contributions": None}),
+        "bounds": query.bounds.model_copy(update=update),
         "metrics": ("count", *[m for m in query.metrics if m != "count"]),
     })  # fmt: skip
     # PLD's search takes ~0.3 s a plan and tune scores up to 256 candidates: RDP (zCDP) gives
@@ -402,33 +463,76 @@ def _count_noise(spec: JobSpec, query: QuerySpec, bounds: dict) -> float:
     job = spec.model_copy(update={"accounting": accounting, "queries": tuple(
         tuned if q.name == query.name else q for q in spec.queries)})  # fmt: skip
     plan = make_plan(job, require_bounds=False).query(query.name).plan
-    return float(plan.metric_noise_stddev("count") or 0.0)
+    centred = plan.mechanism("centred_sum").noise_stddev if plan.has("centred_sum") else 0.0
+    return float(plan.metric_noise_stddev("count") or 0.0), float(centred or 0.0)
 
 
-def render(result: Tuning, top: int = 12) -> str:
-    """The candidates table (best first) and a YAML snippet to paste into the job spec."""
-    lines = [
-        f"query {result.query}: tuned with epsilon={result.epsilon:g} (recorded in the ledger)",
-        f"  values: {1 - 2 * TAIL:.0%} of the value histogram's mass above the noise level "
-        f"lies in [{result.min_value:g}, {result.max_value:g}] (ten bins per decade; sparse "
-        "tails fall below that level: raise --tune-epsilon to see them)",
-        f"  {'L0':>4} {'Linf':>5} {'rows kept':>10} {'bias/partition':>15} "
-        f"{'noise std':>10} {'error':>10}",
-    ]
-    ranked = sorted(result.candidates, key=lambda c: c.error)[:top]
-    for c in ranked:
-        mark = "  <- recommended" if c == result.best else ""
+def render(result: Tuning, top: int = 12, *, recorded: bool = True) -> str:
+    """The candidates table (best first) and a YAML snippet to paste into the job spec; what
+    the noise hides, if anything, and the tune epsilon that would show it."""
+    where = "recorded in the ledger" if recorded else "NOT recorded: --no-ledger"
+    lines = [f"query {result.query}: tuned with epsilon={result.epsilon:g} ({where})"]
+    if result.min_value is not None:
         lines.append(
-            f"  {c.l0:>4} {c.linf:>5} {c.kept_share:>9.1%} {c.bias:>15.4g} "
-            f"{c.noise_std:>10.4g} {c.error:>10.4g}{mark}"
+            f"  values: {1 - 2 * TAIL:.0%} of the value histogram's mass above the noise level "
+            f"lies in [{result.min_value:g}, {result.max_value:g}] (ten bins per decade; sparse "
+            "tails fall below that level: raise --tune-epsilon to see them)"
         )
-    lines += [
-        "",
-        "bounds:  # paste into the job spec (from DP statistics; error of the count per partition)",
-        "  # L0 x Linf (tune does not tune max_contributions; these replace it)",
-        f"  max_partitions_contributed: {result.best.l0}",
-        f"  max_contributions_per_partition: {result.best.linf}",
-        f"  min_value: {result.min_value:g}",
-        f"  max_value: {result.max_value:g}",
-    ]
+    if result.candidates:
+        mean = result.mean_limit is not None
+        lines.append(
+            f"  {'L0':>4} {'Linf':>5} {'rows kept':>10} {'bias/partition':>15} "
+            f"{'noise std':>10} {'error':>10}" + (f" {'mean noise':>11}" if mean else "")
+        )
+        limit = result.mean_limit if mean else None
+        ranked = sorted(  # the bounds that give a useful mean first
+            result.candidates,
+            key=lambda c: (limit is not None and (c.mean_noise_std or 0.0) > limit, c.error),
+        )[:top]
+        if result.best is not None and result.best not in ranked:
+            ranked.append(result.best)
+        for c in ranked:
+            mark = "  <- recommended" if c == result.best else ""
+            mean_cell = (
+                f" {c.mean_noise_std:>11.4g}" if mean and c.mean_noise_std is not None else ""
+            )
+            lines.append(
+                f"  {c.l0:>4} {c.linf:>5} {c.kept_share:>9.1%} {c.bias:>15.4g} "
+                f"{c.noise_std:>10.4g} {c.error:>10.4g}{mean_cell}{mark}"
+            )
+        if mean and result.best is not None:
+            best_mean = result.best.mean_noise_std or 0.0
+            if best_mean <= (result.mean_limit or 0.0):
+                lines.append(
+                    f"  (recommended: the smallest error among the bounds whose mean noise at the "
+                    f"typical partition is at most {result.mean_limit:.4g}, "
+                    f"{MEAN_NOISE_SHARE:.0%} of the value range)"
+                )
+            else:
+                lines.append(
+                    f"  (no bounds keep the mean's noise within {result.mean_limit:.4g} "
+                    f"({MEAN_NOISE_SHARE:.0%} of the value range) at the job's epsilon: "
+                    "recommended the least noisy mean; raise budget.epsilon, or expect many "
+                    "means clamped to a bound)"
+                )
+    recommended = result.recommendation()
+    if recommended:
+        lines += [
+            "",
+            "bounds:  # paste into the job spec (from DP statistics; error of the count per "
+            "partition)",
+        ]
+        if result.best is not None:
+            lines.append("  # L0 x Linf (tune does not tune max_contributions; these replace it)")
+        lines += [f"  {name}: {value:g}" for name, value in recommended.items()]
+    if result.hidden:
+        missing = ["contribution bounds"] if result.best is None else []
+        if result.needs_values and result.min_value is None:
+            missing.append("value bounds")
+        lines += [
+            "",
+            f"the noise hides part of query {result.query}'s data at tune epsilon "
+            f"{result.epsilon:g} ({'; '.join(result.hidden)}): no {' and no '.join(missing)} "
+            f"recommended; rerun with --tune-epsilon {result.needed_epsilon:.2g} or more",
+        ]
     return "\n".join(lines)
