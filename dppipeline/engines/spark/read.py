@@ -103,8 +103,13 @@ def read_frame(frame: DataFrame, schema: Schema, source: str = MEMORY_SOURCE) ->
     from pyspark.sql.pandas.types import to_arrow_type  # noqa: PLC0415
 
     present = set(frame.columns)
+    # A timestamp column's zone only names the type here (the contract checks kinds, not zones).
     arrow = pa.schema(
-        [pa.field(f.name, to_arrow_type(f.dataType)) for f in frame.schema if f.name in present]
+        [
+            pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"))
+            for f in frame.schema
+            if f.name in present
+        ]
     )
     sources = column_sources(source, arrow, schema)
     rows = frame.select(
