@@ -20,8 +20,8 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from dppipeline import logs
 from dppipeline.errors import (
@@ -37,6 +37,8 @@ from dppipeline.settings import default_ledger
 
 if TYPE_CHECKING:
     from dppipeline.spec.model import JobSpec
+
+T = TypeVar("T")
 
 # CLI flag -> job spec field (dotted YAML path). Flags override the YAML.
 FLAG_FIELDS: dict[str, str] = {
@@ -424,7 +426,7 @@ def _spec_from_args(args: argparse.Namespace, *, release: bool = True):
     from (its contribution bounds stated; `tune`, which recommends them, passes False)."""
     from dppipeline.spec.model import build_spec, load_raw  # noqa: PLC0415
 
-    raw = load_raw(args.config) if args.config else {}
+    raw = _with_flag("--config", load_raw, args.config) if args.config else {}
     overrides: dict[str, Any] = {}
     for flag, field in FLAG_FIELDS.items():
         value = getattr(args, flag, None)
@@ -486,8 +488,22 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+def _with_flag(flag: str, function: Callable[[str], T], value: str) -> T:
+    """`function(value)`, a location refused in it (credentials in the URI, an unknown
+    scheme) named by the flag that gave it, as `--input` is."""
+    from dppipeline.storage.location import LocationError  # noqa: PLC0415
 
+    try:
+        return function(value)
+    except LocationError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from dppipeline.storage import Location  # noqa: PLC0415
+
+    if args.quarantine:
+        _with_flag("--quarantine", Location.of, args.quarantine)  # before the spec is read
     spec = _spec_from_args(args)
     _skip_pld_unless_used(args, spec)
     if args.engine == "spark" and not args.check_budget:

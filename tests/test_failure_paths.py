@@ -1,0 +1,70 @@
+"""Issue 32's failure paths (items 5-9): what can be checked before reading is checked before
+the ledger charges anything, every known cause is one line with its documented exit code, the
+API raises its typed errors without quoting a cell, long CSV fields are read, and a run
+neither writes a local `s3:` folder nor deletes a folder it did not create.
+
+Every run here is a real `dppipeline` process (or the real API) on the small generated input;
+the ledger is a real SQLite file read back after the run.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BOUNDS = ["--min-value", "0", "--max-value", "100", "--max-partitions-contributed", "1",
+          "--max-contributions-per-partition", "1"]  # fmt: skip
+CHARGED = {"reading", "failed", "committed"}
+
+
+def run_cli(*args: object, cwd: Path | None = None, **kwargs) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DPPIPELINE_DEBUG"}
+    return subprocess.run(
+        [sys.executable, "-m", "dppipeline", *map(str, args)],
+        capture_output=True, text=True, cwd=cwd, env=env, timeout=300, check=False, **kwargs,
+    )  # fmt: skip
+
+
+def one_line(result: subprocess.CompletedProcess[str], exit_code: int, *words: str) -> str:
+    """The run failed with `exit_code` and one error line (progress lines start with `[`)
+    holding each of `words`; no traceback."""
+    assert result.returncode == exit_code, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    errors = [
+        line for line in result.stderr.splitlines() if line.strip() and not line.startswith("[")
+    ]
+    assert len(errors) == 1, result.stderr[-3000:]
+    for word in words:
+        assert word in errors[0], errors[0]
+    return errors[0]
+
+
+def ledger_states(ledger: Path) -> list[str]:
+    if not ledger.exists():
+        return []
+    with sqlite3.connect(ledger) as db:
+        return [row[0] for row in db.execute("SELECT state FROM releases")]
+
+
+# --------------------------------------------------------------------- 6c: secrets in any URI
+
+
+@pytest.mark.parametrize("flag", ["--quarantine", "--config"])
+def test_credentials_in_any_uri_flag_are_refused_in_one_line(tmp_path, small_inputs, flag):
+    """`--quarantine` and `--config` refuse a URI with credentials as `--input` does: exit 2,
+    one line naming the flag and the rule, the secret never printed, nothing recorded."""
+    secret = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
+    ledger = tmp_path / "ledger.sqlite"
+    result = run_cli(
+        "run", "--input", small_inputs["parquet"], "--output", tmp_path / "out", *BOUNDS,
+        "--ledger", f"sqlite:///{ledger}", flag, f"s3://AKIAEXAMPLE:{secret}@bank/x",
+    )  # fmt: skip
+    one_line(result, 2, flag, "s3://bank/x", "credentials in a URI are refused")
+    assert secret not in result.stderr + result.stdout
+    assert not (tmp_path / "out").exists()
+    assert ledger_states(ledger) == []
