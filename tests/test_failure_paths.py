@@ -68,3 +68,22 @@ def test_credentials_in_any_uri_flag_are_refused_in_one_line(tmp_path, small_inp
     assert secret not in result.stderr + result.stdout
     assert not (tmp_path / "out").exists()
     assert ledger_states(ledger) == []
+
+
+# ------------------------------------------------ 9d: publication deletes only what it made
+
+
+def test_a_run_keeps_a_users_folder_named_like_a_staging_folder(tmp_path, small_inputs):
+    """A folder `.out.staging-<run id>` that no run made (a user's, with a file in it) is left
+    as it is by the next run to `out`, which publishes its own release beside it."""
+    users = tmp_path / ".out.staging-20260102T000000Z-bbbbbbbb"
+    users.mkdir()
+    (users / "notes.txt").write_text("the user's")
+    result = run_cli(
+        "run", "--input", small_inputs["parquet"], "--output", tmp_path / "out", *BOUNDS,
+        "--ledger", f"sqlite:///{tmp_path / 'ledger.sqlite'}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (users / "notes.txt").read_text() == "the user's"
+    assert (tmp_path / "out" / "manifest.json").is_file()
+    assert f"left {users.name} alone" in result.stderr
