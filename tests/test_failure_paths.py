@@ -87,3 +87,37 @@ def test_a_run_keeps_a_users_folder_named_like_a_staging_folder(tmp_path, small_
     assert (users / "notes.txt").read_text() == "the user's"
     assert (tmp_path / "out" / "manifest.json").is_file()
     assert f"left {users.name} alone" in result.stderr
+
+
+# -------------------------------------------------------------- 9b: a scope's length is bounded
+
+
+@pytest.mark.parametrize("how", ["--scope", "set-cap"])
+def test_a_scope_longer_than_200_characters_is_a_spec_error(tmp_path, small_inputs, how):
+    """A 1M-character scope was accepted and echoed on every `[ledger]` line: now a usage
+    error (exit 2) naming the field and the limit, the scope itself never echoed whole."""
+    from dppipeline.spec.model import MAX_SCOPE_CHARS
+
+    ledger = tmp_path / "ledger.sqlite"
+    scope = "s" * 100_000  # one argument may hold at most 128 kB
+    if how == "--scope":
+        result = run_cli(
+            "run", "--input", small_inputs["parquet"], "--output", tmp_path / "out", *BOUNDS,
+            "--ledger", f"sqlite:///{ledger}", "--scope", scope,
+        )  # fmt: skip
+        line = one_line(result, 2, "--scope (budget.scope)", f"at most {MAX_SCOPE_CHARS}")
+    else:
+        result = run_cli("budget", "set-cap", scope, "--epsilon", "1",
+                         "--ledger", f"sqlite:///{ledger}")  # fmt: skip
+        line = one_line(result, 2, "scope", f"at most {MAX_SCOPE_CHARS}")
+    assert len(line) < 500
+    assert ledger_states(ledger) == []
+    assert not (tmp_path / "out").exists()
+    at_limit = build_scope("s" * MAX_SCOPE_CHARS)
+    assert at_limit == "s" * MAX_SCOPE_CHARS
+
+
+def build_scope(scope: str) -> str | None:
+    from dppipeline.spec.model import build_spec
+
+    return build_spec({}, {"budget.scope": scope, "metrics": ["count"]}).budget.scope
