@@ -121,3 +121,29 @@ def build_scope(scope: str) -> str | None:
     from dppipeline.spec.model import build_spec
 
     return build_spec({}, {"budget.scope": scope, "metrics": ["count"]}).budget.scope
+
+
+# ------------------------------------------------------- 9a: generate writes to a URI's store
+
+
+def test_generate_to_a_store_uri_writes_there_and_no_local_folder(s3, tmp_path):
+    """`generate --output s3://bank/gen --format csv` wrote a local folder `./s3:/bank/gen`
+    and exited 0. The files now go to the bucket (the same bytes as a local run's), and
+    nothing is made in the working folder."""
+    bucket = s3.new_bucket("gen-bank")
+    flags = ["--format", "csv", "--days", "2", "--tx-per-day", "40", "--customers", "20",
+             "--terminals", "5"]  # fmt: skip
+    result = run_cli("generate", "--output", f"{bucket}/gen", *flags, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert os.listdir(tmp_path) == []
+    assert run_cli("generate", "--output", tmp_path / "local", *flags).returncode == 0
+    local = sorted(p.name for p in (tmp_path / "local").iterdir())
+    assert s3.keys(f"{bucket}/gen") == local == ["2026-01-01.csv", "2026-01-02.csv"]
+    for name in local:
+        assert s3.read(f"{bucket}/gen/{name}") == (tmp_path / "local" / name).read_bytes()
+
+
+def test_generate_to_an_unknown_scheme_is_refused_in_one_line(tmp_path):
+    result = run_cli("generate", "--output", "ftp://bank/gen", "--days", "1", cwd=tmp_path)
+    one_line(result, 2, "ftp://bank/gen", "unknown storage scheme")
+    assert os.listdir(tmp_path) == []

@@ -467,6 +467,7 @@ def _add_schema_flags(parser: argparse.ArgumentParser) -> None:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from dppipeline.commands.generate import generate  # noqa: PLC0415
+    from dppipeline.storage import display  # noqa: PLC0415
 
     try:
         summary = generate(
@@ -484,7 +485,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    print(f"wrote {summary.rows:,} transactions in {len(summary.files)} files to {summary.output}")
+    where = display(str(summary.output))
+    print(f"wrote {summary.rows:,} transactions in {len(summary.files)} files to {where}")
     return 0
 
 
