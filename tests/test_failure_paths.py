@@ -147,3 +147,85 @@ def test_generate_to_an_unknown_scheme_is_refused_in_one_line(tmp_path):
     result = run_cli("generate", "--output", "ftp://bank/gen", "--days", "1", cwd=tmp_path)
     one_line(result, 2, "ftp://bank/gen", "unknown storage scheme")
     assert os.listdir(tmp_path) == []
+
+
+# ------------------------------------- 5: what can be checked before reading charges nothing
+
+
+def without_root_override() -> list[str]:
+    """A command prefix under which file modes hold (root drops CAP_DAC_OVERRIDE)."""
+    import shutil
+
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: file modes cannot be enforced")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+
+
+def run_as_user(*args: object) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DPPIPELINE_DEBUG"}
+    argv = [*without_root_override(), sys.executable, "-m", "dppipeline", *map(str, args)]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300,
+                          check=False)  # fmt: skip
+
+
+def test_an_unwritable_quarantine_fails_before_reading_and_charges_nothing(tmp_path, small_inputs):
+    """The quarantine folder was found unwritable only when a rejected row was written,
+    after reading: the run was charged. Now a probe fails first: exit 1, one line naming
+    the quarantine and the rule; no ledger row, no release."""
+    quarantine = tmp_path / "ops" / "quarantine"
+    quarantine.mkdir(parents=True)
+    quarantine.chmod(0o555)
+    ledger = tmp_path / "ledger.sqlite"
+    try:
+        result = run_as_user(
+            "run", "--input", small_inputs["parquet"], "--output", tmp_path / "out", *BOUNDS,
+            "--ledger", f"sqlite:///{ledger}", "--quarantine", quarantine,
+        )  # fmt: skip
+    finally:
+        quarantine.chmod(0o755)
+    one_line(result, 1, f"quarantine {quarantine}", "Permission denied (EACCES)",
+             "before reading")  # fmt: skip
+    assert not set(ledger_states(ledger)) & CHARGED
+    assert not (tmp_path / "out").exists()
+    assert list(quarantine.iterdir()) == []
+
+
+def test_an_output_under_a_read_only_folder_charges_nothing(tmp_path, small_inputs):
+    parent = tmp_path / "read-only"
+    parent.mkdir()
+    parent.chmod(0o555)
+    ledger = tmp_path / "ledger.sqlite"
+    try:
+        result = run_as_user(
+            "run", "--input", small_inputs["parquet"], "--output", parent / "out", *BOUNDS,
+            "--ledger", f"sqlite:///{ledger}",
+        )  # fmt: skip
+    finally:
+        parent.chmod(0o755)
+    one_line(result, 1, str(parent), "Permission denied (EACCES)")
+    assert not set(ledger_states(ledger)) & CHARGED
+    assert list(parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["output", "quarantine"])
+def test_a_missing_bucket_fails_before_reading_and_charges_nothing(
+    s3, tmp_path, small_inputs, where
+):
+    """A missing output bucket (or quarantine bucket) was found when the release was
+    uploaded, after reading: charged. Now: exit 1, one line naming the location, before
+    reading; no ledger row charged, nothing written."""
+    bucket = s3.new_bucket(f"present-{where}")
+    output = f"{bucket}/out" if where == "quarantine" else "s3://no-such-bucket/out"
+    quarantine = "s3://no-such-bucket/q" if where == "quarantine" else f"{bucket}/q"
+    ledger = tmp_path / "ledger.sqlite"
+    result = run_cli(
+        "run", "--input", small_inputs["parquet"], "--output", output, *BOUNDS,
+        "--ledger", f"sqlite:///{ledger}", "--quarantine", quarantine,
+    )  # fmt: skip
+    named = output if where == "output" else quarantine
+    one_line(result, 1, f"{where} {named}", "before reading")
+    assert "reading" not in [line.split("] ")[0] for line in result.stderr.splitlines()]
+    assert not set(ledger_states(ledger)) & CHARGED
+    assert s3.keys(bucket) == []
