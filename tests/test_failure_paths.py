@@ -229,3 +229,43 @@ def test_a_missing_bucket_fails_before_reading_and_charges_nothing(
     assert "reading" not in [line.split("] ")[0] for line in result.stderr.splitlines()]
     assert not set(ledger_states(ledger)) & CHARGED
     assert s3.keys(bucket) == []
+
+
+# ------------------------------------------------------ 6b: SIGTERM inside a Beam DoFn -> 143
+
+BEAM_SIGTERM = """
+import os, signal, sys
+import apache_beam as beam
+from dppipeline.commands import cli
+from dppipeline.engines.beam import engine as beam_engine
+
+build = beam_engine.BeamEngine._build
+
+def _build(self, pipeline, job, **kwargs):  # one more step: SIGTERM sent from inside a DoFn
+    build(self, pipeline, job, **kwargs)
+    _ = (pipeline | "stop" >> beam.Create([0])
+         | beam.Map(lambda _: os.kill(os.getpid(), signal.SIGTERM)))
+
+beam_engine.BeamEngine._build = _build
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_inside_a_beam_step_exits_143(tmp_path, small_inputs):
+    """Airflow stops a task with SIGTERM. Raised inside a Beam DoFn, it came out as Beam's
+    RuntimeError (exit 70, 'internal error'): now `terminated`, exit 143, no traceback, the
+    run charged (it was reading) and nothing left beside the output."""
+    ledger = tmp_path / "ledger.sqlite"
+    env = {k: v for k, v in os.environ.items() if k != "DPPIPELINE_DEBUG"}
+    result = subprocess.run(
+        [sys.executable, "-c", BEAM_SIGTERM, "run", "--engine", "beam",
+         "--input", str(small_inputs["parquet"]), "--output", str(tmp_path / "out" / "release"),
+         *BOUNDS, "--ledger", f"sqlite:///{ledger}"],
+        capture_output=True, text=True, env=env, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 143, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert "internal error" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "dppipeline run: terminated"
+    assert ledger_states(ledger) == ["failed"]
+    assert os.listdir(tmp_path / "out") == []

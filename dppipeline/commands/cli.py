@@ -32,7 +32,7 @@ from dppipeline.errors import (
     is_failure,
     one_line,
 )
-from dppipeline.orchestration.signals import Terminated, handle_sigterm
+from dppipeline.orchestration.signals import Terminated, handle_sigterm, signal_behind
 from dppipeline.settings import default_ledger
 
 if TYPE_CHECKING:
@@ -801,6 +801,12 @@ def _command(argv: Sequence[str] | None) -> int:
     except BaseException as exc:  # every failure ends as one line (a bug included)
         if not is_failure(exc) or os.environ.get("DPPIPELINE_DEBUG"):
             raise
+        stopped = signal_behind(exc)  # a signal that an engine's library wrapped
+        if stopped is not None:
+            what, code = ("terminated", 143) if isinstance(stopped, Terminated) else (
+                "interrupted", 130)  # fmt: skip
+            print(f"dppipeline {args.command}: {what}", file=sys.stderr)
+            return code
         code, message = describe_failure(exc)
         line = _excerpted(f"dppipeline {args.command}: error: {message}", argv)
         print(line, file=sys.stderr)
