@@ -310,3 +310,48 @@ def test_a_quoted_csv_field_longer_than_131072_characters_is_read(tmp_path, smal
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rejected 0" in result.stderr
     assert ledger_states(ledger) == ["committed"]
+
+
+# ------------------------------------------- 7: the API's errors are typed and quote no cell
+
+SECRET_CELL = "Alice Smith 4111111111111111"
+
+
+def _mixed(frame):
+    frame["TX_AMOUNT"] = frame["TX_AMOUNT"].astype(object)
+    frame.loc[3, "TX_AMOUNT"] = SECRET_CELL
+    return frame, "TX_AMOUNT", "more than one type"
+
+
+def _twice(frame):
+    frame.columns = [*frame.columns[:-1], "TERMINAL_ID"]  # TX_AMOUNT renamed: a second one
+    return frame, "TERMINAL_ID", "appears twice"
+
+
+def _huge(frame):
+    frame["CUSTOMER_ID"] = frame["CUSTOMER_ID"].astype(object)
+    frame.loc[2, "CUSTOMER_ID"] = 2**70
+    return frame, "CUSTOMER_ID", "64-bit"
+
+
+@pytest.mark.parametrize("damage", [_mixed, _twice, _huge], ids=["mixed", "twice", "2**70"])
+def test_the_api_raises_input_error_naming_the_column_not_the_value(tmp_path, small_inputs, damage):
+    """pyarrow's ArrowInvalid quoted the cell ('Could not convert 'Alice Smith ...''),
+    duplicate names raised a plain ValueError and 2**70 an OverflowError. Now each is the
+    documented InputError naming the column and the rule, and nothing is charged."""
+    import pandas as pd
+
+    import dppipeline
+
+    frame = pd.read_parquet(small_inputs["parquet"]).drop(columns=["date"])
+    frame = frame[["TRANSACTION_ID", "TX_DATETIME", "CUSTOMER_ID", "TERMINAL_ID", "TX_AMOUNT"]]
+    frame, column, rule = damage(frame.copy())
+    job = {"bounds": {"min_value": 0, "max_value": 100, "max_partitions_contributed": 1,
+                      "max_contributions_per_partition": 1}}  # fmt: skip
+    ledger = tmp_path / "ledger.sqlite"
+    with pytest.raises(dppipeline.InputError) as caught:
+        dppipeline.release(job, frame, ledger=f"sqlite:///{ledger}", scope="api-frames")
+    message = str(caught.value)
+    assert f"column {column!r}" in message and rule in message, message
+    assert SECRET_CELL not in message and "4111" not in message and str(2**70) not in message
+    assert not set(ledger_states(ledger)) & CHARGED
