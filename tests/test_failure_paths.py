@@ -10,12 +10,17 @@ the ledger is a real SQLite file read back after the run.
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
+
+from dppipeline.commands.cli import main
 
 BOUNDS = ["--min-value", "0", "--max-value", "100", "--max-partitions-contributed", "1",
           "--max-contributions-per-partition", "1"]  # fmt: skip
@@ -269,6 +274,56 @@ def test_sigterm_inside_a_beam_step_exits_143(tmp_path, small_inputs):
     assert result.stderr.strip().splitlines()[-1] == "dppipeline run: terminated"
     assert ledger_states(ledger) == ["failed"]
     assert os.listdir(tmp_path / "out") == []
+
+
+# ------------------------------------- 6a: a page Spark decodes lazily fails naming its file
+
+
+def ids_past_the_dictionary(path: Path, column: str = "CUSTOMER_ID") -> None:
+    """`path` rewritten uncompressed, then four of `column`'s dictionary ids in its data page
+    set to all ones: past the dictionary (its size is not a power of two), the page's
+    structure intact. Spark decodes the ids lazily, after its read that names a file."""
+    table = pq.read_table(path)
+    distinct = pc.count_distinct(table.column(column)).as_py()
+    assert distinct & (distinct - 1), distinct  # not a power of two: all ones is past the end
+    pq.write_table(table, path, compression="none")
+    group = pq.read_metadata(path).row_group(0)
+    chunk = next(
+        group.column(i) for i in range(group.num_columns)
+        if group.column(i).path_in_schema == column
+    )  # fmt: skip
+    end = chunk.dictionary_page_offset + chunk.total_compressed_size  # the data page's end
+    data = bytearray(path.read_bytes())
+    data[end - 40 : end - 36] = b"\xff" * 4  # bit-packed ids, before the last group's padding
+    path.write_bytes(bytes(data))
+
+
+def test_a_page_with_ids_past_its_dictionary_fails_naming_the_file(
+    tmp_path, small_inputs, engine, capsys, recwarn, monkeypatch
+):
+    """Spark exited 70 with `ArrayIndexOutOfBoundsException` and no file; local and Beam
+    exit 1 naming it. Every engine now: exit 1, one line naming the file and `cannot read as
+    parquet`, no traceback (nor PySpark's warning quoting the Java trace), and the run
+    charged as failed after reading, as local charges it."""
+    monkeypatch.delenv("DPPIPELINE_DEBUG", raising=False)
+    root = tmp_path / "in"
+    shutil.copytree(small_inputs["parquet"], root)
+    path = sorted(root.glob("date=*/*.parquet"))[1]
+    ids_past_the_dictionary(path)
+    ledger = tmp_path / "ledger.sqlite"
+    code = main(
+        ["run", "--engine", engine, "--input", str(root), "--output", str(tmp_path / "out"),
+         *BOUNDS, "--ledger", f"sqlite:///{ledger}"]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.strip() and not line.startswith("[")]
+    assert code == 1, err[-3000:]
+    assert "Traceback" not in err
+    assert len(errors) == 1, err[-3000:]
+    assert errors[0].startswith(f"dppipeline run: error: {path}: cannot read as parquet: ")
+    assert not [w for w in recwarn if "toPandas" in str(w.message)]
+    assert ledger_states(ledger) == ["failed"]
+    assert not (tmp_path / "out").exists()
 
 
 # ------------------------------------------------------- 8: CSV fields of any length are read
