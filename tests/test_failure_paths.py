@@ -9,6 +9,7 @@ the ledger is a real SQLite file read back after the run.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import shutil
 import sqlite3
@@ -16,11 +17,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 from dppipeline.commands.cli import main
+from dppipeline.engines.beam.engine import BeamEngine
+from dppipeline.orchestration.runner import run_job
+from dppipeline.spec.model import build_spec
 
 BOUNDS = ["--min-value", "0", "--max-value", "100", "--max-partitions-contributed", "1",
           "--max-contributions-per-partition", "1"]  # fmt: skip
@@ -324,6 +330,58 @@ def test_a_page_with_ids_past_its_dictionary_fails_naming_the_file(
     assert not [w for w in recwarn if "toPandas" in str(w.message)]
     assert ledger_states(ledger) == ["failed"]
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------- 9c: the day-folder rule holds whether or not a query reads the time
+
+OFF_DAY = "TX_DATETIME is not on its daily partition's day (UTC)"
+READS_TIME = {
+    "queries": [
+        {"name": "terminal_stats", "partition_by": ["TERMINAL_ID"], "metrics": ["count", "sum"],
+         "value": "TX_AMOUNT", "filter": "TX_DATETIME >= '2000-01-01 00:00:00'"}
+    ]
+}  # fmt: skip
+
+
+def engine_object(name: str):
+    if name == "beam":
+        return BeamEngine(unit_shards=2, partition_shards=2)
+    return name  # Spark: the session the `engine` fixture started
+
+
+@pytest.mark.parametrize("job", ["no time column", "a time filter"])
+def test_a_row_dated_outside_its_day_folder_is_rejected_whatever_the_job_reads(
+    tmp_path, small_inputs, engine, job
+):
+    """A row dated the day before its `date=` folder was read and released, charged to the
+    wrong window, when no query named the time column (the column was pruned, and the rule
+    with it). With layout daily every engine reads the time column and rejects the row, as
+    it does for a job that reads the column: counted, and quarantined with its reason."""
+    root = tmp_path / "in"
+    shutil.copytree(small_inputs["parquet"], root)
+    path = sorted(root.glob("date=*/*.parquet"))[1]
+    table = pq.read_table(path)
+    times = table.column("TX_DATETIME").to_pylist()
+    times[4] -= dt.timedelta(days=1)  # row 5: the day before its folder's
+    column = pa.array(times, table.schema.field("TX_DATETIME").type)
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("TX_DATETIME"), "TX_DATETIME", column), path
+    )
+    rows = sum(pq.read_metadata(p).num_rows for p in root.glob("date=*/*.parquet"))
+    values = {
+        "input.path": str(root), "input.format": "parquet", "input.max_rejected_fraction": 0.01,
+        "output": str(tmp_path / "out"), "budget.epsilon": 1e7,
+        "bounds.min_value": 0.0, "bounds.max_value": 100.0,
+        "bounds.max_partitions_contributed": 1, "bounds.max_contributions_per_partition": 1,
+    }  # fmt: skip
+    spec = build_spec(READS_TIME if job == "a time filter" else {}, values)
+    said: list[str] = []
+    result = run_job(spec, engine_object(engine), echo=said.append)
+    assert any(f"] read {rows:,} rows; rejected 1 (kept aside in " in line for line in said), said
+    quarantine = Path(os.environ["DPPIPELINE_STATE_DIR"]) / "quarantine" / result.run_id
+    rejected = pd.read_parquet(quarantine / "rejected.parquet")
+    found = rejected[["_source_file", "_row", "_reason"]].to_numpy().tolist()
+    assert found == [[str(path), 5, OFF_DAY]]
 
 
 # ------------------------------------------------------- 8: CSV fields of any length are read
