@@ -64,7 +64,7 @@ from dppipeline.engines.shared import polars_tasks
 from dppipeline.engines.shared.polars_tasks import aggregate_task
 from dppipeline.engines.shared.sampling import SamplingKeys, new_salt
 from dppipeline.orchestration.runner import make_plan
-from dppipeline.spec.model import build_spec, metric_column
+from dppipeline.spec.model import MAX_DELTA, build_spec, metric_column
 
 FAILURE_RATE = 1e-6  # per test: every interval of the test holds with at least 1 - this
 SALT = new_salt(2031)
@@ -101,17 +101,22 @@ class Job:
 
 
 def make_job(metrics: Sequence[str], epsilon: float, delta: float = 0.0, **fields) -> Job:
+    """The job a spec of these fields plans. A delta above the spec's MAX_DELTA (refused to
+    users) is set after validation: only there is a Gaussian's delta measurable."""
     overrides = {
         "input.path": "unused",
         "output": "unused",
         "metrics": list(metrics),
         "budget.epsilon": epsilon,
-        "budget.delta": delta,
+        "budget.delta": min(delta, MAX_DELTA),
         "bounds.min_value": LOW,
         "bounds.max_value": HIGH,
         **fields,
     }
     spec = build_spec({}, overrides)
+    if delta > MAX_DELTA:
+        budget = spec.budget.model_copy(update={"delta": delta})
+        spec = spec.model_copy(update={"budget": budget})
     plan = make_plan(spec)
     return Job(plan, plan_tasks(spec, plan, []))
 

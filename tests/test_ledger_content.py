@@ -61,6 +61,8 @@ def job_spec(input_dir: Path, output: Path, keys: Path, **extra: object) -> JobS
         "output": str(output),
         "bounds.min_value": 0.0,
         "bounds.max_value": 100.0,
+        "bounds.max_partitions_contributed": 1,
+        "bounds.max_contributions_per_partition": 1,
         "partition_selection.public_partitions": str(keys),
     }
     overrides.update(extra)
@@ -492,7 +494,8 @@ def test_in_memory_rows_carry_no_content(tmp_path, tx):
 def test_the_cli_refuses_a_copy_with_exit_3_and_one_line(tmp_path, tx):
     folder, keys = tx
     ledger = tmp_path / "state" / "ledger.sqlite"
-    args = ["--min-value", "0", "--max-value", "100", "--public-partitions", keys]
+    bounds = ["--max-partitions-contributed", "1", "--max-contributions-per-partition", "1"]
+    args = ["--min-value", "0", "--max-value", "100", "--public-partitions", keys, *bounds]
 
     def run(source: Path, output: str, *extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -15,6 +15,7 @@ import pytest
 
 from dppipeline.errors import OutputError
 from dppipeline.orchestration.publication import (
+    MADE_BY,
     check_release_target,
     exchange,
     heal,
@@ -235,7 +236,7 @@ def fate_of(decisions: dict[str, str]):
 
 def test_heal_removes_an_incomplete_staging_folder(tmp_path):
     output = write_release(tmp_path / "out", RUN_A, "old")
-    touch(staging_path(output, RUN_B) / "stats" / "part-00000.parquet", "half")  # no manifest
+    touch(make_staging(output, RUN_B) / "stats" / "part-00000.parquet", "half")  # no manifest
     fate = fate_of({RUN_B: "publish"})  # even a committed run: an incomplete folder is no release
     assert heal(output, fate) == [f"removed the staging folder of run {RUN_B}"]
     assert fate.seen == [(RUN_B, False)]
@@ -292,6 +293,7 @@ def test_heal_removes_a_retired_release_and_a_half_removed_one(tmp_path):
     output = write_release(tmp_path / "out", RUN_B, "new")
     write_release(retired_path(output, RUN_B), RUN_A, "old")
     touch(retired_path(output, RUN_A) / "stats" / "part-00000.parquet")  # manifest gone
+    touch(retired_path(output, RUN_A) / MADE_BY, RUN_A)  # the record, removed last
     lines = heal(output, fate_of({}))
     assert sorted(lines) == [
         f"removed the retired release left by run {RUN_A}",
@@ -303,9 +305,35 @@ def test_heal_removes_a_retired_release_and_a_half_removed_one(tmp_path):
 def test_heal_never_restores_a_half_removed_release(tmp_path):
     output = tmp_path / "out"
     touch(retired_path(output, RUN_A) / "stats" / "part-00000.parquet")  # manifest removed first
+    touch(retired_path(output, RUN_A) / MADE_BY, RUN_A)
     heal(output, fate_of({}))
     assert not output.exists()
     assert siblings(tmp_path) == []
+
+
+@pytest.mark.parametrize("kind", ["staging", "retired"])
+@pytest.mark.parametrize("decision", ["discard", "publish"])
+def test_heal_never_removes_a_folder_no_run_made(tmp_path, kind, decision):
+    """Issue 32: a user's folder named like a run's staging (or retired) folder, holding the
+    user's file, was deleted by the next run to the output (the run id is in no ledger, so
+    `discard`). A run removes only what it recorded as made, or a complete release."""
+    output = write_release(tmp_path / "out", RUN_A)
+    folder = (staging_path if kind == "staging" else retired_path)(output, RUN_B)
+    notes = touch(folder / "notes.txt", "the user's")
+    lines = heal(output, fate_of({RUN_B: decision}))
+    assert lines == [f"left {folder.name} alone: no run of this product made it"]
+    assert notes.read_text() == "the user's"
+    assert run_of(output) == RUN_A
+
+
+def test_a_published_release_holds_no_record_of_its_staging(tmp_path, swap_kind):
+    """The staging folder's record is taken out before it becomes the release, and a
+    replaced release's record goes with it."""
+    output = tmp_path / "out"
+    publish(output, write_release(make_staging(output, RUN_A), RUN_A, "old"), RUN_A)
+    publish(output, write_release(make_staging(output, RUN_B), RUN_B, "new"), RUN_B)
+    assert not (output / MADE_BY).exists()
+    assert siblings(tmp_path) == ["out"]
 
 
 def test_heal_leaves_live_runs_and_foreign_names_alone(tmp_path):

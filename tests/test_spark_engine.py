@@ -189,7 +189,8 @@ def test_a_spark_run_prints_no_console_progress_bar(small_inputs, tmp_path, verb
     argv = [
         "run", "--engine", "spark", "--input", small_inputs["parquet"],
         "--output", tmp_path / "release", "--no-ledger", "--metrics", "count,sum",
-        "--min-value", "0", "--max-value", "150",
+        "--min-value", "0", "--max-value", "150", "--max-partitions-contributed", "3",
+        "--max-contributions-per-partition", "3",
         "--public-partitions", "0..59", *(["-v"] if verbose else []),
     ]  # fmt: skip
     env = {**os.environ, "DPPIPELINE_DRIVER_RELEASE_MAX_PARTITIONS": "0"}

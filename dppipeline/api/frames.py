@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from dppipeline.errors import UsageError
+from dppipeline.errors import InputError, UsageError, excerpt
 
 FrameKind = Literal["pandas", "polars", "spark"]
 
@@ -38,7 +38,33 @@ def as_polars(data: Any, kind: FrameKind) -> Any:
     """A pandas or Polars frame as the local engine reads it (a Polars DataFrame)."""
     import polars as pl  # noqa: PLC0415
 
-    return data if kind == "polars" else pl.from_pandas(data)
+    return data if kind == "polars" else _from_pandas(pl, data)
+
+
+def _from_pandas(pl: Any, data: Any) -> Any:
+    """A pandas frame as a Polars one; a frame that cannot be one is an InputError naming the
+    column and the rule, never a value (pyarrow's own errors quote the cell)."""
+    names = [str(name) for name in data.columns]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise InputError(f"data: column {excerpt(twice[0])} appears twice; names must be unique")
+    try:
+        return pl.from_pandas(data)
+    except Exception:  # pyarrow's ArrowInvalid / ArrowTypeError, OverflowError, ...
+        pass
+    for name in data.columns:  # the failing column, found again one column at a time
+        try:
+            pl.from_pandas(data[[name]])
+        except OverflowError:
+            raise InputError(
+                f"data: column {excerpt(str(name))}: an integer outside the 64-bit range"
+            ) from None
+        except Exception:
+            raise InputError(
+                f"data: column {excerpt(str(name))}: values of more than one type (e.g. numbers "
+                "and text in an object column); give each column one type"
+            ) from None
+    raise InputError("data: the frame cannot be converted to Arrow columns")
 
 
 def read_dataset(folder: Path, kind: FrameKind, spark: Any = None) -> Any:

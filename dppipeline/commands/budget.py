@@ -13,8 +13,10 @@ import socket
 from pathlib import Path
 
 from dppipeline.commands.charts import day_axis, pyplot
+from dppipeline.errors import UsageError
 from dppipeline.ledger import CHARGED_STATES, BudgetPolicy, Ledger, LedgerRow, ScopeData
 from dppipeline.ledger.caps import over_cap, spend_of, worst_spend, worst_window
+from dppipeline.spec.model import MAX_SCOPE_CHARS
 
 SPENDING = CHARGED_STATES  # what counts against a cap: reserved, reading, committed, failed
 
@@ -24,7 +26,12 @@ def _open(url: str) -> Ledger:
 
 
 def set_cap(url: str, scope: str, policy: BudgetPolicy) -> str:
-    """Stores a scope's cap (with a history row naming who changed it); one line saying so."""
+    """Stores a scope's cap (with a history row naming who changed it); one line saying so.
+    The scope follows budget.scope's rule: no run could spend from a longer one."""
+    if len(scope) > MAX_SCOPE_CHARS or not scope.isprintable():
+        raise UsageError(
+            f"scope: at most {MAX_SCOPE_CHARS} printable characters, got {len(scope):,} characters"
+        )
     ledger = _open(url)
     try:
         change = ledger.set_cap(scope, policy, changed_by=f"budget set-cap by {_who()}")

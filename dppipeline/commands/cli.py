@@ -20,8 +20,8 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from dppipeline import logs
 from dppipeline.errors import (
@@ -32,11 +32,13 @@ from dppipeline.errors import (
     is_failure,
     one_line,
 )
-from dppipeline.orchestration.signals import Terminated, handle_sigterm
+from dppipeline.orchestration.signals import Terminated, handle_sigterm, signal_behind
 from dppipeline.settings import default_ledger
 
 if TYPE_CHECKING:
     from dppipeline.spec.model import JobSpec
+
+T = TypeVar("T")
 
 # CLI flag -> job spec field (dotted YAML path). Flags override the YAML.
 FLAG_FIELDS: dict[str, str] = {
@@ -424,7 +426,7 @@ def _spec_from_args(args: argparse.Namespace, *, release: bool = True):
     from (its contribution bounds stated; `tune`, which recommends them, passes False)."""
     from dppipeline.spec.model import build_spec, load_raw  # noqa: PLC0415
 
-    raw = load_raw(args.config) if args.config else {}
+    raw = _with_flag("--config", load_raw, args.config) if args.config else {}
     overrides: dict[str, Any] = {}
     for flag, field in FLAG_FIELDS.items():
         value = getattr(args, flag, None)
@@ -465,6 +467,7 @@ def _add_schema_flags(parser: argparse.ArgumentParser) -> None:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from dppipeline.commands.generate import generate  # noqa: PLC0415
+    from dppipeline.storage import display  # noqa: PLC0415
 
     try:
         summary = generate(
@@ -482,12 +485,27 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    print(f"wrote {summary.rows:,} transactions in {len(summary.files)} files to {summary.output}")
+    where = display(str(summary.output))
+    print(f"wrote {summary.rows:,} transactions in {len(summary.files)} files to {where}")
     return 0
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+def _with_flag(flag: str, function: Callable[[str], T], value: str) -> T:
+    """`function(value)`, a location refused in it (credentials in the URI, an unknown
+    scheme) named by the flag that gave it, as `--input` is."""
+    from dppipeline.storage.location import LocationError  # noqa: PLC0415
 
+    try:
+        return function(value)
+    except LocationError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from dppipeline.storage import Location  # noqa: PLC0415
+
+    if args.quarantine:
+        _with_flag("--quarantine", Location.of, args.quarantine)  # before the spec is read
     spec = _spec_from_args(args)
     _skip_pld_unless_used(args, spec)
     if args.engine == "spark" and not args.check_budget:
@@ -783,6 +801,12 @@ def _command(argv: Sequence[str] | None) -> int:
     except BaseException as exc:  # every failure ends as one line (a bug included)
         if not is_failure(exc) or os.environ.get("DPPIPELINE_DEBUG"):
             raise
+        stopped = signal_behind(exc)  # a signal that an engine's library wrapped
+        if stopped is not None:
+            what, code = ("terminated", 143) if isinstance(stopped, Terminated) else (
+                "interrupted", 130)  # fmt: skip
+            print(f"dppipeline {args.command}: {what}", file=sys.stderr)
+            return code
         code, message = describe_failure(exc)
         line = _excerpted(f"dppipeline {args.command}: error: {message}", argv)
         print(line, file=sys.stderr)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import numbers
 import os
+import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from dppipeline.spec.schema import load_schema
+from dppipeline.storage import Location, is_uri
 
 __all__ = ["FORMATS", "GenerateSummary", "Population", "build_population", "day_path", "generate"]
 
@@ -55,11 +57,11 @@ _US_PER_S = 1_000_000
 class GenerateSummary:
     """What `generate` wrote: enough for a caller to log it or to find the files."""
 
-    output: Path
+    output: Path | Location  # a local folder, or a folder on a store (a URI)
     fmt: str
     days: int
     rows: int
-    files: list[Path]
+    files: list[Path | Location]
 
 
 @dataclass(frozen=True)
@@ -389,9 +391,48 @@ def generate(
         start_date + datetime.timedelta(days=days - 1)
     except OverflowError:
         raise ValueError("days: start_date + days - 1 must be a valid date") from None
-    output = Path(output)
-    if output.exists() and not output.is_dir():
-        raise ValueError(f"output: must be a folder, not a file ({output})")
+    where = Location.of(output)  # a URI goes to its store, never to a local folder `s3:`
+    if where.exists() and not where.is_dir():
+        raise ValueError(f"output: must be a folder, not a file ({where.display()})")
+    if where.is_local:
+        folder = where.path if is_uri(os.fspath(output)) else Path(output)  # as given
+        return _generate(folder, folder, fmt=fmt, customers=customers,
+                         terminals=terminals, days=days, start_date=start_date,
+                         tx_per_day=tx_per_day, seed=seed, progress=progress, table=table,
+                         single_file=single_file)  # fmt: skip
+    # On a store: each file written locally first, then uploaded whole (one PUT) and removed.
+    with tempfile.TemporaryDirectory(prefix="dppipeline-generate-") as scratch:
+        return _generate(Path(scratch), where, fmt=fmt, customers=customers,
+                         terminals=terminals, days=days, start_date=start_date,
+                         tx_per_day=tx_per_day, seed=seed, progress=progress, table=table,
+                         single_file=single_file)  # fmt: skip
+
+
+def _generate(
+    local: Path,
+    output: Path | Location,
+    *,
+    fmt: str,
+    customers: int,
+    terminals: int,
+    days: int,
+    start_date: datetime.date,
+    tx_per_day: int | None,
+    seed: int,
+    progress: Callable[[str], None] | None,
+    table: str,
+    single_file: bool,
+) -> GenerateSummary:
+    """`generate` into the folder `local`; each file is then moved to its place under
+    `output` when that is a store (else `output` is `local`)."""
+
+    def place(path: Path) -> Path | Location:
+        if isinstance(output, Path):
+            return path
+        target = output.join(*path.relative_to(local).parts)
+        target.write_bytes(path.read_bytes())
+        path.unlink()
+        return target
 
     population = build_population(customers, terminals, seed)
     rates = _daily_rates(population, tx_per_day)
@@ -420,14 +461,14 @@ def generate(
         if single_file:
             tables.append(day_rows)
         else:
-            path = day_path(output, fmt, day)
+            path = day_path(local, fmt, day)
             writer(day_rows, path)
-            files.append(path)
+            files.append(place(path))
         rows += day_rows.num_rows
         if progress is not None and ((d + 1) % report_every == 0 or d + 1 == days):
             progress(f"generated {d + 1}/{days} days, {rows:,} rows")
     if single_file:
-        path = output / f"{table}.{fmt}"
+        path = local / f"{table}.{fmt}"
         writer(pa.concat_tables(tables), path)
-        files.append(path)
+        files.append(place(path))
     return GenerateSummary(output=output, fmt=fmt, days=days, rows=rows, files=files)

@@ -165,8 +165,9 @@ class JobTasks:
 
 
 def input_schema(source: Schema, unit: str, tasks: Sequence[AggregationTask]) -> Schema:
-    """The input columns a job reads, and so the only ones every engine validates: the
-    privacy unit, each task's key sources, the values it aggregates and its filter's columns.
+    """The input columns a job's queries name: the privacy unit, each task's key sources, the
+    values it aggregates and its filter's columns (`read_schema` adds the time column with
+    layout `daily`); every engine reads and validates only these.
     A column the job does not name is never read (Parquet is columnar: in the benchmark's
     files the two columns the terminal job never uses hold 62% of the bytes), and a bad value
     in one cannot take a row out of the release."""
@@ -188,12 +189,16 @@ def in_memory(spec: JobSpec) -> bool:
 
 
 def read_schema(spec: JobSpec, tasks: Sequence[AggregationTask]) -> Schema:
-    """What engines read and validate for this job (`input_schema`). With layout `files` (and
-    in-memory rows) no row is checked against a file's day: the period filter on the time
-    column selects rows."""
+    """What engines read and validate for this job (`input_schema`). With layout `daily` the
+    time column is read whatever the queries name: every row is checked against its file's
+    day, or a row dated outside its day folder would be released in, and charged to, the
+    wrong window. With layout `files` (and in-memory rows) no row is checked against a
+    file's day: the period filter on the time column selects rows."""
     schema = input_schema(spec.source_schema, spec.privacy_unit, tasks)
-    by_period = spec.input.layout == "files" or in_memory(spec)
-    return schema.without_event_time() if by_period else schema
+    if spec.input.layout == "files" or in_memory(spec):
+        return schema.without_event_time()
+    time = spec.source_schema.time_column
+    return schema if time is None else spec.source_schema.subset({*schema.names, time})
 
 
 def job_task(spec: JobSpec, query: QuerySpec) -> AggregationTask:

@@ -40,6 +40,15 @@ _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _FIELD_END = re.compile(r"[,\r\n]")
 
 
+def _reader(text: str) -> csv.Reader:  # type: ignore[name-defined]
+    """Python's csv reader over `text`, strict about quotes, taking a field as long as the
+    text: the module's default limit (131,072 characters, process-wide) refused valid files
+    with a long quoted field as malformed. Only ever raised, never lowered."""
+    if len(text) >= csv.field_size_limit():
+        csv.field_size_limit(len(text) + 1)
+    return csv.reader(io.StringIO(text, newline=""), strict=True)
+
+
 def header_of(data: bytes, source: str) -> list[str]:
     """The header's column names (blanks around each name stripped)."""
     data = data.removeprefix(_BOM)
@@ -49,7 +58,7 @@ def header_of(data: bytes, source: str) -> list[str]:
     if b'"' not in first_line:  # an unquoted header is one line: no need to decode the rest
         data = first_line
     text = data.decode("utf-8", errors="replace")
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    reader = _reader(text)
     try:
         header = next(reader, [])
     except csv.Error:
@@ -154,7 +163,7 @@ def _split_quoted(
 ) -> pl.DataFrame:
     """The exact reader: Python's csv module, strict about quotes."""
     text = data.decode("utf-8", errors="replace")
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    reader = _reader(text)
     values: list[list[str | None]] = [[] for _ in columns]
     lines: list[int] = []
     counts: list[int] = []

@@ -52,6 +52,50 @@ def run_folder(root: Path, run_id: str, output: Path) -> Path:
     return Path(root).resolve() / run_id
 
 
+PROBE_PREFIX = ".dppipeline-probe-"
+
+
+def check_writable(folder: Path | Location, run_id: str) -> None:
+    """Before any row is read: the quarantine can be written (a rejected row found after
+    reading would otherwise fail a charged run). Local: a probe file made and removed in
+    `folder`'s nearest existing ancestor, nothing else created. A store: a probe object
+    written beside the run's folder there and removed (a missing bucket, a read-only
+    credential or none fail here). One line naming the folder and the rule."""
+    if isinstance(folder, Location) and not folder.is_local:
+        probe = folder.parent.join(f"{PROBE_PREFIX}{run_id}")
+        try:
+            probe.write_bytes(b"")
+            probe.delete_file()
+        except StorageError as exc:
+            raise OutputError(
+                f"quarantine {folder.display()}: cannot write there ({_reason(exc)}); "
+                "checked before reading, nothing was charged"
+            ) from None
+        return
+    path = Path(folder)
+    existing = next((p for p in (path, *path.parents) if p.exists()), path.anchor)
+    probe = Path(existing) / f"{PROBE_PREFIX}{run_id}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE))
+        probe.unlink()
+    except OSError as exc:
+        raise OutputError(
+            f"quarantine {path}: cannot write into {existing} ({_reason(exc)}); checked "
+            "before reading, nothing was charged"
+        ) from None
+
+
+def _reason(exc: OSError) -> str:
+    """The errno's text for a local failure; the store's first line (after the location)."""
+    if isinstance(exc, StorageError):
+        return str(exc).split(": ", 1)[-1]
+    if exc.errno:
+        import errno  # noqa: PLC0415
+
+        return f"{os.strerror(exc.errno)} ({errno.errorcode.get(exc.errno, exc.errno)})"
+    return type(exc).__name__
+
+
 def private_folder(folder: Path) -> Path:
     """Creates `folder` (and missing parents) readable by the owner only."""
     folder = Path(folder)

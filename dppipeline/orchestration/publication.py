@@ -7,6 +7,12 @@ Names beside an output `OUT` (all hidden, all carrying the run id):
     .OUT.staging-<run_id>/    the release being written (complete once its manifest is there)
     .OUT.retired-<run_id>/    the release it replaced, being removed
 
+A run records each folder it makes there: `.dppipeline-run` inside it names the run (written
+when the staging folder is made, taken out just before it becomes the release; written into a
+retired release before it is removed, and removed last). `heal` removes only a folder that
+holds that record or is a complete release of this product and nothing else: a user's folder
+that merely has such a name is left alone, whatever it holds.
+
 The order, and what a crash at each step leaves (the next run to OUT, holding the lock, repairs
 it with `heal` before anything else; the ledger says which runs committed):
 
@@ -56,6 +62,8 @@ MANIFEST = "manifest.json"
 # marker the Airflow DAGs write into a validated release (and its temporary file).
 RELEASE_FILES = frozenset({MANIFEST, "_PUBLISHED", "._PUBLISHED.tmp"})
 RUN_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
+# The record a run keeps inside each staging or retired folder it made (see the docstring).
+MADE_BY = ".dppipeline-run"
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
@@ -224,9 +232,31 @@ def output_lock(output: Path) -> Iterator[None]:
 
 
 def make_staging(output: Path, run_id: str) -> Path:
+    """The run's staging folder, made now (never one that exists) and recorded as made."""
     staging = staging_path(output, run_id)
     staging.mkdir(parents=True)
+    _record_made(staging, run_id)
     return staging
+
+
+def _record_made(folder: Path, run_id: str) -> None:
+    (folder / MADE_BY).write_text(run_id + "\n")
+
+
+def made_by_run(folder: Path, run_id: str) -> bool:
+    """Did run `run_id` make `folder` (a staging or retired name)? Its record says so, or
+    it is a complete release of this product holding nothing else (a staging folder whose
+    record was taken out just before publication; a release just moved aside)."""
+    try:
+        if (folder / MADE_BY).read_text().strip() == run_id:
+            return True
+    except (OSError, UnicodeDecodeError):
+        pass
+    manifest = read_manifest(folder)
+    allowed = release_entries(manifest) if manifest is not None else None
+    if allowed is None:
+        return False
+    return all(entry.name in allowed for entry in folder.iterdir())
 
 
 def fsync_tree(folder: Path) -> None:
@@ -281,6 +311,8 @@ def publish(output: Path, staging: Path, run_id: str) -> None:
     """Makes the complete release in `staging` the release at `output` (see the module
     docstring for the steps and their crash safety). The caller holds the output lock."""
     parent = output.parent
+    with suppress(FileNotFoundError):
+        (staging / MADE_BY).unlink()  # the release is complete: its manifest says whose it is
     if _is_empty_or_absent(output):
         os.rename(staging, output)  # onto nothing, or onto an empty folder: one atomic step
         failpoint("exchanged")
@@ -298,17 +330,28 @@ def publish(output: Path, staging: Path, run_id: str) -> None:
             failpoint("exchanged")
             os.rename(staging, output)
         _fsync(parent)
+        _record_made(retired, run_id)  # a crash while it is removed leaves it recognisable
         remove_release(retired)
     _fsync(parent)
 
 
 def remove_release(folder: Path) -> None:
     """Removes a release folder, its manifest first: a folder that still has a manifest is
-    always complete. A symbolic link is never followed (nor removed)."""
+    always complete; the run's record (`MADE_BY`) last, so a half-removed folder is still
+    known as the run's. A symbolic link is never followed (nor removed)."""
     if folder.is_symlink():
         return
     with suppress(FileNotFoundError):
         (folder / MANIFEST).unlink()
+    with suppress(FileNotFoundError, NotADirectoryError):
+        for entry in folder.iterdir():
+            if entry.name == MADE_BY:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with suppress(FileNotFoundError):
+                    entry.unlink()
     shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -361,8 +404,16 @@ def heal(output: Path, fate: Fate) -> list[str]:
         if decision == "live":
             continue
         current = read_manifest(output)
+        swapped = current is not None and current.get("run_id") == left.run_id
+        for kind in ("staging", "retired"):
+            folder = getattr(left, kind)
+            if folder is None or (kind == "staging" and swapped and read_manifest(folder)):
+                continue  # the release this run replaced, moved here by the exchange
+            if not made_by_run(folder, left.run_id):
+                setattr(left, kind, None)
+                done.append(f"left {folder.name} alone: no run of this product made it")
         if left.staging is not None:
-            if current is not None and current.get("run_id") == left.run_id:
+            if swapped:
                 remove_release(left.staging)  # swapped in already: this is the old release
                 done.append(f"removed the replaced release left by run {left.run_id}")
             elif decision == "publish" and complete is not None:
@@ -373,6 +424,8 @@ def heal(output: Path, fate: Fate) -> list[str]:
                 done.append(f"removed the staging folder of run {left.run_id}")
         if left.retired is not None and left.retired.exists():
             if _is_empty_or_absent(output) and read_manifest(left.retired) is not None:
+                with suppress(FileNotFoundError):
+                    (left.retired / MADE_BY).unlink()
                 os.rename(left.retired, output)  # onto nothing or an empty folder
                 done.append(f"restored the release that run {left.run_id} was replacing")
             else:

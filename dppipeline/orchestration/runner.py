@@ -52,8 +52,14 @@ from dppipeline.inputs.files import (
     with_detected_layout,
 )
 from dppipeline.inputs.fingerprints import input_contents
+from dppipeline.inputs.quarantine import (
+    check_writable,
+    private_folder,
+    run_folder,
+    ship_quarantine,
+    state_dir,
+)
 from dppipeline.inputs.quarantine import default_root as quarantine_root
-from dppipeline.inputs.quarantine import private_folder, run_folder, ship_quarantine, state_dir
 from dppipeline.ledger import (
     BudgetPolicy,
     InputContent,
@@ -454,6 +460,8 @@ def _planned_run(
                     target.where, existing.run_id, manifest.released_partitions, manifest
                 )
         target.check(overwrite)
+        target.probe(run_id)  # before the reservation: a failure here charges nothing
+        check_writable(shipped_to if shipped_to is not None else where, run_id)
         job = ReleaseJob(
             spec=spec,
             plan=plan,
@@ -539,6 +547,9 @@ class MemoryTarget:
         return []
 
     def check(self, overwrite: bool) -> None:
+        return None
+
+    def probe(self, run_id: str) -> None:
         return None
 
     def existing(self, row: LedgerRow, overwrite: bool) -> Manifest:

@@ -37,7 +37,7 @@ from dppipeline.orchestration.store_publication import (
     store_lock,
     upload_run,
 )
-from dppipeline.storage import Location
+from dppipeline.storage import Location, StorageError
 
 Fate = Callable[[str, dict | None], str]
 
@@ -66,6 +66,10 @@ class ReleaseTarget(Protocol):
 
     def check(self, overwrite: bool) -> None:
         """Before the reservation: the output may be written (and replaced with `overwrite`)."""
+
+    def probe(self, run_id: str) -> None:
+        """Before the reservation: what publication will write can be written (credentials,
+        the bucket, permissions), so that such a failure charges nothing."""
 
     def existing(self, row: LedgerRow, overwrite: bool) -> Manifest:
         """The committed release `row` at this output (no noise drawn, nothing spent)."""
@@ -109,6 +113,11 @@ class FolderTarget:
 
     def check(self, overwrite: bool) -> None:
         check_release_target(self.where, overwrite, **self._guard)
+
+    def probe(self, run_id: str) -> None:
+        """The parent is written by the output lock and the staging folder is made before
+        any row is read: both already fail uncharged."""
+        return None
 
     def existing(self, row: LedgerRow, overwrite: bool) -> Manifest:
         """Copied byte for byte if it was published elsewhere and this folder does not hold
@@ -187,6 +196,21 @@ class StoreTarget:
 
     def check(self, overwrite: bool) -> None:
         check_store_target(self.where, overwrite, input_path=self._input_path)
+
+    def probe(self, run_id: str) -> None:
+        """A probe object written under `OUT/_runs/` (where the run writes anyway; a name no
+        run folder has) and removed: a missing bucket, missing or read-only credentials
+        fail here, before the reservation."""
+        probe = self.where.join(RUNS_FOLDER, f".write-probe-{run_id}")
+        try:
+            probe.write_bytes(b"")
+            probe.delete_file()
+        except StorageError as exc:
+            reason = str(exc).split(": ", 1)[-1]
+            raise OutputError(
+                f"output {self.where.display()}: cannot write there ({reason}); checked "
+                "before reading, nothing was charged"
+            ) from None
 
     def existing(self, row: LedgerRow, overwrite: bool) -> Manifest:
         """Only where it was published: a store release is never copied."""

@@ -69,6 +69,7 @@ MIN_EPSILON = 2.0**-50  # PyDP refuses a mechanism's epsilon below 2^-50 (~8.9e-
 MIN_DELTA = 1e-100  # a non-zero delta below: PyDP's selection probabilities turn inf or 0
 MAX_DELTA = 1e-3  # above it (epsilon, delta)-DP no longer protects a customer in a thousand
 MAX_INT_PARAM = 2**31 - 1  # PyDP takes L0, Linf and pre_threshold as a C++ int
+MAX_SCOPE_CHARS = 200  # a ledger scope is echoed on every `[ledger]` line and stored per row
 MAX_ABS_BOUND = 1e15  # clipping bounds: sums stay finite, sensitivities far from PyDP's limits
 MIN_BOUND_WIDTH = 1e-100  # max - min: PyDP's Gaussian hangs on sensitivities near 1e-308
 MAX_WINDOW_DAYS = 36_525  # 100 years of data days
@@ -481,6 +482,10 @@ def _delta(value: Any) -> float:
 def _scope(value: Any) -> str | None:
     if value is not None and (not isinstance(value, str) or not value):
         raise _broken(f"must be a non-empty name, got {excerpt(value)}")
+    if value is not None and len(value) > MAX_SCOPE_CHARS:
+        raise _broken(f"at most {MAX_SCOPE_CHARS} characters, got {len(value):,}")
+    if value is not None and not value.isprintable():
+        raise _broken(f"printable characters only, got {excerpt(value)}")
     return value
 
 
@@ -509,8 +514,8 @@ class BudgetSpec(_Section):
     scope: Annotated[str | None, BeforeValidator(_scope)] = Field(
         None,
         description=(
-            "Ledger scope: the dataset and privacy unit the cap protects (default "
-            "<input folder name>/<privacy_unit>)."
+            "Ledger scope: the dataset and privacy unit the cap protects, at most "
+            f"{MAX_SCOPE_CHARS} printable characters (default <input folder name>/<privacy_unit>)."
         ),
     )
     cap_epsilon: Annotated[float | None, BeforeValidator(_cap_epsilon)] = Field(

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
+from dppipeline.errors import UsageError
+
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
@@ -35,6 +37,12 @@ REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "
 
 class StorageError(OSError):
     """A store refused or failed an operation; the message names the location."""
+
+
+class LocationError(UsageError, ValueError):
+    """A location no run may use (an unknown scheme, credentials in the URI): a usage error
+    (exit 2) in one line wherever the location was given (a flag, a spec, the API); still a
+    ValueError for callers that check a location's syntax."""
 
 
 # An engine's own access to remote stores for the duration of a run (the Spark engine: Hadoop's
@@ -71,7 +79,7 @@ class Location:
         if scheme == "":
             return Location(str(Path(text).absolute()))
         if scheme not in REMOTE_SCHEMES:
-            raise ValueError(
+            raise LocationError(
                 f"{display(text)}: unknown storage scheme {scheme!r} (known: a local path, "
                 f"file://, {', '.join(s + '://' for s in REMOTE_SCHEMES)})"
             )
@@ -226,14 +234,14 @@ def _refuse_secrets(uri: str) -> None:
     """Credentials belong in the environment, an instance role or the Hadoop configuration."""
     parts = urlsplit(uri)
     if parts.password is not None or (parts.username and parts.scheme != "hdfs"):
-        raise ValueError(
+        raise LocationError(
             f"{display(uri)}: credentials in a URI are refused (they would be recorded with "
             "the location); use the store's usual places: AWS_* variables, an instance role, "
             "GOOGLE_APPLICATION_CREDENTIALS, AZURE_* variables or the Hadoop configuration"
         )
     for name, _ in parse_qsl(parts.query, keep_blank_values=True):
         if any(word in name.lower() for word in _SECRET_WORDS):
-            raise ValueError(
+            raise LocationError(
                 f"{display(uri)}: option {name!r} in a URI is refused (it may hold a secret, "
                 "and locations are recorded); set it in the environment instead"
             )

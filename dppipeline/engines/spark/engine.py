@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -134,7 +135,10 @@ class SparkEngine:
                 progress=progress,
             )
         except Exception as exc:  # a file Spark could not read: one line naming it
-            failure = spark_read.read_failure(exc, [p for day in job.days for p in day.files])
+            files = [p for day in job.days for p in day.files]
+            failure = spark_read.read_failure(exc, files)
+            if failure is None and not in_memory and spec.input.format == "parquet":
+                failure = spark_read.undecodable_parquet(exc, files, schema)
             if failure is None:
                 raise
             raise failure from None
@@ -182,7 +186,9 @@ class SparkEngine:
             progress(f"{task.name}: filtering, bounding contributions, aggregating")
             aggregates = bound_and_aggregate(valid, task, unit, job.salt, by_unit=shared)
             movable = len(tasks) == 1 and bool(task.keys)  # may release on the executors
-            frame = (aggregates.limit(limit + 1) if movable else aggregates).toPandas()
+            with warnings.catch_warnings():  # PySpark's warning on a failure: a Java trace
+                warnings.simplefilter("ignore", UserWarning)
+                frame = (aggregates.limit(limit + 1) if movable else aggregates).toPandas()
             if rejects is None:
                 progress("checking rejected rows")
                 rejects = self._check_rejects(observation.get, rejected, job)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -103,8 +104,13 @@ def read_frame(frame: DataFrame, schema: Schema, source: str = MEMORY_SOURCE) ->
     from pyspark.sql.pandas.types import to_arrow_type  # noqa: PLC0415
 
     present = set(frame.columns)
+    # A timestamp column's zone only names the type here (the contract checks kinds, not zones).
     arrow = pa.schema(
-        [pa.field(f.name, to_arrow_type(f.dataType)) for f in frame.schema if f.name in present]
+        [
+            pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"))
+            for f in frame.schema
+            if f.name in present
+        ]
     )
     sources = column_sources(source, arrow, schema)
     rows = frame.select(
@@ -451,6 +457,39 @@ def read_failure(exc: BaseException, files: Sequence[Path]) -> InputError | None
     if any("FileNotFoundException" in m or "FILE_NOT_EXIST" in m for m in messages):
         return InputError(f"{where}: disappeared while the run read it")
     return InputError(f"{where}: cannot read as parquet (corrupt or truncated file)")
+
+
+def undecodable_parquet(
+    exc: BaseException, files: Sequence[Path | Location], schema: Schema
+) -> InputError | None:
+    """After a Spark task failed without naming a file: the first input file whose pages of
+    the job's columns pyarrow cannot decode, named as the local and Beam engines name it
+    (None when every file decodes, or the failure is not a task's: a bug, reported as one).
+
+    Spark's vectorized reader decodes dictionary ids lazily, after the read that would name
+    the file, so a page whose ids point past its dictionary fails a task with a bare
+    ArrayIndexOutOfBoundsException. The files are read again only then, never on success."""
+    messages = _java_messages(exc)
+    if not any("Job aborted due to stage failure" in m for m in messages) or any(
+        "PythonException" in m for m in messages
+    ):
+        return None
+    for path in files:
+        where = Location.of(path)
+        try:
+            columns = [name for name in schema.names if name in parquet_footer(where).names]
+            if where.is_local:
+                parquet = pq.ParquetFile(where.path)
+            else:
+                fs, inner = where.filesystem()
+                parquet = pq.ParquetFile(inner, filesystem=fs)
+            for _ in parquet.iter_batches(columns=columns):
+                pass
+        except InputError as error:  # its footer, now unreadable
+            return error
+        except (OSError, pa.ArrowException) as error:
+            return InputError(f"{where.display()}: cannot read as parquet: {first_line(error)}")
+    return None
 
 
 def _java_messages(exc: BaseException) -> list[str]:
