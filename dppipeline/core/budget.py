@@ -916,6 +916,34 @@ def _extreme_budget(budget: MechanismBudget, where: _Where) -> MechanismBudget:
     return MechanismBudget(**{**budget.__dict__, "noise_scale": scale})
 
 
+# How much more Gaussian noise than planned PyDP may add where it calibrates from (epsilon,
+# delta) (its sigma search rounds up; measured within 0.2%).
+PYDP_SIGMA_SLACK = 0.01
+
+
+def _check_pydp_gaussian(budget: MechanismBudget, l2_sensitivity: float, where: _Where) -> None:
+    """A pooled Gaussian that PyDP calibrates itself (quantile tree, Gaussian thresholding):
+    the sigma PyDP finds for `calibration()` must be at least the planned multiplier x L2
+    (the pool composed that one) and within PYDP_SIGMA_SLACK of it."""
+    from pydp.algorithms.numerical_mechanisms import GaussianMechanism  # noqa: PLC0415
+
+    assert budget.noise_multiplier is not None
+    planned = budget.noise_multiplier * l2_sensitivity
+    try:
+        epsilon, delta = budget.calibration()
+        if budget.name == "partition_selection":
+            delta /= 2  # PyDP's Gaussian thresholding: half to the noise
+        std = float(GaussianMechanism(epsilon, delta, l2_sensitivity).std)
+    except (RuntimeError, TypeError, ValueError, OverflowError):
+        std = math.nan
+    if not planned <= std <= planned * (1 + PYDP_SIGMA_SLACK):
+        raise SpecError(
+            "budget.epsilon",
+            f"PyDP cannot calibrate the Gaussian noise planned for {where.mechanism(budget)} "
+            f"(sigma {planned:.3g}); use laplace noise or accounting: basic",
+        )
+
+
 def gaussian_delta(sigma: float, epsilon: float, l2_sensitivity: float) -> float:
     """The exact delta of the Gaussian mechanism at (sigma, epsilon): Balle and Wang (2018),
     Theorem 8, in log space so that neither term overflows."""
@@ -950,6 +978,8 @@ def _check_percentile(params: AggregationParams, budget: MechanismBudget, where:
 
     limit = (2**31 - 1) // TREE_HEIGHT
     tree_l0, tree_linf = params.quantile_tree_bounds
+    if budget.pooled and budget.kind == "gaussian":
+        _check_pydp_gaussian(budget, math.sqrt(tree_l0 * TREE_HEIGHT) * tree_linf, where)
     if tree_l0 > limit:
         raise SpecError(
             where.field("bounds.max_partitions_contributed"),
@@ -999,7 +1029,15 @@ def _check_selection_is_sound(plan: BudgetPlan, where: _Where) -> None:
     _check_epsilon_share(selection, where)
     p_one = selection.build_selection(plan.params.pre_threshold).probability_of_keep(1)
     nan_is_sound = math.isnan(p_one) and selection.kind == "truncated_geometric"
-    if not (p_one <= selection.delta * (1 + 1e-9) or nan_is_sound):
+    allowed = selection.delta
+    if selection.pooled:
+        # the pool added the threshold's delta: one-unit partitions among L0 released
+        assert selection.threshold_delta is not None
+        allowed = selection.threshold_delta
+        p_one = -math.expm1(selection.l0_sensitivity * math.log1p(-p_one))
+        if selection.kind == "gaussian_thresholding":
+            _check_pydp_gaussian(selection, math.sqrt(selection.l0_sensitivity), where)
+    if not (p_one <= allowed * (1 + 1e-9) or nan_is_sound):
         raise UsageError(
             f"partition_selection.strategy: {selection.kind} at epsilon={selection.epsilon:g} "
             f"releases a partition of one privacy unit with probability {p_one:.3g} > delta "
