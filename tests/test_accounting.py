@@ -23,9 +23,18 @@ from dppipeline.core.accounting import (
     budget_member,
     composed_epsilon,
     fixed_delta,
+    member_event,
     smallest_multiplier,
 )
-from dppipeline.core.budget import NOT_ADDITIVE, AggregationParams, JobPlan, plan_budget
+from dppipeline.core.budget import (
+    NOT_ADDITIVE,
+    AggregationParams,
+    BudgetPlan,
+    JobPlan,
+    QueryPlan,
+    SelectionGroup,
+    plan_budget,
+)
 from dppipeline.core.extremes import EXTREME_METRICS, privacy_loss
 from dppipeline.core.release import TREE_HEIGHT, release_partitions
 from dppipeline.orchestration.runner import make_plan
@@ -268,3 +277,65 @@ def test_tight_accounting_never_adds_noise_over_basic(epsilon):
                 if m.name not in NOT_ADDITIVE:
                     was = basic.query(q.name).plan.mechanism(m.name).noise_stddev
                     assert m.noise_stddev < was, (accounting, q.name, m.name)
+
+
+def small_private_plan(accounting: str, strategy: str, noise: str) -> JobPlan:
+    params = AggregationParams(
+        metrics=("count", "percentile(50)", "max", "min"),
+        noise=noise,
+        max_partitions_contributed=3,
+        max_contributions_per_partition=2,
+        min_value=0.0,
+        max_value=100.0,
+        public_partitions=False,
+        selection_strategy=strategy,
+    )
+    return plan_budget(params, 1.0, 1e-6, accounting)
+
+
+STRATEGIES = ["truncated_geometric", "laplace_thresholding", "gaussian_thresholding"]
+
+
+@pytest.mark.parametrize("noise", ["gaussian", "laplace"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_each_pooled_mechanism_is_described_no_better_than_it_is(strategy, noise):
+    """Each of the pool's other mechanisms alone: the privacy loss the search composes for it
+    (`budget_member`, at its multiplier, its threshold's delta added) is at least what the
+    mechanism PyDP / OpenDP runs has, built independently (`independent_plds`), at every
+    delta tried. A description that dropped the threshold's delta or halved max's epsilon
+    would be below."""
+    plan = small_private_plan("pld", strategy, noise)
+    mechanisms = [m for m in plan.mechanisms if m.name in NOT_ADDITIVE]
+    assert {m.name for m in mechanisms} == {"percentile", "max", "min", "partition_selection"}
+    for m in mechanisms:
+        assert m.pooled
+        # one mechanism at a time through the same independent code
+        if m.name == "partition_selection":
+            group = SelectionGroup("g", (), ("query",), m, None)
+            alone = JobPlan(plan.epsilon, plan.delta, (), (group,), "pld")
+        else:
+            query = QueryPlan("q", 1.0, BudgetPlan(1.0, 1e-6, plan.params, (m,)), None)
+            alone = JobPlan(plan.epsilon, plan.delta, (query,), (), "pld")
+        (truth,), truth_delta = independent_plds(alone)
+        member = budget_member(m)
+        for delta in (1e-3, 1e-5, 1e-7):
+            if delta <= member.delta or delta <= truth_delta:
+                assert member.delta >= truth_delta * (1 - 1e-9), (m.name, member.delta)
+                continue
+            described = composed_epsilon(
+                "pld", [(member, m.noise_multiplier)], delta - member.delta, 1e-3
+            )
+            actual = float(truth.get_epsilon_for_delta(delta - truth_delta))
+            assert described >= actual - 2e-3, (m.name, delta, described, actual)
+
+
+@pytest.mark.parametrize("metric", ["max", "min"])
+def test_the_exponential_mechanism_is_bounded_range_under_zcdp(metric):
+    """zcdp composes max and min as e^2 / 8-zCDP per partition (Cesar and Rogers 2021), e the
+    epsilon OpenDP's own privacy map gives for the planned Gumbel scale: the RDP event holds
+    exactly that rho (a description at half its epsilon would hold a quarter of it)."""
+    plan = small_private_plan("zcdp", "truncated_geometric", "gaussian")
+    m = plan.mechanism(metric)
+    e = privacy_loss(m.noise_scale, round(m.linf_sensitivity))
+    event = member_event(budget_member(m), m.noise_multiplier)
+    assert event.rho == pytest.approx(m.l0_sensitivity * e**2 / 8, rel=1e-9)
