@@ -82,9 +82,13 @@ def independent_plds(plan: JobPlan) -> tuple[list[PrivacyLossDistribution], floa
         else:
             l0, linf = m.l0_sensitivity, m.linf_sensitivity
             if m.kind == "gaussian":
-                plds.append(pld_lib.from_gaussian_mechanism(m.noise_stddev / (math.sqrt(l0) * linf)))
+                plds.append(
+                    pld_lib.from_gaussian_mechanism(m.noise_stddev / (math.sqrt(l0) * linf))
+                )
             else:
-                plds.append(pld_lib.from_laplace_mechanism(m.noise_stddev / math.sqrt(2) / (l0 * linf)))
+                plds.append(
+                    pld_lib.from_laplace_mechanism(m.noise_stddev / math.sqrt(2) / (l0 * linf))
+                )
     for group in plan.selections:
         s = group.mechanism
         strategy = s.build_selection(group.pre_threshold)

@@ -1,20 +1,26 @@
-"""Tight accounting: one noise multiplier for a job's additive mechanisms, found by composing
+"""Tight accounting: one noise multiplier for all of a job's mechanisms, found by composing
 them with Google's dp_accounting (privacy loss distributions, or Rényi DP for zCDP).
 
 Under basic composition every mechanism gets its share of (epsilon, delta) and the shares add
-up. Under `pld` and `zcdp` the additive mechanisms (count, sums, privacy_id_count: the
-Laplace or Gaussian noise) form one pool whose budget is the sum of their basic shares; mechanism
+up. Under `pld` and `zcdp` every mechanism joins one pool whose budget is the sum of their
+basic shares (the job's); mechanism
 i gets noise multiplier m / w_i (dp_accounting's convention: std / L2 sensitivity for
 Gaussian, scale b / L1 sensitivity for Laplace, b = std / sqrt(2)), w_i its budget weight,
 and m is the smallest multiplier, binary-searched, for which the composition of all of them
 meets the pool's (epsilon, delta). Composing k Gaussians costs
 about sqrt(k) of one where basic composition costs k, which is where the accuracy is.
 
-Mechanisms without a tight analysis here, partition selection (PyDP's strategies are
-calibrated by (epsilon, delta)) and percentiles (PyDP's quantile tree), keep their basic
-(epsilon, delta) shares and compose with the pool by basic composition: conservative, and said
-so in the plan and the manifest. `zcdp` composes with dp_accounting's RDP accountant, which for
-Gaussian noise is zCDP composition with a tighter conversion to (epsilon, delta).
+The other mechanisms (`Member`): a percentile's quantile tree is one Laplace or Gaussian over
+all its nodes (PyDP: L0 x height partitions of Linf); max and min are pure epsilon-DP
+exponential mechanisms per partition (PLD: the randomized-response pair; zCDP: bounded range,
+e^2 / 8); Laplace / Gaussian thresholding is its noise on the unit count plus the threshold's
+delta (the probability a one-unit partition is released, over L0); truncated geometric is
+(epsilon / L0, delta')-DP per partition, i.e. L0 randomized responses plus its delta. PyDP
+calibrates the tree and the selections from (epsilon, delta) only: `MechanismBudget.
+calibration` picks the pair whose noise is the pool's (Laplace exactly; Gaussian at least,
+within 1%, checked). None is left to basic composition today. `zcdp` composes with
+dp_accounting's RDP accountant, which for Gaussian noise is zCDP composition with a tighter
+conversion to (epsilon, delta).
 """
 
 from __future__ import annotations

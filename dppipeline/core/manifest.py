@@ -342,8 +342,8 @@ def _accountant_text(plan: JobPlan) -> str:
         f"dp_accounting (bound proved with {tools.get(plan.certified_by or '', '?')}), each "
         "with noise multiplier noise_multiplier / its weight (std / L2 sensitivity for "
         "Gaussian, scale / L1 for Laplace); partition selections, percentiles, max and min "
-        "keep their basic (epsilon, delta) shares and add to the pool by basic composition "
-        "(conservative). A query's epsilon and delta are its attributed share of the job's "
+        "are in the pool too (their noise, per-partition pure epsilon, threshold delta). "
+        "A query's epsilon and delta are its attributed share of the job's "
         "budget, not a per-query guarantee"
     )
 
