@@ -11,7 +11,6 @@ import pandas as pd
 import polars as pl
 import pytest
 from conftest import release_small, terminal_truth
-from dp_accounting import dp_event, pld, rdp
 from dp_accounting.pld import common
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
