@@ -59,10 +59,25 @@ def bank_plan(accounting: str, noise: str = "gaussian") -> JobPlan:
 def independent_plds(plan: JobPlan) -> tuple[list[PrivacyLossDistribution], float]:
     """(PLDs of every mechanism the job runs, the thresholds' delta), built here from what each
     mechanism does, not from the plan's multipliers: additive noise from its std and
-    sensitivities; max and min from OpenDP's own privacy map of their Gumbel scale; a
-    selection from the PyDP strategy the release builds (its epsilon, its noise's sigma, its
-    probability of keeping a one-unit partition); a quantile tree from the (epsilon, delta)
-    handed to PyDP."""
+    sensitivities; the others as `independent_others`."""
+    plds: list[PrivacyLossDistribution] = []
+    for m in [m for q in plan.queries for m in q.own_mechanisms()]:
+        if m.name in NOT_ADDITIVE:
+            continue
+        l0, linf = m.l0_sensitivity, m.linf_sensitivity
+        if m.kind == "gaussian":
+            plds.append(pld_lib.from_gaussian_mechanism(m.noise_stddev / (math.sqrt(l0) * linf)))
+        else:
+            plds.append(pld_lib.from_laplace_mechanism(m.noise_stddev / math.sqrt(2) / (l0 * linf)))
+    others, threshold_delta = independent_others(plan)
+    return plds + others, threshold_delta
+
+
+def independent_others(plan: JobPlan) -> tuple[list[PrivacyLossDistribution], float]:
+    """(PLDs of the pool's mechanisms that are not additive noise, the thresholds' delta):
+    max and min from OpenDP's own privacy map of their Gumbel scale; a selection from the PyDP
+    strategy the release builds (its epsilon, its noise's sigma, its probability of keeping a
+    one-unit partition); a quantile tree from the (epsilon, delta) handed to PyDP."""
     plds: list[PrivacyLossDistribution] = []
     threshold_delta = 0.0
     for m in [m for q in plan.queries for m in q.own_mechanisms()]:
@@ -78,16 +93,6 @@ def independent_plds(plan: JobPlan) -> tuple[list[PrivacyLossDistribution], floa
                 l2 = math.sqrt(l0) * m.linf_sensitivity
                 sigma = GaussianMechanism(epsilon, delta, l2).std
                 plds.append(pld_lib.from_gaussian_mechanism(sigma / l2))
-        else:
-            l0, linf = m.l0_sensitivity, m.linf_sensitivity
-            if m.kind == "gaussian":
-                plds.append(
-                    pld_lib.from_gaussian_mechanism(m.noise_stddev / (math.sqrt(l0) * linf))
-                )
-            else:
-                plds.append(
-                    pld_lib.from_laplace_mechanism(m.noise_stddev / math.sqrt(2) / (l0 * linf))
-                )
     for group in plan.selections:
         s = group.mechanism
         strategy = s.build_selection(group.pre_threshold)
