@@ -25,12 +25,13 @@ from conftest import release_small, terminal_truth
 from dp_accounting import dp_event, rdp
 from dp_accounting.pld import privacy_loss_distribution as pld
 from scipy.stats import norm
-from test_accounting import BANK, fixed_shares
+from test_accounting import BANK, independent_others
 
 from dppipeline.commands.check_release import check_release
 from dppipeline.core import discrete
 from dppipeline.core.budget import NOT_ADDITIVE, AggregationParams, JobPlan, plan_budget
 from dppipeline.core.events import composed_epsilon, release_events
+from dppipeline.core.extremes import privacy_loss
 from dppipeline.core.intervals import half_width
 from dppipeline.core.release import noise_partitions
 from dppipeline.orchestration.runner import make_plan
@@ -284,11 +285,17 @@ def bank(accounting: str, noise: str) -> JobPlan:
     return make_plan(build_spec(load_raw(BANK), overrides))
 
 
-def independent_pool_pld(plan: JobPlan, skip: int | None = None) -> pld.PrivacyLossDistribution:
+def independent_pool_pld(
+    plan: JobPlan, skip: int | None = None, others: bool = True
+) -> pld.PrivacyLossDistribution:
     """The pool composed from each mechanism's scale and sensitivities with dp_accounting's
     PLDs at a fine grid: discrete Laplace of integer L1 sensitivity; discrete Gaussian as L0
-    one-dimensional ones of sensitivity Linf; continuous ones by std / sensitivity."""
+    one-dimensional ones of sensitivity Linf; continuous ones by std / sensitivity; the pool's
+    other mechanisms (max, selections: `test_accounting.independent_others`) composed too.
+    `skip`: the index of an additive mechanism left out; `others`: False, additive only."""
     total = None
+    for one in independent_others(plan)[0] if others else []:
+        total = one if total is None else total.compose(one)
     for i, m in enumerate(plan.additive_mechanisms()):
         if i == skip:
             continue
@@ -323,21 +330,42 @@ def test_the_discrete_pool_meets_the_job_budget_independently(noise):
     pool = plan.additive_mechanisms()
     discrete_ones = [i for i, m in enumerate(pool) if m.discrete]
     assert len(discrete_ones) >= 6 and len(discrete_ones) < len(pool)
-    fixed_eps, fixed_delta = fixed_shares(plan)
-    pool_delta = plan.delta - fixed_delta
+    pool_delta = plan.delta - independent_others(plan)[1]  # the thresholds' delta
     eps = independent_pool_pld(plan).get_epsilon_for_delta(pool_delta)
-    assert eps + fixed_eps <= plan.epsilon * (1 + 1e-6)
-    assert eps + fixed_eps >= plan.epsilon * 0.98
+    assert eps <= plan.epsilon * (1 + 1e-6)
+    assert eps >= plan.epsilon * 0.98
     without = independent_pool_pld(plan, skip=discrete_ones[0]).get_epsilon_for_delta(pool_delta)
     assert without < eps * 0.999
+
+
+def independent_other_rdp(plan: JobPlan) -> tuple[list[dp_event.DpEvent], float]:
+    """(zCDP events of the bank pool's other mechanisms, the selections' threshold delta): max
+    as L0 e-bounded-range draws, e^2 / 8-zCDP each (Cesar and Rogers 2021), e from OpenDP's
+    privacy map of its Gumbel scale; a truncated geometric selection as L0 pure e-DP draws,
+    e^2 / 2-zCDP each (Bun and Steinke 2016), e its PyDP strategy's epsilon / L0, plus the
+    probability that a one-unit partition among L0 is released."""
+    events: list[dp_event.DpEvent] = []
+    for m in (m for q in plan.queries for m in q.own_mechanisms() if m.name in NOT_ADDITIVE):
+        assert m.name in ("max", "min"), m.name  # the bank job's others
+        e = privacy_loss(m.noise_scale, round(m.linf_sensitivity))
+        events.append(dp_event.ZCDpEvent(m.l0_sensitivity * e**2 / 8))
+    threshold_delta = 0.0
+    for group in plan.selections:
+        s = group.mechanism
+        assert s.kind == "truncated_geometric", s.kind
+        strategy = s.build_selection(group.pre_threshold)
+        e = strategy.epsilon / s.l0_sensitivity
+        events.append(dp_event.ZCDpEvent(s.l0_sensitivity * e**2 / 2))
+        p_one = strategy.probability_of_keep(1)
+        threshold_delta += -math.expm1(s.l0_sensitivity * math.log1p(-p_one))
+    return events, threshold_delta
 
 
 def test_zcdp_pool_with_discrete_gaussians_by_opendp_maps():
     """zcdp accounting, Gaussian noise: each discrete Gaussian's rho from OpenDP's map, every
     continuous Gaussian's from its std, composed as zCDP by dp_accounting: within the pool."""
     plan = bank("zcdp", "gaussian")
-    fixed_eps, fixed_delta = fixed_shares(plan)
-    events = []
+    events, threshold_delta = independent_other_rdp(plan)
     for m in plan.additive_mechanisms():
         if m.discrete:
             sampler = discrete._sampler("discrete_gaussian", m.noise_scale)
@@ -348,7 +376,7 @@ def test_zcdp_pool_with_discrete_gaussians_by_opendp_maps():
             events.append(dp_event.GaussianDpEvent(m.noise_stddev / m.l2_sensitivity))
     book = rdp.RdpAccountant()
     book.compose(dp_event.ComposedDpEvent(events))
-    assert book.get_epsilon(plan.delta - fixed_delta) + fixed_eps <= plan.epsilon * (1 + 1e-3)
+    assert book.get_epsilon(plan.delta - threshold_delta) <= plan.epsilon * (1 + 1e-3)
 
 
 @pytest.mark.parametrize(("accounting", "noise"), [("basic", "laplace"), ("pld", "gaussian")])
@@ -363,16 +391,18 @@ def test_the_ledger_composes_discrete_releases_like_dp_accounting(accounting, no
     many = [type(e)(**{**e.__dict__, "count": e.count * nights}) for e in events]
     ledger = composed_epsilon(many, nights * plan.delta, nights * plan.epsilon)
     assert ledger is not None
-    independent = independent_pool_pld(plan).self_compose(nights)
+    pooled = accounting != "basic"  # else: the others by their (epsilon, delta) shares
+    independent = independent_pool_pld(plan, others=pooled).self_compose(nights)
     fixed = [g.mechanism for g in plan.selections]
     fixed += [m for q in plan.queries for m in q.own_mechanisms() if m.name in NOT_ADDITIVE]
-    for m in fixed:
+    for m in [] if pooled else fixed:
         independent = independent.compose(
             pld.from_privacy_parameters(
                 pld.common.DifferentialPrivacyParameters(m.epsilon, m.delta),
                 value_discretization_interval=1e-4,
             ).self_compose(nights)
         )
-    truth = independent.get_epsilon_for_delta(nights * plan.delta)
+    thresholds = nights * independent_others(plan)[1] if pooled else 0.0
+    truth = independent.get_epsilon_for_delta(nights * plan.delta - thresholds)
     assert truth <= ledger * (1 + 1e-3)  # sound: nothing dropped or under-counted
     assert ledger <= truth * 1.05  # and tight

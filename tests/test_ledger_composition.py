@@ -16,12 +16,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import sqlalchemy as sa
 from dp_accounting import dp_event, pld
+from pydp.algorithms.numerical_mechanisms import GaussianMechanism
+from scipy.stats import norm
 
-from dppipeline.core.budget import NOT_ADDITIVE, JobPlan
+from dppipeline.core.budget import NOT_ADDITIVE, JobPlan, MechanismBudget
 from dppipeline.core.events import (
     PrivacyEvent,
     approx_dp,
@@ -30,6 +33,8 @@ from dppipeline.core.events import (
     release_events,
     to_json,
 )
+from dppipeline.core.extremes import EXTREME_METRICS, privacy_loss
+from dppipeline.core.release import TREE_HEIGHT
 from dppipeline.ledger import BudgetExceededError, BudgetPolicy, Ledger, ReleaseKey
 from dppipeline.ledger import schema as ledger_schema
 from dppipeline.orchestration.runner import make_plan
@@ -40,6 +45,48 @@ NIGHTLY = REPO / "jobs" / "configs" / "terminal_stats.yaml"
 BANK = REPO / "jobs" / "configs" / "bank_partner_release.yaml"
 SCOPE = "card_tx/CUSTOMER_ID"
 NIGHT_EPSILON, NIGHT_DELTA, CAP = 0.1, 1e-6, 2.5
+STRATEGIES = ("truncated_geometric", "laplace_thresholding", "gaussian_thresholding")
+# A job with every mechanism the tight pool holds: a percentile, max and min, and a private
+# selection of each strategy (one with a pre-threshold). Planned only, never run.
+EVERY = "every_mechanism"
+EVERY_SPEC = {
+    "name": EVERY,
+    "privacy_unit": "CUSTOMER_ID",
+    "value": "TX_AMOUNT",
+    "budget": {"epsilon": 2.0, "delta": 1e-6},
+    "bounds": {
+        "max_partitions_contributed": 3,
+        "max_contributions_per_partition": 2,
+        "min_value": 0.0,
+        "max_value": 100.0,
+    },
+    "input": {"path": "/nowhere", "format": "parquet"},
+    "output": "/nowhere/out",
+    "queries": [
+        {
+            "name": "geometric",
+            "partition_by": ["TERMINAL_ID"],
+            "metrics": ["count", "percentile(50)", "max"],
+            "partition_selection": {"strategy": "truncated_geometric"},
+        },
+        {
+            "name": "laplace",
+            "partition_by": ["TERMINAL_ID", "day"],
+            "metrics": ["min", "sum"],
+            "partition_selection": {"strategy": "laplace_thresholding", "pre_threshold": 3},
+        },
+        {
+            "name": "gaussian",
+            "partition_by": ["month"],
+            "metrics": ["count"],
+            "partition_selection": {"strategy": "gaussian_thresholding"},
+        },
+    ],
+}
+
+
+def job_plan(job: Path | str, overrides: dict[str, object]) -> JobPlan:
+    return make_plan(build_spec(EVERY_SPEC if job == EVERY else load_raw(job), overrides))
 
 
 def nightly_plan(accounting: str = "basic", noise: str = "laplace") -> JobPlan:
@@ -54,31 +101,91 @@ def nightly_plan(accounting: str = "basic", noise: str = "laplace") -> JobPlan:
     return make_plan(build_spec(load_raw(NIGHTLY), overrides))
 
 
-def independent_events(plan: JobPlan) -> tuple[list[dp_event.DpEvent], list[tuple[float, float]]]:
-    """(the additive mechanisms as dp_accounting events, from PyDP's std and the
-    sensitivities; the (epsilon, delta) of everything else), every mechanism the job runs."""
-    additive, fixed = [], []
-    mechanisms = [m for q in plan.queries for m in q.own_mechanisms()]
-    mechanisms += [g.mechanism for g in plan.selections]
-    for m in mechanisms:
-        if m.name in NOT_ADDITIVE:
+class Noise(NamedTuple):
+    """A noise mechanism as PyDP runs it: `event` from its noise and sensitivity; the
+    ledger's record may be below it by `slack` (PyDP calibrates a pooled Gaussian from
+    (epsilon, delta) and may add up to 1% more than the pool composed), within `tol` (what the
+    derivation's floating point allows)."""
+
+    event: dp_event.DpEvent
+    tol: float = 1e-9
+    slack: float = 0.0
+
+
+class Independent(NamedTuple):
+    noise: list[Noise]
+    fixed: list[tuple[float, float]]  # (epsilon, delta) of everything else
+
+    @property
+    def additive(self) -> list[dp_event.DpEvent]:
+        return [n.event for n in self.noise]
+
+
+def independent_events(plan: JobPlan) -> Independent:
+    """Every mechanism the job runs, from what it does, not from the plan's multipliers.
+    Under basic composition the non-additive ones are their (epsilon, delta) shares. In the
+    tight pool: a quantile tree by the noise PyDP adds for the (epsilon, delta) it is handed;
+    max and min as L0 pure draws of the epsilon OpenDP's privacy map gives their Gumbel
+    scale; a selection from its PyDP strategy's keep probabilities p(n) past its pre-threshold:
+    truncated geometric as L0 pure draws of ln((p(2) - p(1)) / p(1)) (its recurrence p(n) =
+    e^eps p(n - 1) + delta), thresholding as its noise (Laplace: p(2) / p(1) = e^(1 / b);
+    Gaussian: 1 / sigma = its normal quantiles' step), each plus (0, the probability that a
+    one-unit partition among L0 is released)."""
+    noise: list[Noise] = []
+    fixed: list[tuple[float, float]] = []
+    pooled = plan.accounting != "basic"
+    for m in [m for q in plan.queries for m in q.own_mechanisms()]:
+        if m.name not in NOT_ADDITIVE:
+            noise.append(Noise(_additive_event(m)))
+        elif not pooled:
             fixed.append((m.epsilon, m.delta))
+        elif m.name in EXTREME_METRICS:
+            assert m.noise_scale is not None
+            fixed += [(privacy_loss(m.noise_scale, round(m.linf_sensitivity)), 0.0)] * (
+                m.l0_sensitivity
+            )
+        else:  # a quantile tree: L0 x its height partitions of Linf
+            spec = m.build_spec()
+            if m.kind == "laplace":
+                noise.append(Noise(dp_event.LaplaceDpEvent(1 / spec.eps), tol=1e-12))
+            else:
+                l2 = math.sqrt(m.l0_sensitivity * TREE_HEIGHT) * m.linf_sensitivity
+                sigma = GaussianMechanism(spec.eps, spec.delta, l2).std
+                noise.append(Noise(dp_event.GaussianDpEvent(sigma / l2), slack=0.01))
+    for group in plan.selections:
+        s = group.mechanism
+        if not pooled:
+            fixed.append((s.epsilon, s.delta))
             continue
-        std = float(m.build_additive().std)
-        if m.kind == "gaussian":
-            l2 = math.sqrt(m.l0_sensitivity) * m.linf_sensitivity
-            additive.append(dp_event.GaussianDpEvent(std / l2))
-        else:
-            l1 = m.l0_sensitivity * m.linf_sensitivity
-            additive.append(dp_event.LaplaceDpEvent(std / math.sqrt(2) / l1))
-    return additive, fixed
+        strategy = s.build_selection(group.pre_threshold)
+        first = group.pre_threshold or 1
+        p1, p2 = strategy.probability_of_keep(first), strategy.probability_of_keep(first + 1)
+        l0 = s.l0_sensitivity
+        fixed.append((0.0, -math.expm1(l0 * math.log1p(-p1))))
+        if s.kind == "truncated_geometric":
+            fixed += [(math.log((p2 - p1) / p1), 0.0)] * l0
+        elif s.kind == "laplace_thresholding":  # b in units, L1 = L0
+            noise.append(Noise(dp_event.LaplaceDpEvent(1 / math.log(p2 / p1) / l0), tol=1e-6))
+        else:  # L2 = sqrt(L0)
+            sigma = 1 / (norm.isf(p1) - norm.isf(p2))
+            noise.append(Noise(dp_event.GaussianDpEvent(sigma / math.sqrt(l0)), 1e-6, 0.01))
+    return Independent(noise, fixed)
+
+
+def _additive_event(m: MechanismBudget) -> dp_event.DpEvent:
+    """A count, sum or privacy_id_count from the std of PyDP's mechanism."""
+    std = float(m.build_additive().std)
+    if m.kind == "gaussian":
+        return dp_event.GaussianDpEvent(std / (math.sqrt(m.l0_sensitivity) * m.linf_sensitivity))
+    return dp_event.LaplaceDpEvent(std / math.sqrt(2) / (m.l0_sensitivity * m.linf_sensitivity))
 
 
 def independent_epsilon(plan: JobPlan, nights: int, delta: float) -> float:
     """Epsilon at `delta` of `nights` releases of `plan`: the additive mechanisms by
     dp_accounting's PLD accountant (grid 1e-4), the rest by sums (looser than the ledger,
     which composes them as PLDs too: still an upper bound on what it must admit)."""
-    additive, fixed = independent_events(plan)
+    found = independent_events(plan)
+    additive, fixed = found.additive, found.fixed
     fixed_eps = nights * math.fsum(e for e, _ in fixed)
     fixed_delta = nights * math.fsum(d for _, d in fixed)
     if not additive:
@@ -114,28 +221,50 @@ def release_nights(ledger: Ledger, plan: JobPlan, policy: BudgetPolicy, nights: 
 # ------------------------------------------------------------------ what a release records
 
 
-@pytest.mark.parametrize("job", [NIGHTLY, BANK], ids=["nightly", "bank"])
+@pytest.mark.parametrize("job", [NIGHTLY, BANK, EVERY], ids=["nightly", "bank", "every"])
 @pytest.mark.parametrize(
-    ("accounting", "noise"), [("basic", "laplace"), ("basic", "gaussian"), ("pld", "gaussian")]
+    ("accounting", "noise"),
+    [("basic", "laplace"), ("basic", "gaussian"), ("pld", "gaussian"), ("pld", "laplace")],
 )
 def test_a_release_records_every_mechanism_it_runs(job, accounting, noise):
-    """The events are the plan's mechanisms one for one, with the noise PyDP adds: a
-    mechanism left out, or recorded with more noise than it gets, fails here. The bank's
-    job has private selections (a shared one too) and percentiles."""
+    """The events are the plan's mechanisms one for one, with no less privacy loss than PyDP
+    and OpenDP's mechanisms have (`independent_events`): a mechanism left out, or recorded
+    with more noise than it gets, fails here. The bank's job has a private selection (shared
+    by two queries) and max; EVERY has a percentile, max, min and each selection strategy."""
     overrides = {"accounting": accounting, "noise": noise, "count_noise": "continuous"}
-    plan = make_plan(build_spec(load_raw(job), overrides))
-    additive, fixed = independent_events(plan)
+    plan = job_plan(job, overrides)
+    found = independent_events(plan)
     events = release_events(plan)
-    recorded = [e for e in events if e.kind != "approx_dp" for _ in range(e.count)]
-    assert len(recorded) == len(additive) >= 2  # count and sum at least (mean: their ratio)
-    expected = sorted(e.noise_multiplier for e in additive)
-    got = sorted(e.noise_multiplier for e in recorded)
-    assert got == pytest.approx(expected, rel=1e-9)
-    assert {e.kind for e in recorded} == {noise}
-    approx = [(e.epsilon, e.delta) for e in events if e.kind == "approx_dp" for _ in range(e.count)]
-    assert sorted(approx) == sorted(fixed)
+    recorded = sorted(
+        (e for e in events if e.kind != "approx_dp" for _ in range(e.count)),
+        key=lambda e: (e.kind, e.noise_multiplier),
+    )
+    expected = sorted(found.noise, key=lambda n: (_kind(n.event), n.event.noise_multiplier))
+    assert len(recorded) == len(expected) >= 2  # count and sum at least (mean: their ratio)
+    for got, want in zip(recorded, expected, strict=True):
+        assert got.kind == _kind(want.event)
+        actual = want.event.noise_multiplier
+        assert got.noise_multiplier <= actual * (1 + want.tol), (got, want)  # no more noise
+        assert got.noise_multiplier >= actual / (1 + want.slack + want.tol), (got, want)
+    approx = sorted(
+        (e.epsilon, e.delta) for e in events if e.kind == "approx_dp" for _ in range(e.count)
+    )
+    fixed = sorted(found.fixed)
+    assert len(approx) == len(fixed)
+    for (eps, delta), (want_eps, want_delta) in zip(approx, fixed, strict=True):
+        assert eps == pytest.approx(want_eps, rel=1e-6, abs=1e-15)
+        assert delta == pytest.approx(want_delta, rel=1e-6, abs=1e-20)
+        assert eps >= want_eps * (1 - 1e-9) and delta >= want_delta * (1 - 1e-6)
+    mechanisms = {m.name for q in plan.queries for m in q.own_mechanisms()}
     if job == BANK:
-        assert plan.selections and len(fixed) > len(plan.selections)  # and percentiles
+        assert plan.selections and "max" in mechanisms
+    if job == EVERY:
+        assert {"percentile", "max", "min"} <= mechanisms
+        assert {g.mechanism.kind for g in plan.selections} == set(STRATEGIES)
+
+
+def _kind(event: dp_event.DpEvent) -> str:
+    return "gaussian" if isinstance(event, dp_event.GaussianDpEvent) else "laplace"
 
 
 @pytest.mark.parametrize("accounting", ["basic", "pld", "zcdp"])
@@ -148,7 +277,7 @@ def test_one_release_composes_to_at_most_its_own_budget(accounting):
     ledger_eps = composed_epsilon(events, plan.delta, plan.epsilon)
     assert ledger_eps is not None
     assert ledger_eps <= plan.epsilon * (1 + 1e-3)
-    additive, _ = independent_events(plan)
+    additive = independent_events(plan).additive
     book = pld.PLDAccountant(value_discretization_interval=1e-4)
     book.compose(dp_event.ComposedDpEvent(additive))
     assert book.get_epsilon(plan.delta) <= ledger_eps * (1 + 1e-3)  # nothing dropped

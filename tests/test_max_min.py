@@ -129,9 +129,10 @@ def test_max_contributions_calibrate_for_one_partition_of_k_rows():
 
 
 @pytest.mark.parametrize("accounting", ["pld", "zcdp"])
-def test_tight_accounting_keeps_a_basic_share(accounting):
-    """Under pld / zcdp, max and min keep their basic epsilon share, as percentiles; the
-    ledger records each as a pure (epsilon, 0) event."""
+def test_tight_accounting_pools_max_and_min(accounting):
+    """Under pld / zcdp, max and min join the tight pool: their plan epsilon is an attributed
+    share (a third each), and the ledger records each of their L0 = 1 draws as a pure
+    (e, 0) event, e what OpenDP's privacy map gives for the Gumbel scale they run with."""
     spec = build_spec(
         {
             "budget": {"epsilon": 1.0, "delta": 1e-6},
@@ -149,10 +150,15 @@ def test_tight_accounting_keeps_a_basic_share(accounting):
     )
     plan = make_plan(spec)
     own = plan.queries[0].plan
-    assert own.mechanism("max").epsilon == pytest.approx(1 / 3)
-    assert own.mechanism("min").epsilon == pytest.approx(1 / 3)
-    events = release_events(plan)
-    assert any(e.kind == "approx_dp" and e.delta == 0 and e.count == 2 for e in events)
+    recorded = [e for e in release_events(plan) if e.kind == "approx_dp" for _ in range(e.count)]
+    expected = []
+    for metric in ("max", "min"):
+        m = own.mechanism(metric)
+        assert m.pooled and m.epsilon == pytest.approx(1 / 3)
+        e = extremes.privacy_loss(m.noise_scale, round(m.linf_sensitivity))
+        expected += [e] * m.l0_sensitivity
+    assert all(e.delta == 0 for e in recorded)
+    assert sorted(e.epsilon for e in recorded) == pytest.approx(sorted(expected), rel=1e-9)
 
 
 @settings(max_examples=200, deadline=None)

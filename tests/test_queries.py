@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import with_ids_and_times, write_daily_parquet
 
+from dppipeline.errors import SpecError
 from dppipeline.orchestration.runner import make_plan, run_job
 from dppipeline.spec.model import build_spec, load_spec
 
@@ -40,6 +41,15 @@ ACCOUNTINGS = {
     "basic": {},  # laplace, as the job's default
     "pld": {"accounting": "pld", "noise": "gaussian"},
     "zcdp": {"accounting": "zcdp", "noise": "gaussian"},
+}
+# At EPSILON the tight pool's Gaussian percentiles are refused: PyDP calibrates the quantile
+# tree from (epsilon, delta), and its Gaussian sigma search returns ~0 past a per-mechanism
+# epsilon of a few hundred. The exact tier of every query runs the tight pools with Laplace
+# noise (continuous counts: no discrete noise fits 1e12 either).
+EXACT_ACCOUNTINGS = {
+    "basic": {},
+    "pld": {"accounting": "pld", "noise": "laplace", "count_noise": "continuous"},
+    "zcdp": {"accounting": "zcdp", "noise": "laplace", "count_noise": "continuous"},
 }
 
 
@@ -269,7 +279,10 @@ def extreme_candidates(values: np.ndarray, metric: str, margin: int) -> np.ndarr
 def test_every_query_equals_the_truth(transactions, tmp_path, engine, accounting):
     root, rows = transactions
     rows = with_buckets(rows)
-    spec = job_spec(root, tmp_path / "release", **ACCOUNTINGS[accounting])
+    if accounting != "basic":  # Gaussian noise in the pool: refused, naming the percentile
+        with pytest.raises(SpecError, match=r"PyDP cannot calibrate .* percentile mechanism"):
+            make_plan(job_spec(root, tmp_path / "release", **ACCOUNTINGS[accounting]))
+    spec = job_spec(root, tmp_path / "release", **EXACT_ACCOUNTINGS[accounting])
     result = run_job(spec, engine, echo=lambda _: None, seed=1)
     manifest = result.manifest.model_dump(mode="json", exclude_unset=True)
     assert sorted(p.name for p in result.output.iterdir()) == sorted(
@@ -552,12 +565,16 @@ SELECTION_QUERIES = [
         "name": "gaussian",
         "metrics": ["count"],
         "partition_selection": {"strategy": "gaussian_thresholding"},
+        # half a share: in the tight pool PyDP's Gaussian is calibrated at about 400 (its
+        # sigma search fails past about 800), the others stay sharp enough to keep 2 units
+        "budget_weight": 0.5,
     },
 ]
 # PyDP's Gaussian thresholding keeps a one-unit partition with probability 0.5 from a
 # per-partition epsilon of about 750 (the job refuses it, test_budget.py), so it cannot run at a
-# huge epsilon: 3,000 gives each selection about 545 (L0 = 1), where a partition of one unit is
-# kept with probability delta / 2 and one of two units with probability 1 - 1e-15.
+# huge epsilon: 3,000 gives each selection 333 to 667 under basic (L0 = 1; 24 to 410 in the
+# tight pool), where a partition of one unit is kept with probability at most delta and one of
+# two units with probability 1 - 1e-9 at least (`expected_keys` checks both).
 SELECTION_EPSILON = 3000.0
 
 

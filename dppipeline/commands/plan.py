@@ -62,10 +62,9 @@ def _accounting_text(plan: JobPlan) -> str:
         return "split by pipeline-dp NaiveBudgetAccountant (basic composition)"
     return (
         f"{plan.accounting} accounting (dp_accounting): the noise mechanisms composed tightly, "
-        f"base noise multiplier {_num(plan.noise_multiplier)}; selections, percentiles, max "
-        "and min keep "
-        "basic shares (their epsilon/delta below); a noise mechanism's epsilon/delta is its "
-        "share of the pool, not its own guarantee"
+        f"base noise multiplier {_num(plan.noise_multiplier)}; every mechanism is in the "
+        "pool (selections, percentiles, max and min included); a mechanism's epsilon/delta "
+        "is its share of the pool, not its own guarantee"
     )
 
 

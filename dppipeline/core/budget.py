@@ -47,7 +47,7 @@ from pydp.algorithms.partition_selection import PartitionSelectionStrategy
 from pydp.algorithms.quantile_tree import QuantileTree
 
 from dppipeline.core import discrete
-from dppipeline.core.accounting import certified_multiplier, discrete_pool_fits
+from dppipeline.core.accounting import Member, certified_multiplier, discrete_pool_fits
 from dppipeline.core.columns import DISTINCT_PREFIX
 from dppipeline.core.extremes import EXPONENTIAL, EXTREME_METRICS, gumbel_scale, margin
 from dppipeline.errors import SpecError, UsageError
@@ -194,6 +194,14 @@ class MechanismBudget:
     # `exponential` (max, min), the Gumbel scale in rows (`core.extremes`).
     discrete: bool = False
     noise_scale: float | None = None
+    # Tight accounting, a private selection in the pool: the delta its threshold spends (a
+    # one-unit partition released), outside its noise; None otherwise.
+    threshold_delta: float | None = None
+
+    @property
+    def pooled(self) -> bool:
+        """Whether the mechanism is in the tight pool (else: its basic (epsilon, delta))."""
+        return self.noise_multiplier is not None
 
     @property
     def mechanism(self) -> str:
@@ -213,10 +221,30 @@ class MechanismBudget:
         return math.sqrt(self.l0_sensitivity) * self.linf_sensitivity
 
     def build_spec(self) -> budget_accounting.MechanismSpec:
-        """pipeline-dp's description of this noise mechanism, its budget set."""
+        """pipeline-dp's description of this noise mechanism, its budget set: for a pooled
+        percentile the (epsilon, delta) PyDP's quantile tree turns into its multiplier."""
         spec = budget_accounting.MechanismSpec(_NOISE_TYPES[self.kind], name=self.name)
-        spec.set_eps_delta(self.epsilon, self.delta)
+        spec.set_eps_delta(*self.calibration())
         return spec
+
+    def calibration(self) -> tuple[float, float]:
+        """The (epsilon, delta) PyDP is asked for. Under basic composition the share itself.
+        In the pool, PyDP calibrates from (epsilon, delta) only, so: Laplace (the tree, the
+        thresholding's noise) b = L1 / epsilon exactly at epsilon = 1 / multiplier; truncated
+        geometric epsilon = 1 / multiplier, its delta the threshold's; Gaussian, the epsilon
+        at which a Gaussian of this multiplier just misses the delta asked for, so the sigma
+        PyDP finds for it is above the planned one (checked by `pyd_gaussian_std`)."""
+        mu = self.noise_multiplier
+        if mu is None:
+            return self.epsilon, self.delta
+        if self.name == "partition_selection":
+            assert self.threshold_delta is not None
+            if self.kind == "gaussian_thresholding":  # PyDP: half the delta to the noise
+                return gaussian_epsilon_below(mu, self.threshold_delta), 2 * self.threshold_delta
+            return 1 / mu, self.threshold_delta
+        if self.kind == "gaussian":
+            return gaussian_epsilon_below(mu, self.delta), self.delta
+        return 1 / mu, 0.0
 
     def build_additive(self) -> dp_computations.AdditiveMechanism:
         """The secure PyDP mechanism (Laplace or Gaussian) this budget describes."""
@@ -238,12 +266,9 @@ class MechanismBudget:
 
     def build_selection(self, pre_threshold: int | None) -> PartitionSelectionStrategy:
         """The PyDP partition selection strategy this budget describes."""
+        epsilon, delta = self.calibration()
         return pdp_partition_selection.create_partition_selection_strategy(
-            _SELECTION_STRATEGIES[self.kind],
-            self.epsilon,
-            self.delta,
-            self.l0_sensitivity,
-            pre_threshold,
+            _SELECTION_STRATEGIES[self.kind], epsilon, delta, self.l0_sensitivity, pre_threshold
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -251,6 +276,8 @@ class MechanismBudget:
         if self.l1 is not None or self.l2 is not None:
             tight |= {"l1_sensitivity": self.l1_sensitivity, "l2_sensitivity": self.l2_sensitivity}
         scale = {} if self.noise_scale is None else {"noise_scale": self.noise_scale}
+        if self.threshold_delta is not None:
+            scale["threshold_delta"] = self.threshold_delta
         return {
             "mechanism": self.mechanism,
             "epsilon": self.epsilon,
@@ -461,9 +488,10 @@ def plan_job(
     `queries`: (name, params, weight). With `prefix_names`, mechanisms are named
     `<query>.<mechanism>` for the accountant (a single-query job keeps the plain names).
 
-    Under `pld` or `zcdp` accounting the additive mechanisms' shares (each requested as a
-    Gaussian, so that the pool gets its share of delta whatever the noise) become one pool
-    composed tightly (`core.accounting`); the rest keep their basic shares.
+    Under `pld` or `zcdp` accounting every mechanism's share (each metric mechanism
+    requested as a Gaussian, so that the pool gets its share of delta whatever the noise)
+    goes into one pool composed tightly (`core.accounting`): the noise mechanisms, the
+    quantile trees, max and min, and the selections (`_pool_member`).
     """
     tight = accounting != "basic"
     accountant = pipeline_dp.NaiveBudgetAccountant(total_epsilon=epsilon, total_delta=delta)
@@ -505,27 +533,37 @@ def plan_job(
         )
         group_specs[group_name] = (keys, strategy, pre_threshold, members, spec)
     accountant.compute_budgets()
-    multiplier, certified_by = (
-        _pool_multiplier(accounting, requested, unit_weight) if tight else (None, None)
-    )
+    group_weight = {g: max(unit_weight[m] for m in spec[3]) for g, spec in group_specs.items()}
 
-    selections = []
-    selection_of: dict[str, tuple[str, MechanismBudget]] = {}
-    for group_name, (keys, strategy, pre_threshold, members, spec) in group_specs.items():
-        mechanism = MechanismBudget(
-            name="partition_selection",
-            kind=strategy,
-            epsilon=spec.eps,
-            delta=spec.delta or 0.0,
-            l0_sensitivity=max(by_name[m][0].max_partitions_contributed for m in members),
-            linf_sensitivity=1.0,
-            noise_stddev=None,
-        )
-        selections.append(
-            SelectionGroup(group_name, keys, tuple(members), mechanism, pre_threshold)
-        )
-        for member in members:
-            selection_of[member] = (group_name, mechanism)
+    def selection_budgets(m: float | None) -> dict[str, MechanismBudget]:
+        budgets = {}
+        for group_name, (_, strategy, _, members, spec) in group_specs.items():
+            share = spec.delta or 0.0
+            budgets[group_name] = MechanismBudget(
+                name="partition_selection",
+                kind=strategy,
+                epsilon=spec.eps,
+                delta=share,
+                l0_sensitivity=max(by_name[m][0].max_partitions_contributed for m in members),
+                linf_sensitivity=1.0,
+                noise_stddev=None,
+                noise_multiplier=None if m is None else m / group_weight[group_name],
+                threshold_delta=None if m is None else _threshold_delta(strategy, share),
+            )
+        return budgets
+
+    pool = [
+        _pool_member(mechanism, kind, unit_weight[name], by_name[name][0])
+        for name, mechanisms in requested.items()
+        for mechanism, kind, _, _ in mechanisms
+    ]
+    pool += [
+        _pool_member("partition_selection", b.kind, group_weight[g], None, b)
+        for g, b in selection_budgets(None).items()
+    ]
+    shares = [spec for mechanisms in requested.values() for *_, spec in mechanisms]
+    shares += [spec for *_, spec in group_specs.values()]
+    multiplier, certified_by = _pool_multiplier(accounting, pool, shares) if tight else (None, None)
 
     def metric_budgets(m: float | None) -> dict[str, list[MechanismBudget]]:
         return {
@@ -533,8 +571,7 @@ def plan_job(
                 _metric_budget(
                     params, mechanism, kind, linf, spec,
                     where=_Where(name if prefix_names else None),
-                    multiplier=None if m is None or mechanism in NOT_ADDITIVE
-                    else m / unit_weight[name],
+                    multiplier=None if m is None else m / unit_weight[name],
                 )
                 for mechanism, kind, linf, spec in requested[name]
             ]
@@ -543,7 +580,18 @@ def plan_job(
 
     budgets_of = metric_budgets(multiplier)
     if multiplier is not None and any(b.discrete for bs in budgets_of.values() for b in bs):
-        multiplier, budgets_of = _discrete_pool(accounting, multiplier, metric_budgets)
+        multiplier, budgets_of = _discrete_pool(
+            accounting, multiplier, metric_budgets, selection_budgets
+        )
+    selections = []
+    selection_of: dict[str, tuple[str, MechanismBudget]] = {}
+    for group_name, mechanism in selection_budgets(multiplier).items():
+        keys, _, pre_threshold, members, _ = group_specs[group_name]
+        selections.append(
+            SelectionGroup(group_name, keys, tuple(members), mechanism, pre_threshold)
+        )
+        for member in members:
+            selection_of[member] = (group_name, mechanism)
 
     plans = []
     for name, params, weight in queries:
@@ -569,38 +617,67 @@ def _kind(params: AggregationParams, mechanism: str) -> str:
 
 def _requested_type(params: AggregationParams, mechanism: str, tight: bool) -> str:
     """The noise type a mechanism asks pipeline-dp's accountant for: its delta share follows.
-    Max and min are pure epsilon-DP, so Laplace (no delta); under tight accounting every
-    additive mechanism asks as a Gaussian (the pool gets its share of delta)."""
+    Under basic composition max and min are pure epsilon-DP, so Laplace (no delta); under
+    tight accounting every metric mechanism asks as a Gaussian (the pool, which holds them
+    all, gets the job's delta)."""
+    if tight:
+        return "gaussian"
+    return "laplace" if mechanism in EXTREME_METRICS else params.noise
+
+
+def _threshold_delta(strategy: str, share: float) -> float:
+    """The delta a pooled selection's threshold spends: half its share for Gaussian
+    thresholding (PyDP splits a selection's delta evenly between its noise and its threshold;
+    the noise's half goes back to the pool), all of it otherwise (Laplace noise needs none;
+    truncated geometric spends its delta on keeping one-unit partitions)."""
+    return share / 2 if strategy == "gaussian_thresholding" else share
+
+
+def _pool_member(
+    mechanism: str,
+    kind: str,
+    weight: float,
+    params: AggregationParams | None,
+    selection: MechanismBudget | None = None,
+) -> Member:
+    """How a mechanism composes in the pool (`accounting.Member`): noise mechanisms and the
+    quantile tree (one Laplace or Gaussian over all its nodes: PyDP calibrates it for L0 x
+    its height partitions of Linf) by their noise; max and min as pure epsilon-DP draws over
+    the L0 partitions a unit reaches; Laplace and Gaussian thresholding as their noise on a
+    partition's unit count (L1 = L0, L2 = sqrt(L0)) plus their threshold's delta; truncated
+    geometric as (epsilon / L0, delta')-DP per partition (PyDP's calibration), i.e. L0
+    randomized responses plus its delta (the (epsilon, delta) pair's privacy loss is a
+    randomized response's, infinite with probability delta)."""
+    if selection is not None:
+        assert selection.epsilon > 0
+        delta = _threshold_delta(kind, selection.delta)
+        if kind == "truncated_geometric":
+            return Member("pure", weight, selection.l0_sensitivity, delta)
+        noise = "gaussian" if kind == "gaussian_thresholding" else "laplace"
+        return Member(noise, weight, 1, delta)
     if mechanism in EXTREME_METRICS:
-        return "laplace"
-    return "gaussian" if tight and mechanism not in NOT_ADDITIVE else params.noise
+        assert params is not None
+        return Member("exponential", weight, params.quantile_tree_bounds[0])
+    return Member(kind, weight)
 
 
 def _pool_multiplier(
-    accounting: str,
-    requested: dict[str, list[tuple[str, str, float, budget_accounting.MechanismSpec]]],
-    unit_weight: dict[str, float],
+    accounting: str, pool: list[Member], shares: list[budget_accounting.MechanismSpec]
 ) -> tuple[float | None, str | None]:
-    """(m, the accountant that proved it): the base noise multiplier of the additive pool,
-    whose mechanisms, with multipliers m / weight, compose to at most the sum of their basic
-    shares. (None, None) for a job without noise mechanisms (percentiles, selection only)."""
-    pool = [
-        (kind, unit_weight[name], spec)
-        for name, mechanisms in requested.items()
-        for mechanism, kind, _, spec in mechanisms
-        if mechanism not in NOT_ADDITIVE
-    ]
+    """(m, the accountant that proved it): the base noise multiplier of the pool, whose
+    mechanisms, with multipliers m / weight, compose to at most the sum of their basic
+    shares (the job's budget). (None, None) for a job without mechanisms."""
     if not pool:
         return None, None
-    epsilon = math.fsum(spec.eps for _, _, spec in pool)
-    delta = math.fsum(spec.delta or 0.0 for _, _, spec in pool)
+    epsilon = math.fsum(spec.eps for spec in shares)
+    delta = math.fsum(spec.delta or 0.0 for spec in shares)
     try:
-        return certified_multiplier(accounting, [(k, w) for k, w, _ in pool], epsilon, delta)
+        return certified_multiplier(accounting, pool, epsilon, delta)
     except ValueError:
         raise SpecError(
             "budget.epsilon",
             f"no noise meets epsilon {epsilon:.3g}, delta {delta:.3g} for the job's "
-            f"{len(pool)} noise mechanisms under {accounting} accounting",
+            f"{len(pool)} mechanisms under {accounting} accounting",
         ) from None
 
 
@@ -608,13 +685,15 @@ def _discrete_pool(
     accounting: str,
     multiplier: float,
     metric_budgets: Callable[[float | None], dict[str, list[MechanismBudget]]],
+    selection_budgets: Callable[[float | None], dict[str, MechanismBudget]],
 ) -> tuple[float, dict[str, list[MechanismBudget]]]:
     """The pool's multiplier, raised (geometric bisection to 0.1%) until its discrete
     mechanisms, composed as what they are (`accounting.discrete_pool_fits`), meet the pool's
     budget: the search chose it for continuous noise, whose privacy loss is not the same."""
 
     def pool(m: float) -> list[MechanismBudget]:
-        return [b for bs in metric_budgets(m).values() for b in bs if b.name not in NOT_ADDITIVE]
+        metrics = [b for bs in metric_budgets(m).values() for b in bs]
+        return metrics + list(selection_budgets(m).values())
 
     first = pool(multiplier)
     epsilon = math.fsum(b.epsilon for b in first)
@@ -667,9 +746,10 @@ def _metric_budget(
     )
     if params.count_noise == "discrete" and is_integer_mechanism(name):
         return _discrete_budget(budget, where)
-    if multiplier is not None:
+    if multiplier is not None and name not in NOT_ADDITIVE:
         return MechanismBudget(**{**budget.__dict__, "noise_stddev": _tight_std(budget, where)})
-    _check_epsilon_share(budget, where)
+    if multiplier is None:
+        _check_epsilon_share(budget, where)
     if name == "percentile":
         _check_percentile(params, budget, where)
     if name in EXTREME_METRICS:
@@ -825,7 +905,8 @@ def _extreme_budget(budget: MechanismBudget, where: _Where) -> MechanismBudget:
     """Max or min: the Gumbel scale 2 L0 Linf / epsilon in rows (`core.extremes`), refused
     when not finite. L0 and Linf are the quantile trees' (1, K) under max_contributions K:
     a unit's k_i rows in partition i cost e k_i / K there, at most e in all."""
-    scale = gumbel_scale(budget.l0_sensitivity, budget.linf_sensitivity, budget.epsilon)
+    epsilon = budget.epsilon if budget.noise_multiplier is None else 1 / budget.noise_multiplier
+    scale = gumbel_scale(budget.l0_sensitivity, budget.linf_sensitivity, epsilon)
     if not (math.isfinite(scale) and scale > 0 and margin(scale) <= MAX_MARGIN):
         raise SpecError(
             "budget.epsilon",
@@ -833,6 +914,34 @@ def _extreme_budget(budget: MechanismBudget, where: _Where) -> MechanismBudget:
             "budget.epsilon or lower the bounds",
         )
     return MechanismBudget(**{**budget.__dict__, "noise_scale": scale})
+
+
+# How much more Gaussian noise than planned PyDP may add where it calibrates from (epsilon,
+# delta) (its sigma search rounds up; measured within 0.2%).
+PYDP_SIGMA_SLACK = 0.01
+
+
+def _check_pydp_gaussian(budget: MechanismBudget, l2_sensitivity: float, where: _Where) -> None:
+    """A pooled Gaussian that PyDP calibrates itself (quantile tree, Gaussian thresholding):
+    the sigma PyDP finds for `calibration()` must be at least the planned multiplier x L2
+    (the pool composed that one) and within PYDP_SIGMA_SLACK of it."""
+    from pydp.algorithms.numerical_mechanisms import GaussianMechanism  # noqa: PLC0415
+
+    assert budget.noise_multiplier is not None
+    planned = budget.noise_multiplier * l2_sensitivity
+    try:
+        epsilon, delta = budget.calibration()
+        if budget.name == "partition_selection":
+            delta /= 2  # PyDP's Gaussian thresholding: half to the noise
+        std = float(GaussianMechanism(epsilon, delta, l2_sensitivity).std)
+    except (RuntimeError, TypeError, ValueError, OverflowError):
+        std = math.nan
+    if not planned <= std <= planned * (1 + PYDP_SIGMA_SLACK):
+        raise SpecError(
+            "budget.epsilon",
+            f"PyDP cannot calibrate the Gaussian noise planned for {where.mechanism(budget)} "
+            f"(sigma {planned:.3g}); use laplace noise or accounting: basic",
+        )
 
 
 def gaussian_delta(sigma: float, epsilon: float, l2_sensitivity: float) -> float:
@@ -847,6 +956,21 @@ def gaussian_delta(sigma: float, epsilon: float, l2_sensitivity: float) -> float
     return 0.0 if second >= first else math.exp(first) * -math.expm1(second - first)
 
 
+def gaussian_epsilon_below(multiplier: float, delta: float) -> float:
+    """An epsilon at which the Gaussian mechanism of `multiplier` (std / L2) is NOT
+    (epsilon, delta)-DP, within 1e-9 of the smallest at which it is: every sigma that is
+    (epsilon, delta)-DP there, PyDP's included, is above multiplier x L2."""
+    if gaussian_delta(multiplier, 0.0, 1.0) <= delta:
+        raise ValueError("a Gaussian of that multiplier meets delta at epsilon 0")
+    low, high = 0.0, 1.0
+    while gaussian_delta(multiplier, high, 1.0) > delta:
+        low, high = high, high * 2
+    while high - low > 1e-9 * high:
+        mid = (low + high) / 2
+        low, high = (low, mid) if gaussian_delta(multiplier, mid, 1.0) <= delta else (mid, high)
+    return low
+
+
 def _check_percentile(params: AggregationParams, budget: MechanismBudget, where: _Where) -> None:
     """PyDP's quantile tree takes L0 times its height as a C++ int; a dry run (no data, noise
     drawn and thrown away) shows it accepts the rest."""
@@ -854,6 +978,8 @@ def _check_percentile(params: AggregationParams, budget: MechanismBudget, where:
 
     limit = (2**31 - 1) // TREE_HEIGHT
     tree_l0, tree_linf = params.quantile_tree_bounds
+    if budget.pooled and budget.kind == "gaussian":
+        _check_pydp_gaussian(budget, math.sqrt(tree_l0 * TREE_HEIGHT) * tree_linf, where)
     if tree_l0 > limit:
         raise SpecError(
             where.field("bounds.max_partitions_contributed"),
@@ -903,7 +1029,15 @@ def _check_selection_is_sound(plan: BudgetPlan, where: _Where) -> None:
     _check_epsilon_share(selection, where)
     p_one = selection.build_selection(plan.params.pre_threshold).probability_of_keep(1)
     nan_is_sound = math.isnan(p_one) and selection.kind == "truncated_geometric"
-    if not (p_one <= selection.delta * (1 + 1e-9) or nan_is_sound):
+    allowed = selection.delta
+    if selection.pooled:
+        # the pool added the threshold's delta: one-unit partitions among L0 released
+        assert selection.threshold_delta is not None
+        allowed = selection.threshold_delta
+        p_one = -math.expm1(selection.l0_sensitivity * math.log1p(-p_one))
+        if selection.kind == "gaussian_thresholding":
+            _check_pydp_gaussian(selection, math.sqrt(selection.l0_sensitivity), where)
+    if not (p_one <= allowed * (1 + 1e-9) or nan_is_sound):
         raise UsageError(
             f"partition_selection.strategy: {selection.kind} at epsilon={selection.epsilon:g} "
             f"releases a partition of one privacy unit with probability {p_one:.3g} > delta "

@@ -154,6 +154,34 @@ def from_json(text: str) -> tuple[PrivacyEvent, ...]:
     return merged(PrivacyEvent.from_dict(e) for e in data["events"])
 
 
+def mechanism_events(budget: MechanismBudget) -> tuple[PrivacyEvent, ...]:
+    """A planned mechanism as the ledger composes it (`mechanism_event`), and a mechanism of
+    the tight pool as the pool's search composed it (`accounting.budget_member`): a quantile
+    tree by its noise multiplier; max or min as L0 pure-DP draws of epsilon 1 / (multiplier
+    L0); a thresholding selection as its noise plus (0, threshold delta), and truncated
+    geometric as L0 pure-DP draws of epsilon 1 / (multiplier L0) plus (0, its delta): an
+    (epsilon, delta) pair's privacy loss is a randomized response's, infinite with
+    probability delta, and the L0 partitions' infinities add up to PyDP's delta."""
+    mu = budget.noise_multiplier
+    if mu is None or budget.discrete or budget.name not in _POOLED_ONLY:
+        return (mechanism_event(budget),)
+    if budget.kind == "exponential":
+        l0 = budget.l0_sensitivity
+        return (approx_dp(1 / (mu * l0), 0.0, count=l0),)
+    if budget.name == "percentile":
+        return (PrivacyEvent(budget.kind, noise_multiplier=mu),)  # type: ignore[arg-type]
+    threshold = approx_dp(0.0, budget.threshold_delta or 0.0)
+    if budget.kind == "truncated_geometric":
+        l0 = budget.l0_sensitivity
+        return approx_dp(1 / (mu * l0), 0.0, count=l0), threshold
+    noise = "gaussian" if budget.kind == "gaussian_thresholding" else "laplace"
+    return PrivacyEvent(noise, noise_multiplier=mu), threshold  # type: ignore[arg-type]
+
+
+# Mechanisms that are not additive noise but join the tight pool (`mechanism_events`).
+_POOLED_ONLY = ("percentile", "max", "min", "partition_selection")
+
+
 def mechanism_event(budget: MechanismBudget) -> PrivacyEvent:
     """A planned mechanism as the ledger composes it: additive noise by its multiplier (the
     tight pool's, or the one PyDP's calibration gives under basic composition), anything else
@@ -195,7 +223,7 @@ def release_events(plan: JobPlan) -> tuple[PrivacyEvent, ...]:
     (a selection shared by several queries runs once)."""
     mechanisms = [m for q in plan.queries for m in q.own_mechanisms()]
     mechanisms += [g.mechanism for g in plan.selections]
-    return merged(mechanism_event(m) for m in mechanisms)
+    return merged(e for m in mechanisms for e in mechanism_events(m))
 
 
 def composed_epsilon(events: Iterable[PrivacyEvent], delta: float, scale: float) -> float | None:

@@ -333,18 +333,15 @@ def _accountant_text(plan: JobPlan) -> str:
         )
     tools = {"pld": "privacy loss distributions", "zcdp": "Renyi DP (zCDP)"}
     if plan.noise_multiplier is None:
-        return (
-            f"{plan.accounting}: no noise mechanisms to compose; partition selections and "
-            "percentiles, max and min share the job's budget by basic composition"
-        )
+        return f"{plan.accounting}: no mechanisms to compose"
     return (
-        f"{plan.accounting}: the noise mechanisms of every query composed tightly by "
-        f"dp_accounting (bound proved with {tools.get(plan.certified_by or '', '?')}), each "
-        "with noise multiplier noise_multiplier / its weight (std / L2 sensitivity for "
-        "Gaussian, scale / L1 for Laplace); partition selections, percentiles, max and min "
-        "keep their basic (epsilon, delta) shares and add to the pool by basic composition "
-        "(conservative). A query's epsilon and delta are its attributed share of the job's "
-        "budget, not a per-query guarantee"
+        f"{plan.accounting}: every mechanism of every query and every partition selection "
+        f"composed tightly by dp_accounting (bound proved with "
+        f"{tools.get(plan.certified_by or '', '?')}), each with noise multiplier "
+        "noise_multiplier / its weight (std / L2 sensitivity for Gaussian, scale / L1 for "
+        "Laplace; max, min and truncated geometric selections as L0 pure draws of epsilon "
+        "1 / (multiplier L0); selections' thresholds add their delta). A query's epsilon and "
+        "delta are its attributed share of the job's budget, not a per-query guarantee"
     )
 
 
