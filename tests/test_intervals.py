@@ -316,9 +316,7 @@ def test_released_integer_count_intervals_are_int64(small_inputs, tmp_path):
 
 
 @pytest.mark.parametrize(("noise", "count_noise", "l0_linf"), REGIMES[:3])
-def test_evaluates_expected_noise_is_the_median_of_the_released_noise(
-    noise, count_noise, l0_linf
-):
+def test_evaluates_expected_noise_is_the_median_of_the_released_noise(noise, count_noise, l0_linf):
     """`evaluate`'s "noise alone (expected)" figure (the median |noise| of count and sum) is
     the median |released - exact| of the same mechanism over PARTITIONS draws: within 4
     standard errors of a sample median (failure rate about 1e-4 per metric)."""

@@ -121,9 +121,8 @@ def _table_index(value: np.ndarray, top: float, points: int = _TABLE_POINTS) -> 
     """The grid point at or above each |value| on linspace(0, top, points)."""
     if top <= 0:
         return np.zeros(len(value), dtype=np.int64)
-    return np.clip(np.ceil(np.abs(value) / top * (points - 1) - 1e-9), 0, points - 1).astype(
-        np.int64
-    )
+    index = np.clip(np.ceil(np.abs(value) / top * (points - 1) - 1e-9), 0, points - 1)
+    return np.asarray(index, dtype=np.int64)
 
 
 def _reliable(plan: BudgetPlan, noisy_count: np.ndarray) -> np.ndarray:

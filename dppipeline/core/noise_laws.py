@@ -219,8 +219,8 @@ def certified_half_widths(
             _upper_tail(first.family, first.scale, b2_column, w_column + shift)
         )
         if side == 0:
-            return g @ blocks.mass_up + blocks.beyond
-        return g @ blocks.mass_down
+            return np.asarray(g @ blocks.mass_up + blocks.beyond)
+        return np.asarray(g @ blocks.mass_down)
 
     top = reach + spread * (_REACH + math.log(2 / alpha)) + 1e-300
     results = []

@@ -1047,8 +1047,8 @@ class JobSpec(_Section):
         False,
         description=(
             "Release 95% intervals <metric>_ci_low/_ci_high beside count, sum, mean, "
-            "variance, stddev, privacy_id_count and count_distinct (from the noise distribution: no extra "
-            "budget)."
+            "variance, stddev, privacy_id_count and count_distinct (from the noise "
+            "distribution: no extra budget)."
         ),
     )
     budget: BudgetSpec = Field(default_factory=BudgetSpec, description="Privacy budget.")
