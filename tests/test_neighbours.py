@@ -182,7 +182,7 @@ _ADDRESS = re.compile(r"\b0x[0-9a-f]{6,}\b")  # object addresses in library repr
 # Ledger columns that differ between any two runs (ids, clocks, hosts, leases) or name the
 # input's files by a one-way hash of their sizes and footers (operator-only; a rerun's key).
 _VOLATILE = re.compile(
-    r"^(id|run_id|pid|host|host_id|note|release_key|input_fingerprint|fingerprint|.*_at)$"
+    r"^(id|run_id|pid|process|host|host_id|note|release_key|input_fingerprint|fingerprint|.*_at)$"
 )
 
 

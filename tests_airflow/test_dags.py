@@ -232,9 +232,10 @@ HOLDER = """
 import datetime as dt, sys
 from dppipeline.ledger import BudgetPolicy, Ledger, ReleaseKey
 day = dt.date(2026, 1, 5)
+cap = float(sys.argv[2])  # the job's epsilon, its scope's cap (capped_config)
 Ledger(sys.argv[1]).reserve(
-    ReleaseKey("held", "holder", "holder", day, day), run_id="holder", job="holder", epsilon=1.0,
-    delta=0.0, output="/nowhere", policy=BudgetPolicy(cap_epsilon=1.0))
+    ReleaseKey("held", "holder", "holder", day, day), run_id="holder", job="holder", epsilon=cap,
+    delta=0.0, output="/nowhere", policy=BudgetPolicy(cap_epsilon=cap))
 print("reserved", flush=True)
 sys.stdin.read()
 """
@@ -258,8 +259,10 @@ def test_a_budget_held_by_a_live_run_is_retried_not_final(airflow_db, tmp_path):
     settings = module.run_settings(
         {"config": str(capped_config(tmp_path, "held")), "input_root": str(data)}
     )
+    config = yaml.safe_load(capped_config(tmp_path, "held").read_text())
+    cap = float(config["budget"]["cap_epsilon"])
     holder = subprocess.Popen(
-        [str(MAIN_PYTHON), "-c", HOLDER, str(LEDGER)],
+        [str(MAIN_PYTHON), "-c", HOLDER, str(LEDGER), str(cap)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=PROJECT,
     )  # fmt: skip
     try:
@@ -272,7 +275,7 @@ def test_a_budget_held_by_a_live_run_is_retried_not_final(airflow_db, tmp_path):
         holder.kill()
         holder.wait()
     assert "budget available" in module.check_budget(settings, "2026-01-05")
-    assert ("holder", "2026-01-05", "aborted", 1.0) in ledger_rows()
+    assert ("holder", "2026-01-05", "aborted", cap) in ledger_rows()
 
 
 def test_beam_dag_releases_a_day_on_the_direct_runner(dagbag, transactions, task_log):
@@ -500,11 +503,18 @@ def test_spark_dag_records_in_the_postgresql_ledger_of_the_connection(
 # Roots on an object store: the sensor and the marker through pyarrow.fs
 
 
-def test_the_beam_dag_runs_a_night_from_s3_to_s3(dagbag, transactions, monkeypatch, task_log):
+def test_the_beam_dag_runs_a_night_from_s3_to_s3(
+    dagbag, transactions, monkeypatch, task_log, tmp_path
+):
     """The Beam DAG with `input_root` and `release_root` on S3 (moto's server on 127.0.0.1,
     found through AWS_ENDPOINT_URL as on a worker with credentials in its environment): the
     sensor, the budget check, the pipeline, `check-release` and the marker all reach the
-    store; the release is published by its pointer."""
+    store; the release is published by its pointer. Its own ledger: the shared one holds the
+    same days charged under the local folder's scope, which refuses this copy."""
+    ledger = tmp_path / "ledger.sqlite"
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_DPPIPELINE_LEDGER", json.dumps({"conn_type": "sqlite", "host": str(ledger)})
+    )
     sys.path.insert(0, str(PROJECT / "tests"))
     try:
         from s3_server import start
@@ -592,7 +602,7 @@ _TIMING = re.compile(r"\s*\b\d+\.\d+s\b")
 _ALLOWED = re.compile(r"\bread [\d,]+ rows; rejected [\d,]+")  # the operator's raw-input line
 _PRIVATE = re.compile(r"\b(q_private): released [\d,]+ partitions")
 _VOLATILE = re.compile(
-    r"^(id|run_id|pid|host|host_id|note|release_key|input_fingerprint|fingerprint|.*_at)$"
+    r"^(id|run_id|pid|process|host|host_id|note|release_key|input_fingerprint|fingerprint|.*_at)$"
 )
 
 
