@@ -396,9 +396,10 @@ MATRIX = {
     "read-only-shm": Fault("a read-only `-shm` left by a read-only incident",
                            "healed (made writable), the run publishes", ("committed",),
                            ("committed",), (0,)),
-    "full-output": Fault("output's disk full", "fails after reading; charged; the next run, "
-                         "with space again, publishes", ("failed",), ("failed", "committed"),
-                         (1, 0), "No space left on device"),
+    "full-output": Fault("output's disk full", "refused before reading (its staging record "
+                         "cannot be written); nothing charged; the next run, with space again, "
+                         "publishes", ("aborted",), ("aborted", "committed"), (1, 0),
+                         "No space left on device"),
     "full-ledger": Fault("ledger's disk full", "refused before reading; the next run, with "
                          "space again, publishes", (), ("committed",), (1, 0), "a full disk?"),
     "pg-down": Fault("PostgreSQL stopped before the run", "refused before reading; the next "
