@@ -60,7 +60,7 @@ def header_of(data: bytes, source: str) -> list[str]:
     text = data.decode("utf-8", errors="replace")
     reader = _reader(text)
     try:
-        header = next(reader, [])
+        header: list[str] = next(reader, [])
     except csv.Error:
         raise InputError(f"{source} line 1: malformed header") from None
     if not header or all(not name.strip(_BLANKS) for name in header):

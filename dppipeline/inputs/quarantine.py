@@ -74,10 +74,10 @@ def check_writable(folder: Path | Location, run_id: str) -> None:
         return
     path = Path(folder)
     existing = next((p for p in (path, *path.parents) if p.exists()), path.anchor)
-    probe = Path(existing) / f"{PROBE_PREFIX}{run_id}"
+    local_probe = Path(existing) / f"{PROBE_PREFIX}{run_id}"
     try:
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE))
-        probe.unlink()
+        os.close(os.open(local_probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE))
+        local_probe.unlink()
     except OSError as exc:
         raise OutputError(
             f"quarantine {path}: cannot write into {existing} ({_reason(exc)}); checked "
