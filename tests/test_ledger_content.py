@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 from conftest import DAYS, SMALL
+from test_ledger_audit import job_spec, quiet
 
 from dppipeline.errors import BudgetExceededError
 from dppipeline.inputs.files import discover_files, discover_partitions
@@ -46,27 +47,8 @@ from dppipeline.ledger import (
 )
 from dppipeline.ledger import schema as ledger_schema
 from dppipeline.orchestration.runner import check_budget, release_key, run_job
-from dppipeline.spec.model import JobSpec, build_spec
 
 TX = "tx/CUSTOMER_ID"
-
-
-def quiet(_line: str) -> None:
-    return None
-
-
-def job_spec(input_dir: Path, output: Path, keys: Path, **extra: object) -> JobSpec:
-    overrides = {
-        "input.path": str(input_dir),
-        "output": str(output),
-        "bounds.min_value": 0.0,
-        "bounds.max_value": 100.0,
-        "bounds.max_partitions_contributed": 1,
-        "bounds.max_contributions_per_partition": 1,
-        "partition_selection.public_partitions": str(keys),
-    }
-    overrides.update(extra)
-    return build_spec({}, overrides)
 
 
 @pytest.fixture
