@@ -447,6 +447,12 @@ def test_the_bank_partner_config_plans_and_names_every_query():
     assert plan.total_spent()[0] == pytest.approx(spec.budget.epsilon)
     month_queries = ["total_per_month", "customers_per_month"]
     assert [list(g.queries) for g in plan.selections] == [month_queries]
+    # the amount bands are public by their edges: the plan names no key file and no selection
+    from dppipeline.commands.plan import render_plan
+
+    text = render_plan(spec, plan).split("query transactions_per_amount_band")[1]
+    assert "partition selection: none (bucket keys: every bucket" in text
+    assert "None" not in text
 
 
 @pytest.mark.parametrize(

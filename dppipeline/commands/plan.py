@@ -166,6 +166,11 @@ def _selection_lines(spec: JobSpec, query: QuerySpec, plan: BudgetPlan) -> list[
     selection = plan.selection
     if not query.partition_by:
         return ["  partition selection: none (a global total is one public partition)"]
+    if selection is None and not query.listed_keys:
+        return [
+            "  partition selection: none (bucket keys: every bucket of the public edges is "
+            "released, also when empty)"
+        ]
     if selection is None:
         return [
             f"  partition selection: public keys {query.partition_selection.public_partitions} "
