@@ -14,23 +14,21 @@ asked for `--debug-statistics`, and marks every such line NOT PRIVATE.
 from __future__ import annotations
 
 import logging
-import os
 import sys
+
+from dppipeline import settings
 
 log = logging.getLogger("dppipeline")
 
-# An environment variable, not a module flag: Airflow tasks and Beam/Spark launchers read it too.
-DEBUG_STATISTICS = "DPPIPELINE_DEBUG_STATISTICS"
+# An environment variable, not a module flag: the Python API and Beam/Spark launchers read it
+# too, and processes this one starts inherit it (settings.export_debug_statistics).
+DEBUG_STATISTICS = settings.DEBUG_STATISTICS_VARIABLE
 NOT_PRIVATE = "NOT PRIVATE (debug statistics): "
-
-
-def debug_statistics_enabled() -> bool:
-    return os.environ.get(DEBUG_STATISTICS, "") not in ("", "0")
 
 
 def statistic(logger: logging.Logger, message: str) -> None:
     """A data-dependent figure for debugging: emitted, marked, only under --debug-statistics."""
-    if debug_statistics_enabled():
+    if settings.debug_statistics():
         logger.warning(NOT_PRIVATE + message)
 
 
@@ -83,10 +81,7 @@ def configure(
     other libraries' warnings, named. Their debug output only with `-v --debug-statistics`:
     it is raw data (Beam logs every element it processes at DEBUG, customer ids and sampling
     priorities included; py4j every answer from the JVM)."""
-    if debug_statistics:
-        os.environ[DEBUG_STATISTICS] = "1"
-    else:
-        os.environ.pop(DEBUG_STATISTICS, None)
+    settings.export_debug_statistics(debug_statistics)
     level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
     _install(log, _StderrHandler(_Format(verbose)), level)
     log.propagate = False  # one line per message, whatever the root logger holds

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from dppipeline import logs
+from dppipeline import logs, settings
 from dppipeline.errors import (
     SpecError,
     UsageError,
@@ -791,6 +791,7 @@ def _command(argv: Sequence[str] | None) -> int:
     logs.configure(verbose=args.verbose, quiet=args.quiet, debug_statistics=args.debug_statistics)
     handle_sigterm()  # Airflow and Kubernetes stop tasks with SIGTERM: handled like Ctrl-C
     try:
+        settings.validate()  # a bad environment variable fails before anything is touched
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
         print(f"dppipeline {args.command}: interrupted", file=sys.stderr)
@@ -799,7 +800,7 @@ def _command(argv: Sequence[str] | None) -> int:
         print(f"dppipeline {args.command}: terminated", file=sys.stderr)
         return 143
     except BaseException as exc:  # every failure ends as one line (a bug included)
-        if not is_failure(exc) or os.environ.get("DPPIPELINE_DEBUG"):
+        if not is_failure(exc) or settings.debug():
             raise
         stopped = signal_behind(exc)  # a signal that an engine's library wrapped
         if stopped is not None:

@@ -30,7 +30,6 @@ from dppipeline.ledger.book import (
     ReservationLostError,
     ScopeData,
     StoredCap,
-    ledger_timeout,
 )
 from dppipeline.ledger.caps import (
     CAP_TOLERANCE,
@@ -40,10 +39,11 @@ from dppipeline.ledger.caps import (
     left_of,
 )
 from dppipeline.ledger.keys import InputContent, ReleaseKey, input_fingerprint
-from dppipeline.ledger.lease import host_id, lease_seconds, renew_seconds
+from dppipeline.ledger.lease import host_id
 from dppipeline.ledger.location import LedgerLocation, parse_ledger_url
 from dppipeline.ledger.reservation import Reservation
 from dppipeline.ledger.schema import SCHEMA_VERSION, STATES
+from dppipeline.settings import lease_seconds, ledger_timeout, renew_seconds
 
 __all__ = [
     "CAP_TOLERANCE",

@@ -73,9 +73,7 @@ from dppipeline.ledger.caps import (
 from dppipeline.ledger.keys import InputContent, ReleaseKey
 from dppipeline.ledger.lease import (
     host_id,
-    lease_seconds,
     process_gone,
-    seconds_setting,
     this_process,
 )
 from dppipeline.ledger.location import LedgerLocation, parse_ledger_url
@@ -89,9 +87,9 @@ from dppipeline.ledger.schema import (
     scopes,
     stamp,
 )
+from dppipeline.settings import lease_seconds, ledger_timeout
 
 log = logging.getLogger(__name__)
-DEFAULT_TIMEOUT_SECONDS = 10.0
 LIVE_STATES = ("reserved", "reading")
 # SQLite: how long its own busy handler waits for the write lock before the ledger looks
 # whether another process made progress (and waits on) or none did (`ledger_timeout`).
@@ -118,11 +116,6 @@ class LedgerError(DPPipelineError):
 class ReservationLostError(LedgerError):
     """This run's reservation was settled by another process (its lease expired): the run
     must stop, and publishes nothing."""
-
-
-def ledger_timeout() -> float:
-    """$DPPIPELINE_LEDGER_TIMEOUT: seconds to wait for a lock or a connection (default 10)."""
-    return seconds_setting("DPPIPELINE_LEDGER_TIMEOUT", DEFAULT_TIMEOUT_SECONDS)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ exited (a zombie), or whose pid now belongs to a process started at another time
 (`process_gone`), and `repair` settles its reservation at once. Anything else (another host,
 another container, a reboot, no /proc) proves nothing, and the lease decides.
 
-Settings (environment; tests shorten them):
+Settings (environment, read and checked by dppipeline.settings; tests shorten them):
 - `DPPIPELINE_LEASE_SECONDS` (default 120): how long a reservation lives without a renewal;
 - `DPPIPELINE_LEASE_RENEW_SECONDS` (default a sixth of the lease): the heartbeat's interval;
 - `DPPIPELINE_HOST_ID`: this process's host id (default `<hostname>/<random per process>`),
@@ -31,45 +31,15 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from dppipeline.errors import UsageError
+from dppipeline import settings
 
 log = logging.getLogger(__name__)
-DEFAULT_LEASE_SECONDS = 120.0
 _PROCESS_TOKEN = uuid.uuid4().hex[:12]
-
-
-def seconds_setting(name: str, default: float) -> float:
-    """A positive number of seconds from the environment variable `name` (unset: default)."""
-    text = os.environ.get(name)
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise UsageError(f"{name}: must be a number of seconds, got {text!r}") from None
-    if not value > 0:
-        raise UsageError(f"{name}: must be > 0 seconds, got {text!r}")
-    return value
-
-
-def lease_seconds() -> float:
-    return seconds_setting("DPPIPELINE_LEASE_SECONDS", DEFAULT_LEASE_SECONDS)
-
-
-def renew_seconds() -> float:
-    lease = lease_seconds()
-    renew = seconds_setting("DPPIPELINE_LEASE_RENEW_SECONDS", lease / 6)
-    if renew >= lease:
-        raise UsageError(
-            f"DPPIPELINE_LEASE_RENEW_SECONDS ({renew:g}) must be shorter than the lease "
-            f"({lease:g} s)"
-        )
-    return renew
 
 
 def host_id() -> str:
     """$DPPIPELINE_HOST_ID, else the hostname plus a random id of this process."""
-    return os.environ.get("DPPIPELINE_HOST_ID") or f"{socket.gethostname()}/{_PROCESS_TOKEN}"
+    return settings.host_id() or f"{socket.gethostname()}/{_PROCESS_TOKEN}"
 
 
 def this_process() -> str | None:

@@ -22,7 +22,8 @@ from dppipeline.core.events import PrivacyEvent
 from dppipeline.ledger.book import Ledger, LedgerError, ReservationLostError
 from dppipeline.ledger.caps import BudgetPolicy
 from dppipeline.ledger.keys import ReleaseKey
-from dppipeline.ledger.lease import Heartbeat, renew_seconds
+from dppipeline.ledger.lease import Heartbeat
+from dppipeline.settings import renew_seconds
 
 log = logging.getLogger(__name__)
 

@@ -185,7 +185,7 @@ def _v2(conn: Connection, now: str) -> None:
     from the migration, so that `repair` settles it by the version-2 rules (committed if its
     release is published, failed otherwise) once it is sure the run is gone.
     """
-    from dppipeline.ledger.lease import lease_seconds  # noqa: PLC0415
+    from dppipeline.settings import lease_seconds  # noqa: PLC0415
 
     new = releases_table(sa.MetaData(), "releases_new", version=2)
     new.create(conn)

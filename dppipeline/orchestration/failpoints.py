@@ -23,9 +23,9 @@ from __future__ import annotations
 import os
 import signal
 
-STAGES = (
-    "reserved", "reading", "written", "staged", "uploading", "committed", "exchanged", "published",
-)  # fmt: skip
+from dppipeline import settings
+
+STAGES = settings.FAILPOINT_STAGES
 _SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}
 
 
@@ -35,12 +35,11 @@ class FailpointError(RuntimeError):
 
 def failpoint(stage: str) -> None:
     """Triggers the action set for `stage` in $DPPIPELINE_FAILPOINT, if any."""
-    setting = os.environ.get("DPPIPELINE_FAILPOINT")
-    if not setting:
+    points = settings.failpoints()
+    if not points:
         return
     assert stage in STAGES, stage
-    for item in setting.split(","):
-        name, _, action = item.strip().partition(":")
+    for name, action in points:
         if name != stage:
             continue
         if action == "error":

@@ -54,6 +54,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from dppipeline import settings
 from dppipeline.errors import OutputError
 from dppipeline.orchestration.failpoints import failpoint
 
@@ -297,7 +298,7 @@ def exchange(first: Path, second: Path) -> bool:
     """Swaps two existing folders atomically (renameat2 RENAME_EXCHANGE); False when this
     system cannot ($DPPIPELINE_PUBLISH_NO_EXCHANGE=1 says so too, for tests)."""
     function = _renameat2()
-    if function is None or os.environ.get("DPPIPELINE_PUBLISH_NO_EXCHANGE"):
+    if function is None or settings.publish_no_exchange():
         return False
     if function(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE):
         code = ctypes.get_errno()

@@ -12,6 +12,7 @@ import polars as pl
 from apache_beam.metrics.metric import Metrics
 from apache_beam.typehints import KV, Any
 
+from dppipeline import settings
 from dppipeline.core.tasks import (
     AggregationTask,
     canonical_keys,
@@ -36,7 +37,6 @@ from dppipeline.engines.shared.sampling import (
     unit_kind_of,
 )
 from dppipeline.inputs.csv_records import ROW
-from dppipeline.logs import debug_statistics_enabled
 
 _KEY_SEPARATOR = "\x1f"  # joins the parts of a composite key (ASCII unit separator)
 
@@ -153,7 +153,7 @@ class _SamplePartitionsPerUnit(beam.DoFn):
         # every counter, so it exists only under --debug-statistics (read by the launcher).
         self._pairs = (
             Metrics.counter(METRICS_NAMESPACE, "pairs_after_linf")
-            if debug_statistics_enabled()
+            if settings.debug_statistics()
             else None
         )
 

@@ -17,7 +17,6 @@ same name, row order, row groups and metadata whichever path ran (the path follo
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pandas as pd
@@ -40,12 +39,6 @@ from dppipeline.core.tasks import (
 )
 from dppipeline.engines.base import ReleaseJob
 from dppipeline.engines.spark.bound import bounded_pairs, distinct_name, group_keys
-
-
-# Above this many partitions the release runs on the executors (mapInArrow). Read when the
-# engine runs, so tests and users can set it per run.
-def driver_release_max_partitions() -> int:
-    return int(os.environ.get("DPPIPELINE_DRIVER_RELEASE_MAX_PARTITIONS", "1000000"))
 
 
 def partition_aggregates(pairs: DataFrame, task: AggregationTask) -> DataFrame:

@@ -17,6 +17,7 @@ import pandas as pd
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Observation, SparkSession
 
+from dppipeline import settings
 from dppipeline.core.tasks import (
     AggregationTask,
     read_schema,
@@ -26,7 +27,6 @@ from dppipeline.engines.shared.release_file import RELEASE_FILE, ReleaseWriter
 from dppipeline.engines.spark import read as spark_read
 from dppipeline.engines.spark.aggregate import (
     bound_and_aggregate,
-    driver_release_max_partitions,
     release_on_executors,
     released_batches,
     to_aggregates_frame,
@@ -165,7 +165,7 @@ class SparkEngine:
         succeeds, and what it prints, must not depend on how many partitions the data fill
         (a limit that failed such a job was a data-dependent failure)."""
         tasks, unit = job.tasks.tasks, job.spec.privacy_unit
-        limit = driver_release_max_partitions()
+        limit = settings.driver_release_max_partitions()  # read per run: tests set it
         exact: dict[str, pd.DataFrame] = {}
         rejects = None
         shared = len(tasks) > 1  # `valid` is then `shuffled_by_unit` (see `run`)

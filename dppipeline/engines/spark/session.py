@@ -6,7 +6,6 @@ fills in what is unset. Run in-process (`dppipeline run --engine spark`), it sta
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import threading
@@ -14,6 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from dppipeline import settings
 from dppipeline.errors import UsageError
 
 # SQL defaults applied only where neither spark-submit nor the user set a value.
@@ -38,21 +38,12 @@ SQL_DEFAULTS: dict[str, str] = {
 # lines, whose text depends on public parameters only.
 SESSION_SETTINGS: dict[str, str] = {"spark.ui.showConsoleProgress": "false"}
 LOG4J_CONF = Path(__file__).resolve().parent / "log4j2.properties"
-# JVM options of a session started here (local mode: the driver JVM runs the tasks). The
-# throughput collector: bounding boxes every value it collects, and G1 (Java's default) was
-# slower (docs/engines.md).
-LOCAL_JAVA_OPTIONS = "-XX:+UseParallelGC"
-
-
-def local_java_options() -> str:
-    """$DPPIPELINE_SPARK_JAVA_OPTIONS, else LOCAL_JAVA_OPTIONS."""
-    return os.environ.get("DPPIPELINE_SPARK_JAVA_OPTIONS", LOCAL_JAVA_OPTIONS)
 
 
 def check_java() -> None:
     """Spark needs a JVM: say so plainly instead of a py4j stack trace."""
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and (Path(java_home) / "bin" / "java").exists():
+    java_home = settings.java_home()
+    if java_home and (java_home / "bin" / "java").exists():
         return
     if shutil.which("java") is None:
         raise UsageError(
@@ -80,18 +71,18 @@ def get_spark(
     builder = SparkSession.builder.appName(app_name)
     for key, value in {**(conf or {}), **SESSION_SETTINGS}.items():
         builder = builder.config(key, value)
-    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
-        chosen = master or os.environ.get("DPPIPELINE_SPARK_MASTER") or "local[*]"
+    if not settings.launched_by_spark_submit():
+        chosen = master or settings.spark_master()
         builder = builder.master(chosen)
         builder = builder.config(
             "spark.driver.extraJavaOptions",
-            f"-Dlog4j2.configurationFile={LOG4J_CONF.as_uri()} {local_java_options()}",
+            f"-Dlog4j2.configurationFile={LOG4J_CONF.as_uri()} {settings.spark_java_options()}",
         )
         if chosen.startswith("local"):
             # Python workers of a local session use this interpreter (and its packages).
-            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            settings.default_pyspark_python(sys.executable)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(os.environ.get("DPPIPELINE_SPARK_LOG_LEVEL", "WARN"))
+    spark.sparkContext.setLogLevel(settings.spark_log_level())
     explicit = spark.sparkContext.getConf()
     for key, value in SQL_DEFAULTS.items():
         if not explicit.contains(key):
