@@ -126,10 +126,7 @@ def renew_seconds() -> float:
     lease = lease_seconds()
     renew = _seconds("DPPIPELINE_LEASE_RENEW_SECONDS", lease / 6)
     if renew >= lease:
-        raise UsageError(
-            f"DPPIPELINE_LEASE_RENEW_SECONDS must be shorter than the lease "
-            f"(DPPIPELINE_LEASE_SECONDS, {lease:g} s)"
-        )
+        raise UsageError(f"{_bad('DPPIPELINE_LEASE_RENEW_SECONDS')} ({lease:g} s)")
     return renew
 
 
@@ -276,9 +273,9 @@ VARIABLES: dict[str, Variable] = _variables(
     ),
     Variable(
         "DPPIPELINE_LEASE_RENEW_SECONDS", "a sixth of the lease",
-        "How often a running job renews its lease (shorter than the lease).",
+        "How often a running job renews its lease.",
         "`run`, `tune`",
-        "must be a positive number of seconds", renew_seconds,
+        "must be a positive number of seconds shorter than the lease", renew_seconds,
     ),
     Variable(
         "DPPIPELINE_HOST_ID", "`<hostname>/<random per process>`",
