@@ -13,9 +13,10 @@ the Beam transform, the Airflow tasks through the CLI), so a release from any of
 to the same ledger.
 
 Two variables are written, by named functions only (`export_debug_statistics`,
-`default_pyspark_python`): the environment is how a setting reaches every module of this process
-and the processes it starts (Beam's multi-processing workers, Spark's Python workers).
-Nothing else in dppipeline touches `os.environ`.
+`default_pyspark_python`): the environment is how a setting reaches the whole run, every module
+of this process (the engines read `debug_statistics` instead of taking a flag) and the processes
+it starts (Spark's Python workers take PYSPARK_PYTHON). Nothing else in dppipeline touches
+`os.environ`.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ SPARK_LOG_LEVELS = ("ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "W
 FAILPOINT_STAGES = (
     "reserved", "reading", "written", "staged", "uploading", "committed", "exchanged", "published",
 )  # fmt: skip
-FAILPOINT_ACTIONS = ("kill", "term", "int", "error")
+FAILPOINT_ACTIONS = ("kill", "term", "int", "stop", "error")
 
 
 @dataclass(frozen=True)
@@ -207,8 +208,8 @@ def debug_statistics() -> bool:
 
 def export_debug_statistics(enabled: bool) -> None:
     """The CLI's --debug-statistics, for the whole process and those it starts: every module
-    reads `debug_statistics` instead of receiving a flag, and Beam's workers inherit it. A CLI
-    run without the flag turns it off, whatever the environment said."""
+    reads `debug_statistics` instead of receiving a flag. A CLI run without the flag turns it
+    off, whatever the environment said."""
     if enabled:
         os.environ[DEBUG_STATISTICS_VARIABLE] = "1"
     else:

@@ -17,6 +17,7 @@ from dppipeline import settings
 from dppipeline.commands.cli import main
 from dppipeline.errors import UsageError
 from dppipeline.ledger import Ledger
+from dppipeline.orchestration import failpoints
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "dppipeline"
@@ -138,6 +139,13 @@ def test_every_checked_variable_has_bad_values_here():
     checked = {name for name, v in settings.VARIABLES.items() if v.check is not None}
     assert checked == set(BAD_VALUES) == set(READERS)
     assert all(settings.VARIABLES[name].rule for name in checked)
+
+
+def test_the_failpoint_rule_is_what_the_failpoints_do():
+    assert set(failpoints._SIGNALS) | {"error"} == set(settings.FAILPOINT_ACTIONS)
+    assert failpoints.STAGES == settings.FAILPOINT_STAGES
+    documented = re.findall(r"^    (\w+) {2,}", failpoints.__doc__ or "", re.MULTILINE)
+    assert tuple(documented) == settings.FAILPOINT_STAGES
 
 
 # --------------------------------------------------------------------- checked, one line

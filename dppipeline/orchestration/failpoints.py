@@ -14,8 +14,9 @@ boundaries (tests only; unset, a check costs one dictionary lookup):
                old one has been moved aside and the new one not yet renamed in)
     published  the release is published; clean-up and progress lines not done
 
-Actions: `kill` (SIGKILL: no clean-up at all), `term` (SIGTERM), `int` (SIGINT), each sent by
-the process to itself, or `error` (an unexpected exception: a bug).
+Actions: `kill` (SIGKILL: no clean-up at all), `term` (SIGTERM), `int` (SIGINT), `stop`
+(SIGSTOP: the run pauses there until a SIGCONT, for a test to act meanwhile), each sent by the
+process to itself, or `error` (an unexpected exception: a bug).
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ import signal
 from dppipeline import settings
 
 STAGES = settings.FAILPOINT_STAGES
-_SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}
+_SIGNALS = {
+    "kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT, "stop": signal.SIGSTOP,
+}  # fmt: skip
 
 
 class FailpointError(RuntimeError):
