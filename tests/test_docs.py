@@ -31,7 +31,7 @@ def test_every_doc_the_readme_links_exists_and_names_existing_code():
     """Design notes live in docs/; the README links them, and they name real files."""
     readme = (ROOT / "README.md").read_text()
     linked = set(re.findall(r"\]\((docs/[\w.]+\.md)\)", readme))
-    assert {"docs/engines.md", "docs/operations.md", "docs/benchmarks.md"} <= linked
+    assert {"docs/explanation/engines.md", "docs/explanation/operations.md", "docs/explanation/benchmarks.md"} <= linked
     for doc in linked:
         assert (ROOT / doc).is_file(), doc
         prose = re.sub(r"```text\n.*?```", "", (ROOT / doc).read_text(), flags=re.S)  # logs

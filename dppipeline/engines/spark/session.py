@@ -21,7 +21,8 @@ SQL_DEFAULTS: dict[str, str] = {
     "spark.sql.adaptive.enabled": "true",  # AQE: coalesces shuffle partitions, handles skew
     "spark.sql.adaptive.coalescePartitions.enabled": "true",
     # Bounding shuffles every row: 16 MB reduce tasks (Spark's default is 64 MB) spread them
-    # evenly over the cores and keep each task's collected values small (docs/engines.md).
+    # evenly over the cores and keep each task's collected values small
+    # (docs/explanation/engines.md).
     "spark.sql.adaptive.advisoryPartitionSizeInBytes": "16m",
     "spark.sql.adaptive.skewJoin.enabled": "true",
     "spark.sql.execution.arrow.pyspark.enabled": "true",  # fast toPandas / mapInPandas
@@ -40,7 +41,7 @@ SESSION_SETTINGS: dict[str, str] = {"spark.ui.showConsoleProgress": "false"}
 LOG4J_CONF = Path(__file__).resolve().parent / "log4j2.properties"
 # JVM options of a session started here (local mode: the driver JVM runs the tasks). The
 # throughput collector: bounding boxes every value it collects, and G1 (Java's default) was
-# slower (docs/engines.md).
+# slower (docs/explanation/engines.md).
 LOCAL_JAVA_OPTIONS = "-XX:+UseParallelGC"
 
 
