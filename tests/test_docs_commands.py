@@ -379,8 +379,48 @@ def test_every_relative_link_resolves():
     assert not broken, broken
 
 
+def flag_tables() -> str:
+    """The flag tables of docs/reference/cli.md ("Every command's flags"), from the parser's
+    help: `python -c "import tests.test_docs_commands as t; print(t.flag_tables())"`."""
+    top = build_parser()
+    logging = _options(top)
+    out: list[str] = []
+
+    def walk(parser: argparse.ArgumentParser, path: list[str]) -> None:
+        for name, sub in _subparsers(parser).items():
+            if not _subparsers(sub):
+                out.append(f"### `dppipeline {' '.join([*path, name])}`\n")
+                if sub.description:
+                    out.append(sub.description + "\n")
+                out.append("| flag | meaning |\n|---|---|")
+                for action in sub._actions:
+                    if isinstance(action, argparse._HelpAction) or (
+                        set(action.option_strings) & logging
+                    ):
+                        continue
+                    flag = ", ".join(f"`{o}`" for o in action.option_strings) or (
+                        f"`{action.dest.upper()}` (positional)"
+                    )
+                    if action.choices:
+                        flag += " {" + ",".join(map(str, action.choices)) + "}"
+                    text = (action.help or "").replace("|", "\\|")
+                    if action.required and action.option_strings:
+                        text = "required; " + text
+                    if action.default not in (None, False, argparse.SUPPRESS) and not isinstance(
+                        action, argparse._StoreTrueAction
+                    ):
+                        text += f" (default {action.default})"
+                    out.append(f"| {flag} | {text} |")
+                out.append("")
+            walk(sub, [*path, name])
+
+    walk(top, [])
+    return "\n".join(out)
+
+
 def test_the_cli_reference_names_every_command_and_flag():
-    """docs/reference/cli.md is the reference of every command and flag the parser has."""
+    """docs/reference/cli.md is the reference of every command and flag the parser has (its
+    tables: `flag_tables()`, pasted)."""
     text = (DOCS / "reference" / "cli.md").read_text()
     missing = []
 
@@ -398,6 +438,7 @@ def test_the_cli_reference_names_every_command_and_flag():
     top = build_parser()  # its logging flags, named once, are every command's
     walk(top, [])
     assert not missing, missing
+    assert flag_tables().strip() in text, "paste flag_tables() into docs/reference/cli.md"
 
 
 def test_the_ledger_reference_names_every_table_and_column():
