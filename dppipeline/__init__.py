@@ -1,6 +1,6 @@
 """dppipeline: differentially private per-partition statistics over partitioned transaction data.
 
-The Python API (docs/api.md) is these names, imported on first use so that `import
+The Python API (docs/tutorials/python-api.md) is these names, imported on first use so that `import
 dppipeline` stays cheap (no Polars, Spark, Beam or pipeline-dp until a name needs them):
 
     load_job, Job, plan, Plan, MechanismPlan, release, Release, Session, Budget, query,

@@ -40,7 +40,7 @@ DEFAULT_LEASE_SECONDS = 120.0
 DEFAULT_DRIVER_RELEASE_MAX_PARTITIONS = 1_000_000
 # JVM options of a Spark session started here (local mode: the driver JVM runs the tasks). The
 # throughput collector: bounding boxes every value it collects, and G1 (Java's default) was
-# slower (docs/engines.md).
+# slower (docs/explanation/engines.md).
 DEFAULT_SPARK_JAVA_OPTIONS = "-XX:+UseParallelGC"
 DEFAULT_SPARK_MASTER = "local[*]"
 DEFAULT_SPARK_LOG_LEVEL = "WARN"
@@ -343,7 +343,7 @@ VARIABLES: dict[str, Variable] = _variables(
     Variable(
         "DPPIPELINE_FAILPOINT", "unset",
         "`<stage>:<action>[,...]`: the run stops on purpose at that stage (crash tests only; "
-        "see docs/operations.md).",
+        "see docs/explanation/operations.md).",
         "`run`, the Python API",
         f"must be <stage>:<action>[,...] with a stage of {', '.join(FAILPOINT_STAGES)} and an "
         f"action of {', '.join(FAILPOINT_ACTIONS)}",

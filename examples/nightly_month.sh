@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A month of nightly releases against a rolling-window cap, as the README describes: the cap
+# A month of nightly releases against a rolling-window cap (docs/tutorials/nightly-releases.md): the cap
 # stored in the ledger once (budget set-cap), one release per day of data at epsilon 0.2, a cap
 # of epsilon 2.5 and delta 1e-5 per 30 days of data (the ledger composes the nights at that
 # delta: 20 fit in a window, where sums would allow 12), a retried night, and the chart.

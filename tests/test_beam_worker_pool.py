@@ -5,8 +5,8 @@ environment, so it reads, validates and writes through Beam's file systems on th
 no state of the launcher's; the CLI runs as a user runs it.
 
 Beam's Dask runner (2.77) cannot run this pipeline: it sends a ParDo's tagged outputs into its
-main output, computes only the graph's last sink and reports no metrics (README, "The Beam
-engine").
+main output, computes only the graph's last sink and reports no metrics
+(docs/how-to/beam-runners.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`count_distinct(COLUMN)` (issue 20): distinct non-null COLUMN values among a partition's kept
-rows, noised like count (docs/count_distinct.md).
+rows, noised like count (docs/explanation/count_distinct.md).
 
 Tiers: exact at a huge epsilon on every engine against pandas (bounds that keep every row), and
 with bounds that bind (engines agree with each other under one salt; a unique column counts

@@ -48,7 +48,7 @@ def files_under(*folders: Path) -> set[Path]:
 def test_tune_recommends_on_demo_data_and_writes_only_when_asked(
     small_days, tmp_path, monkeypatch, capsys
 ):
-    """The README's command at its default tune epsilon: exit 0, bounds recommended and
+    """The tune guide's command at its default tune epsilon: exit 0, bounds recommended and
     printed, no file written anywhere (the job's folder, the working folder); with
     --tune-output, exactly that file."""
     work, state = tmp_path / "work", tmp_path / "state"

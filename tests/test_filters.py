@@ -955,12 +955,13 @@ def test_spark_string_literals_mean_the_same_whatever_the_parser_setting(spark, 
 
 
 def test_every_filter_of_the_readme_and_the_configs_still_works(transactions):
-    """The README's filters and each config's, parsed against the config's own input schema;
-    those over the transactions schema also kept alike by Polars and the oracle."""
+    """The filters of the README and docs/ and each config's, parsed against the config's own
+    input schema; those over the transactions schema also kept alike by Polars and the oracle."""
     from dppipeline.spec.model import load_spec
 
     repo = Path(__file__).resolve().parents[1]
-    texts = [(repo / "README.md", TX)] + [
+    pages = [repo / "README.md", *sorted((repo / "docs").rglob("*.md"))]
+    texts = [(page, TX) for page in pages] + [
         (path, load_spec(path).source_schema)
         for path in sorted((repo / "jobs" / "configs").glob("*.yaml"))
     ]

@@ -1,5 +1,5 @@
 """The ledger under faults (issue 32): each numbered case of the issue, then the fault matrix
-whose table is in docs/operations.md ("What a fault leaves").
+whose table is in docs/explanation/operations.md ("What a fault leaves").
 
 Cases: (2) a damaged SQLite ledger whose index hid committed releases admitted a run past its
 cap; (3) after a read-only incident, a read-only `-shm` left by SQLite failed every run once the
@@ -416,8 +416,8 @@ MATRIX = {
 
 
 def test_the_matrix_in_the_docs_is_the_tested_one():
-    """docs/operations.md shows exactly these rows, in this order."""
-    text = (ROOT / "docs" / "operations.md").read_text()
+    """docs/explanation/operations.md shows exactly these rows, in this order."""
+    text = (ROOT / "docs" / "explanation" / "operations.md").read_text()
     rows = [fault.row() for fault in MATRIX.values()]
     head = (
         "| case | outcome | ledger rows (after the fault → after the next run) "

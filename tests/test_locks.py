@@ -68,6 +68,7 @@ def test_the_development_lock_satisfies_every_declared_range():
 def test_the_executor_archive_and_the_beam_recipe_use_the_role_locks():
     script = (ROOT / "scripts" / "pack_executor_env.sh").read_text()
     assert 'LOCK="$ROOT/requirements-runtime.lock"' in script
-    readme = (ROOT / "README.md").read_text()
-    assert "--requirements_file=requirements-beam-worker.lock" in readme
-    assert "--requirements_file=requirements.lock" not in readme
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    docs = "\n".join(page.read_text() for page in pages)  # the recipe: how-to/beam-runners.md
+    assert "--requirements_file=requirements-beam-worker.lock" in docs
+    assert "--requirements_file=requirements.lock" not in docs

@@ -51,7 +51,7 @@ def independent_rows_beyond(values: np.ndarray, grid: np.ndarray, metric: str) -
 
 
 def documented_margin(scale: float) -> int:
-    """m = the smallest integer above scale (ln 1024 + ln 1/0.05) (docs/max_min.md)."""
+    """m = the smallest integer above scale (ln 1024 + ln 1/0.05) (docs/explanation/max_min.md)."""
     return math.floor(scale * (math.log(1024) + math.log(20))) + 1
 
 

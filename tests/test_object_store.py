@@ -4,7 +4,7 @@ that finds the server through AWS_ENDPOINT_URL and AWS_* credentials.
 
 A release on a store is published without rename (`orchestration/store_publication`): the run's
 files go under `OUT/_runs/<run_id>/`, then one small object `OUT/RELEASE.json` names the run. The
-tests read it back the way the README tells a partner to (pandas over pyarrow's S3 client),
+tests read it back the way the docs tell a partner to (pandas over pyarrow's S3 client),
 and kill runs at every stage boundary to check that no partial release is ever visible and
 that the ledger's charge rules hold.
 """
@@ -42,7 +42,7 @@ def run_cli(*args: object, env: dict | None = None) -> subprocess.CompletedProce
 
 
 def read_release(uri: str, dataset: str = "terminal_stats") -> pd.DataFrame:
-    """The README's recipe: follow the pointer, read the run's dataset with pandas."""
+    """The object-store guide's recipe: follow the pointer, read the run's dataset with pandas."""
     import pyarrow.fs as pafs
 
     s3, _ = pafs.FileSystem.from_uri(uri)
@@ -365,7 +365,7 @@ def test_beam_scratch_with_raw_rows_is_never_under_a_store_release(tmp_path):
 
 
 def test_the_readmes_spark_reader_follows_the_pointer(s3, bucket, tmp_path, spark):
-    """The README's Spark snippet, run on a copy of a store release on local disk (this
+    """The object-store guide's Spark snippet, run on a copy of a store release on local disk (this
     Spark has no s3a connector): the pointer's run, read by Spark, equals what pandas reads
     from the store."""
     import pyarrow.fs as pafs

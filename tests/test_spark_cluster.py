@@ -2,7 +2,8 @@
 
 The cluster comes from `scripts/spark_cluster.sh`, the executors' Python environment from
 `scripts/pack_executor_env.sh` (cached in build/executor-env.tar.gz; the first pack takes about
-a minute), and the job is `jobs/spark_terminal_stats.py`, submitted as the README says:
+a minute), and the job is `jobs/spark_terminal_stats.py`, submitted as
+docs/how-to/spark-cluster.md says:
 
     spark-submit --master spark://127.0.0.1:PORT --deploy-mode client \\
         --archives build/executor-env.tar.gz#env --conf spark.pyspark.python=./env/bin/python \\

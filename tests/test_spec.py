@@ -523,7 +523,7 @@ def test_values_at_the_limits_are_accepted():
 
 
 def test_the_field_docs_state_the_limits():
-    """`dppipeline spec-doc` (and the README table generated from it) shows each limit."""
+    """`dppipeline spec-doc` (and the docs/reference/job-spec.md table from it) shows each limit."""
     from dppipeline.spec.filters import MAX_FILTER_CHARS, MAX_FILTER_TERMS, MAX_IN_VALUES
     from dppipeline.spec.model import describe_fields
 

@@ -461,8 +461,9 @@ def test_released_medians_are_pulled_towards_the_centre_of_the_range(epsilon):
     phantom counts; a node that looks empty answers its midpoint). For right-skewed values
     whose median (12.8) is far below the midpoint (50), the distribution-free interval of the
     released medians' median (k = 1,000 partitions, failure rate 1e-6) lies entirely above the
-    true median's band (measured: ~13.9 at eps 1, ~42 at eps 0.1). The README states this bias;
-    if a PyDP upgrade removes it, this test fails and the README must change."""
+    true median's band (measured: ~13.9 at eps 1, ~42 at eps 0.1).
+    docs/tutorials/multi-query-job.md states this bias; if a PyDP upgrade removes it, this test
+    fails and that page must change."""
     k = 1_000
     values = skewed_values()
     out = percentile_release([values] * k, epsilon, SKEWED_BOUNDS, ps=(50,))

@@ -758,8 +758,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _exit_now(code: int) -> NoReturn:
     """Ends a CLI process without tearing its modules down, which took 0.4-0.8 s after a 5M-row
-    local run (pyarrow, Polars, scipy; docs/benchmarks.md). Everything a normal exit does
-    that matters still happens first: the release is committed and published, non-daemon
+    local run (pyarrow, Polars, scipy; docs/explanation/benchmarks.md). Everything a normal exit
+    does that matters still happens first: the release is committed and published, non-daemon
     threads are joined, atexit handlers run (logging's flush among them) and stdio is
     flushed; only freeing memory the OS reclaims anyway is skipped (mypy exits the same way).
     Threads end by `threading._shutdown`, as at a normal exit: joining them directly hung on

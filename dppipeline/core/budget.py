@@ -22,9 +22,9 @@ Mechanisms, following pipeline-dp's own layout so that its DPEngine is a faithfu
 - `privacy_id_count`: noisy number of distinct privacy units.
 - `count_distinct_COLUMN`: noisy number of distinct non-null COLUMN values among the kept rows,
   one mechanism per `count_distinct(COLUMN)` metric, with the sensitivities of `count` (a unit's
-  at most Linf kept rows in a partition add at most Linf new values: docs/count_distinct.md).
-  With `count_noise: discrete` (the spec's default) the counts (`count`, `privacy_id_count`,
-  `count_distinct_COLUMN`) draw
+  at most Linf kept rows in a partition add at most Linf new values:
+  docs/explanation/count_distinct.md). With `count_noise: discrete` (the spec's default) the counts
+  (`count`, `privacy_id_count`, `count_distinct_COLUMN`) draw
   integer noise from OpenDP's discrete Laplace or Gaussian (`core.discrete`), mean's
   denominator included: the same mechanism, the same budget.
 - `partition_selection`: private selection only (public partitions spend nothing on it).
@@ -129,7 +129,7 @@ class AggregationParams:
         """(L0, Linf) PyDP's per-partition quantile trees are calibrated for. Under
         max_contributions K: (1, K), sound because every tree's nodes get noise of the same
         scale and a unit's rows change all trees together by at most what one partition of K
-        rows would (docs/max_contributions.md)."""
+        rows would (docs/explanation/max_contributions.md)."""
         if self.max_contributions is not None:
             return 1, self.max_contributions
         return self.max_partitions_contributed, self.max_contributions_per_partition
@@ -386,7 +386,8 @@ def _metric_mechanisms(params: AggregationParams) -> list[tuple[str, float]]:
     if "privacy_id_count" in metrics:
         wanted.append(("privacy_id_count", 1.0))
     # count_distinct: a unit's <= Linf kept rows in a partition hold <= Linf distinct values, and
-    # removing them removes at most those: |change| <= Linf, as count (docs/count_distinct.md).
+    # removing them removes at most those: |change| <= Linf, as count
+    # (docs/explanation/count_distinct.md).
     wanted += [(f"{DISTINCT_PREFIX}{column}", float(linf)) for column in params.distinct_columns]
     return wanted
 

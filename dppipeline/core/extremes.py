@@ -9,8 +9,8 @@ Score of candidate c for `max`: -|#{kept values >= c} - m|; for `min`: -|#{kept 
 - m|. The margin m is public (`margin`): with probability at least 1 - `BETA` the chosen
 candidate's score is within m - 1 of the best one, so when some candidate has exactly m kept
 rows at or above it, the answer has between 1 and 2m - 1 kept rows at or above it: it lies
-between the (n - 2m + 2)-th order statistic and the true maximum. docs/max_min.md has the
-sensitivity and accounting argument and the measured accuracy.
+between the (n - 2m + 2)-th order statistic and the true maximum. docs/explanation/max_min.md has
+the sensitivity and accounting argument and the measured accuracy.
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ def centred_squares_term(exact: pd.DataFrame, params: AggregationParams) -> np.n
     `centred_sum_of_squares` mechanism noises. Each row adds a term in [-r^2/2, r^2/2], its
     sensitivity. The engines sum (x - mid)^2 themselves: computed here from sums of x and
     x^2, the difference of numbers near mid^2 x count left rounding errors beyond r^2/2 once
-    the bounds lay far from zero for their width (docs/bounding.md)."""
+    the bounds lay far from zero for their width (docs/explanation/bounding.md)."""
     r2 = params.half_range**2
     count = exact["count"].to_numpy(dtype=np.float64)
     squares = exact[CENTRED_SQUARES].to_numpy(dtype=np.float64)

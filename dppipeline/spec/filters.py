@@ -18,7 +18,7 @@ magnitude before it builds an `int` (`1e999999` is a million digits).
 Compiling never builds a chain whose depth grows with the filter: `membership_form` merges
 `or`s of equalities on one column (and `and`s of `!=`) into one set membership, which Polars
 runs as `is_in` and Spark as one `IN`, and what `and` and `or` remain are compiled as balanced
-trees (docs/engines.md has the measurements).
+trees (docs/explanation/engines.md has the measurements).
 
 Accepted (keywords case-insensitive, column names case-sensitive):
 

@@ -591,8 +591,8 @@ class BoundsSpec(_Section):
             "How Linf bounds a (privacy unit, partition) pair of more rows: `sample` keeps "
             "Linf of its rows (uniformly); `scale` keeps them all, counts min(rows, Linf) and "
             "scales the clipped sum by min(1, Linf / rows): the same sensitivity, no sampling "
-            "variance, and faster on Spark (docs/bounding.md). Not with percentiles, max, "
-            "min, count_distinct or max_contributions."
+            "variance, and faster on Spark (docs/explanation/bounding.md). Not with percentiles, "
+            "max, min, count_distinct or max_contributions."
         ),
     )
     min_value: BoundValue = Field(

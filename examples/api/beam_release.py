@@ -1,4 +1,4 @@
-"""An existing Beam pipeline: ReleaseTransform on its PCollection of rows (docs/api.md).
+"""An existing Beam pipeline: ReleaseTransform on its PCollection (docs/tutorials/python-api.md).
 
 python examples/api/beam_release.py data/tx/date=2026-01-01   # one day: Create is slow
 """

@@ -1,4 +1,4 @@
-"""A notebook's release: a pandas DataFrame in, released pandas DataFrames out (docs/api.md).
+"""A notebook's release: pandas DataFrame in, pandas DataFrames out (docs/tutorials/python-api.md).
 
 dppipeline generate --output data/tx --days 30
 python examples/api/pandas_release.py data/tx

@@ -1,4 +1,4 @@
-"""An existing Spark job: its DataFrame released in its own session (docs/api.md).
+"""An existing Spark job: its DataFrame released in its own session (docs/tutorials/python-api.md).
 
 python examples/api/spark_release.py data/tx
 """

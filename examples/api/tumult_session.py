@@ -1,4 +1,4 @@
-"""The book's Tumult session with dppipeline.Session (docs/api.md).
+"""The book's Tumult session with dppipeline.Session (docs/tutorials/python-api.md).
 
 dppipeline generate --output data/book --table book_transactions --single-file --format csv
 python examples/api/tumult_session.py data/book/book_transactions.csv

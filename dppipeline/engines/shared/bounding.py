@@ -274,7 +274,7 @@ def _aggregate_scaled_pairs(
 ) -> BoundedAggregates:
     """Scaled Linf bounding: a kept pair of c rows counts n = min(c, Linf) and adds its
     clipped sum (and sum of squares) scaled by min(1, Linf / c), so that it adds at most what
-    Linf of its rows could (docs/bounding.md); partitions then add up their pairs.
+    Linf of its rows could (docs/explanation/bounding.md); partitions then add up their pairs.
 
     A pair's rows are summed as deviations from the bounds' midpoint m, then scaled: the sum
     is S = d + m n from d = sum (x - m), the centred squares q = sum (x - m)^2 as they are.

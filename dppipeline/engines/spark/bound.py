@@ -16,7 +16,7 @@ once by unit for all of them (`shuffled_by_unit`) and bounded where they lie: in
 for most queries (`unit_partitions.py`), here for count_distinct ones.
 With `max_contributions` K, one step instead: `row_number()` over each unit's rows ordered by
 (priority, value) keeps its K lowest; the pairs they fall in are then at most K per unit, with
-nothing to rank (measurements: docs/engines.md).
+nothing to rank (measurements: docs/explanation/engines.md).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def sql_literal(value: object) -> str | None:
 def keep_public(rows: DataFrame, keys: list[str], public_keys: pd.DataFrame) -> DataFrame:
     """Rows whose key is listed: for one int or date key column with up to INSET_MAX_KEYS
     keys an IN-set filter written as SQL text (one call to the JVM, where `isin` makes one per
-    key: several times slower, docs/engines.md), else a broadcast semi-join."""
+    key: several times slower, docs/explanation/engines.md), else a broadcast semi-join."""
     if len(keys) == 1 and len(public_keys) <= INSET_MAX_KEYS:
         literals = [sql_literal(v) for v in public_keys[keys[0]].tolist()]
         if literals and None not in literals:
@@ -225,8 +225,8 @@ def bounded_pairs(
 def scaled_pairs(rows: DataFrame, task: AggregationTask, unit: str) -> DataFrame:
     """Linf by scaling (`bounds.linf_bounding: scale`): per (privacy unit, partition) pair of
     c rows, n = min(c, Linf) and its clipped sums times min(1, Linf / c), which add at most
-    what Linf of its rows could (docs/bounding.md). Hash aggregates only, partial before their
-    exchange, as in a plain groupBy. The rows are summed as deviations from the bounds'
+    what Linf of its rows could (docs/explanation/bounding.md). Hash aggregates only, partial before
+    their exchange, as in a plain groupBy. The rows are summed as deviations from the bounds'
     midpoint m (see `bounding._aggregate_scaled_pairs`: no rounding error that grows with c)."""
     linf = task.max_contributions_per_partition
     m = F.lit(task.midpoint)

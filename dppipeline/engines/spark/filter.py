@@ -2,10 +2,10 @@
 
 A filter is written as one Spark SQL expression and handed to the JVM in one call (`F.expr`):
 building it from Column objects costs a Py4J round trip per column, literal, cast and
-operator (seconds for a long filter, docs/engines.md). The text is built by the engine-neutral
-`compile_filter` (set membership for equality chains, balanced `and`/`or`), so its nesting
-grows with the log of its length; Spark's optimiser turns an `IN` list of more than 10 values
-into an `InSet` hash lookup.
+operator (seconds for a long filter, docs/explanation/engines.md). The text is built by the
+engine-neutral `compile_filter` (set membership for equality chains, balanced `and`/`or`), so its
+nesting grows with the log of its length; Spark's optimiser turns an `IN` list of more than 10
+values into an `InSet` hash lookup.
 
 Every literal is written so that no session setting can reinterpret it:
 - TX_DATETIME is `timestamp_ntz` (wall-clock time, no zone): a datetime is text cast to

@@ -269,7 +269,7 @@ def _with_file_columns(
     it (`_source_file`), its day and its Hive-style folder values, from a broadcast table of
     the files keyed by how Spark names a file it read (`_metadata.file_path`): one hash
     lookup per row. Decoding that name on every row and looking it up in literal maps, which
-    Spark scans per row, took a third of the engine's time at 5M rows (docs/engines.md).
+    Spark scans per row, took a third of the engine's time at 5M rows (docs/explanation/engines.md).
     Should Spark name a file otherwise than `_spark_file_uri` predicts, the row falls back
     to decoding its name: no row is lost."""
     in_path = [n for n in schema.names if n not in footer.names]

@@ -21,7 +21,8 @@ SQL_DEFAULTS: dict[str, str] = {
     "spark.sql.adaptive.enabled": "true",  # AQE: coalesces shuffle partitions, handles skew
     "spark.sql.adaptive.coalescePartitions.enabled": "true",
     # Bounding shuffles every row: 16 MB reduce tasks (Spark's default is 64 MB) spread them
-    # evenly over the cores and keep each task's collected values small (docs/engines.md).
+    # evenly over the cores and keep each task's collected values small
+    # (docs/explanation/engines.md).
     "spark.sql.adaptive.advisoryPartitionSizeInBytes": "16m",
     "spark.sql.adaptive.skewJoin.enabled": "true",
     "spark.sql.execution.arrow.pyspark.enabled": "true",  # fast toPandas / mapInPandas

@@ -7,7 +7,7 @@ each partition runs every additive query's bounding at once, in a Python worker
 priorities Spark computed: the same rows are kept), and yields per query its partial
 aggregates per partition key; one small aggregation sums the partials of each key across
 partitions. One scan of the shuffled rows for all of them, where a Spark job per query
-rescanned them and ranked them again (the bank's 12 queries: docs/benchmarks.md).
+rescanned them and ranked them again (the bank's 12 queries: docs/explanation/benchmarks.md).
 
 A partition key's aggregates over all units are those of each partition of units, summed
 (counts, sums, centred squares, privacy unit counts) or, for the kept values that
