@@ -1,33 +1,9 @@
-"""The budget split: which mechanisms a release uses, the (epsilon, delta) each gets, its noise.
+"""The planner: splits a job's budget across its mechanisms and checks each against PyDP.
 
 Computed once, before any data is read, by pipeline-dp's NaiveBudgetAccountant (basic
-composition). The result, a `BudgetPlan`, is a plain picklable value: engines ship it to their
-workers, which rebuild the secure PyDP mechanisms from it (`release.py`).
-
-Mechanisms, following pipeline-dp's own layout so that its DPEngine is a faithful oracle:
-
-- `count`: the noisy row count; also the denominator of mean when mean is asked for.
-- `centred_sum`: sum of (value - midpoint) when mean is asked for; sum is then derived as
-  centred_sum + midpoint * count (post-processing: no extra budget, and lower noise than a
-  third mechanism).
-- `sum`: the noisy sum when sum is asked for without mean.
-- `centred_sum_of_squares`: sum of ((value - midpoint)^2 - r^2/2), r = (max - min)/2, when
-  variance is asked for. Our own calibration: one row moves it by at most r^2/2. (pipeline-dp
-  0.3.1's VARIANCE noises the un-centred sum of (value - midpoint)^2 as if it were centred on
-  the middle of [min^2, max^2]: for [-10, 10] it uses sensitivity 50 where one row moves it
-  by 100, half the noise needed; for ranges away from zero it over-calibrates instead.)
-- `percentile`: one PyDP QuantileTree per partition answers all of a query's percentiles.
-- `max`, `min`: an exponential mechanism per partition over a public grid (`core.extremes`),
-  pure epsilon-DP: requested as Laplace so that no delta is spent on it.
-- `privacy_id_count`: noisy number of distinct privacy units.
-- `count_distinct_COLUMN`: noisy number of distinct non-null COLUMN values among the kept rows,
-  one mechanism per `count_distinct(COLUMN)` metric, with the sensitivities of `count` (a unit's
-  at most Linf kept rows in a partition add at most Linf new values: docs/count_distinct.md).
-  With `count_noise: discrete` (the spec's default) the counts (`count`, `privacy_id_count`,
-  `count_distinct_COLUMN`) draw
-  integer noise from OpenDP's discrete Laplace or Gaussian (`core.discrete`), mean's
-  denominator included: the same mechanism, the same budget.
-- `partition_selection`: private selection only (public partitions spend nothing on it).
+composition), or by one pool composed tightly (`core.accounting`); the result is a `JobPlan`
+(`core.plan`, which describes the mechanisms). Every mechanism is built and checked here, so a
+plan that PyDP cannot carry out is refused before the ledger is charged.
 
 A job of several queries (`plan_job`) splits its one budget across every query's mechanisms
 and one selection per group of queries that share partition keys and selection settings.
@@ -41,326 +17,37 @@ from dataclasses import dataclass
 
 import pipeline_dp
 from pipeline_dp import budget_accounting, dp_computations
-from pipeline_dp import partition_selection as pdp_partition_selection
 from pipeline_dp.aggregate_params import MechanismType
-from pydp.algorithms.partition_selection import PartitionSelectionStrategy
 from pydp.algorithms.quantile_tree import QuantileTree
 
 from dppipeline.core import discrete
 from dppipeline.core.accounting import Member, certified_multiplier, discrete_pool_fits
 from dppipeline.core.columns import DISTINCT_PREFIX
 from dppipeline.core.extremes import EXPONENTIAL, EXTREME_METRICS, gumbel_scale, margin
-from dppipeline.errors import SpecError, UsageError
-from dppipeline.spec.model import (
-    MIN_EPSILON,
-    VARIANCE_METRICS,
-    QuerySpec,
-    distinct_columns,
-    metric_column,
-    percentile_of,
+from dppipeline.core.plan import (
+    BRANCHING_FACTOR,
+    NOISE_TYPES,
+    NOT_ADDITIVE,
+    TREE_HEIGHT,
+    AggregationParams,
+    BudgetPlan,
+    JobPlan,
+    MechanismBudget,
+    QueryPlan,
+    SelectionGroup,
+    contribution_sensitivities,
+    gaussian_delta,
+    is_integer_mechanism,
+    privacy_units_needed,
 )
+from dppipeline.errors import SpecError, UsageError
+from dppipeline.spec.model import MIN_EPSILON, VARIANCE_METRICS
 
-_NOISE_TYPES = {
-    "laplace": MechanismType.LAPLACE,
-    "gaussian": MechanismType.GAUSSIAN,
-}
 _SELECTION_TYPES = {
     "truncated_geometric": MechanismType.TRUNCATED_GEOMETRIC,
     "laplace_thresholding": MechanismType.LAPLACE_THRESHOLDING,
     "gaussian_thresholding": MechanismType.GAUSSIAN_THRESHOLDING,
 }
-_SELECTION_STRATEGIES = {
-    "truncated_geometric": pipeline_dp.PartitionSelectionStrategy.TRUNCATED_GEOMETRIC,
-    "laplace_thresholding": pipeline_dp.PartitionSelectionStrategy.LAPLACE_THRESHOLDING,
-    "gaussian_thresholding": pipeline_dp.PartitionSelectionStrategy.GAUSSIAN_THRESHOLDING,
-}
-
-
-@dataclass(frozen=True)
-class AggregationParams:
-    """The engine-neutral description of what is released and how it is bounded."""
-
-    metrics: tuple[str, ...]
-    noise: str
-    max_partitions_contributed: int
-    max_contributions_per_partition: int
-    min_value: float | None
-    max_value: float | None
-    public_partitions: bool
-    selection_strategy: str = "truncated_geometric"
-    pre_threshold: int | None = None
-    key_columns: tuple[str, ...] = ()
-    confidence_intervals: bool = False
-    # K: rows per unit across all partitions (`bounds.max_contributions`). Then L0 holds the
-    # partitions a unit can reach (K; 1 for a global total) and Linf holds K, so code that
-    # reads only L0 x Linf stays sound; the noise uses `contribution_sensitivities`.
-    max_contributions: int | None = None
-    count_noise: str = "continuous"  # discrete: integer noise on counts (`core.discrete`)
-
-    @classmethod
-    def from_query(
-        cls,
-        query: QuerySpec,
-        noise: str,
-        confidence_intervals: bool = False,
-        count_noise: str = "continuous",
-    ) -> AggregationParams:
-        """A global total (no key) has one partition: each unit contributes to it alone."""
-        total = query.bounds.max_contributions
-        l0, linf = query.pair_bounds if total is None else (total, total)
-        return cls(
-            metrics=query.metrics,
-            noise=noise,
-            max_partitions_contributed=l0 if query.partition_by else 1,
-            max_contributions_per_partition=linf,
-            max_contributions=total,
-            min_value=query.bounds.min_value,
-            max_value=query.bounds.max_value,
-            public_partitions=query.is_public,
-            selection_strategy=query.partition_selection.strategy,
-            pre_threshold=query.partition_selection.pre_threshold,
-            key_columns=tuple(query.key_names),
-            confidence_intervals=confidence_intervals,
-            count_noise=count_noise,
-        )
-
-    @property
-    def quantile_tree_bounds(self) -> tuple[int, int]:
-        """(L0, Linf) PyDP's per-partition quantile trees are calibrated for. Under
-        max_contributions K: (1, K), sound because every tree's nodes get noise of the same
-        scale and a unit's rows change all trees together by at most what one partition of K
-        rows would (docs/max_contributions.md)."""
-        if self.max_contributions is not None:
-            return 1, self.max_contributions
-        return self.max_partitions_contributed, self.max_contributions_per_partition
-
-    @property
-    def midpoint(self) -> float:
-        assert self.min_value is not None and self.max_value is not None
-        return (self.min_value + self.max_value) / 2
-
-    @property
-    def half_range(self) -> float:
-        """r = (max - min) / 2: the largest |value - midpoint| after clipping."""
-        assert self.min_value is not None and self.max_value is not None
-        return (self.max_value - self.min_value) / 2
-
-    @property
-    def percentiles(self) -> tuple[float, ...]:
-        return tuple(p for m in self.metrics if (p := percentile_of(m)) is not None)
-
-    @property
-    def distinct_columns(self) -> tuple[str, ...]:
-        """The input columns of the count_distinct metrics, in the spec's order."""
-        return distinct_columns(self.metrics)
-
-    @property
-    def extremes(self) -> tuple[str, ...]:
-        """The query's `max` / `min` metrics."""
-        return tuple(m for m in self.metrics if m in EXTREME_METRICS)
-
-    @property
-    def keeps_values(self) -> bool:
-        """Whether the release reads each partition's kept values (percentiles, max, min)."""
-        return bool(self.percentiles or self.extremes)
-
-    def clip(self, value: float) -> float:
-        assert self.min_value is not None and self.max_value is not None
-        return min(max(value, self.min_value), self.max_value)
-
-
-@dataclass(frozen=True)
-class MechanismBudget:
-    """One mechanism's share of the budget and the noise it adds."""
-
-    name: str
-    kind: str  # laplace | gaussian | exponential | truncated_geometric | ...
-    epsilon: float
-    delta: float
-    l0_sensitivity: int
-    linf_sensitivity: float
-    noise_stddev: float | None  # None for partition selection
-    # Tight accounting (`core.accounting`): the noise multiplier the composition chose, std / L2
-    # for Gaussian, scale b / L1 (= std / (sqrt(2) L1)) for Laplace, as dp_accounting's events
-    # define it; epsilon and delta are then the mechanism's attributed share of the pool, not
-    # its own guarantee. None under basic composition.
-    noise_multiplier: float | None = None
-    # Explicit L1 / L2 sensitivities where L0 x Linf does not describe the bound (under
-    # `max_contributions`); None: derived from L0 and Linf.
-    l1: float | None = None
-    l2: float | None = None
-    # Discrete noise (`core.discrete`): `kind` stays the family (laplace | gaussian) and
-    # noise_scale is the discrete Laplace's scale t or the discrete Gaussian's sigma. For
-    # `exponential` (max, min), the Gumbel scale in rows (`core.extremes`).
-    discrete: bool = False
-    noise_scale: float | None = None
-    # Tight accounting, a private selection in the pool: the delta its threshold spends (a
-    # one-unit partition released), outside its noise; None otherwise.
-    threshold_delta: float | None = None
-
-    @property
-    def pooled(self) -> bool:
-        """Whether the mechanism is in the tight pool (else: its basic (epsilon, delta))."""
-        return self.noise_multiplier is not None
-
-    @property
-    def mechanism(self) -> str:
-        """The mechanism's name in plans and manifests: kind, or discrete_<kind>."""
-        return f"discrete_{self.kind}" if self.discrete else self.kind
-
-    @property
-    def l1_sensitivity(self) -> float:
-        if self.l1 is not None:
-            return self.l1
-        return self.l0_sensitivity * self.linf_sensitivity
-
-    @property
-    def l2_sensitivity(self) -> float:
-        if self.l2 is not None:
-            return self.l2
-        return math.sqrt(self.l0_sensitivity) * self.linf_sensitivity
-
-    def build_spec(self) -> budget_accounting.MechanismSpec:
-        """pipeline-dp's description of this noise mechanism, its budget set: for a pooled
-        percentile the (epsilon, delta) PyDP's quantile tree turns into its multiplier."""
-        spec = budget_accounting.MechanismSpec(_NOISE_TYPES[self.kind], name=self.name)
-        spec.set_eps_delta(*self.calibration())
-        return spec
-
-    def calibration(self) -> tuple[float, float]:
-        """The (epsilon, delta) PyDP is asked for. Under basic composition the share itself.
-        In the pool, PyDP calibrates from (epsilon, delta) only, so: Laplace (the tree, the
-        thresholding's noise) b = L1 / epsilon exactly at epsilon = 1 / multiplier; truncated
-        geometric epsilon = 1 / multiplier, its delta the threshold's; Gaussian, the epsilon
-        at which a Gaussian of this multiplier just misses the delta asked for, so the sigma
-        PyDP finds for it is above the planned one (checked by `pyd_gaussian_std`)."""
-        mu = self.noise_multiplier
-        if mu is None:
-            return self.epsilon, self.delta
-        if self.name == "partition_selection":
-            assert self.threshold_delta is not None
-            if self.kind == "gaussian_thresholding":  # PyDP: half the delta to the noise
-                return gaussian_epsilon_below(mu, self.threshold_delta), 2 * self.threshold_delta
-            return 1 / mu, self.threshold_delta
-        if self.kind == "gaussian":
-            return gaussian_epsilon_below(mu, self.delta), self.delta
-        return 1 / mu, 0.0
-
-    def build_additive(self) -> dp_computations.AdditiveMechanism:
-        """The secure PyDP mechanism (Laplace or Gaussian) this budget describes."""
-        if self.noise_multiplier is not None:
-            if self.kind == "gaussian":
-                return dp_computations.GaussianMechanism.create_from_std_deviation(
-                    self.noise_multiplier, self.l2_sensitivity
-                )
-            return dp_computations.LaplaceMechanism.create_from_std_deviation(
-                math.sqrt(2) * self.noise_multiplier, self.l1_sensitivity
-            )
-        spec = self.build_spec()
-        sensitivities = (
-            dp_computations.Sensitivities(l0=self.l0_sensitivity, linf=self.linf_sensitivity)
-            if self.l1 is None and self.l2 is None
-            else dp_computations.Sensitivities(l1=self.l1_sensitivity, l2=self.l2_sensitivity)
-        )
-        return dp_computations.create_additive_mechanism(spec, sensitivities)
-
-    def build_selection(self, pre_threshold: int | None) -> PartitionSelectionStrategy:
-        """The PyDP partition selection strategy this budget describes."""
-        epsilon, delta = self.calibration()
-        return pdp_partition_selection.create_partition_selection_strategy(
-            _SELECTION_STRATEGIES[self.kind], epsilon, delta, self.l0_sensitivity, pre_threshold
-        )
-
-    def to_dict(self) -> dict[str, object]:
-        tight = {} if self.noise_multiplier is None else {"noise_multiplier": self.noise_multiplier}
-        if self.l1 is not None or self.l2 is not None:
-            tight |= {"l1_sensitivity": self.l1_sensitivity, "l2_sensitivity": self.l2_sensitivity}
-        scale = {} if self.noise_scale is None else {"noise_scale": self.noise_scale}
-        if self.threshold_delta is not None:
-            scale["threshold_delta"] = self.threshold_delta
-        return {
-            "mechanism": self.mechanism,
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "l0_sensitivity": self.l0_sensitivity,
-            "linf_sensitivity": self.linf_sensitivity,
-            "noise_stddev": self.noise_stddev,
-            **tight,
-            **scale,
-        }
-
-
-@dataclass(frozen=True)
-class BudgetPlan:
-    """The whole split: every mechanism, and each released metric's noise."""
-
-    epsilon: float
-    delta: float
-    params: AggregationParams
-    mechanisms: tuple[MechanismBudget, ...]
-
-    def mechanism(self, name: str) -> MechanismBudget:
-        for m in self.mechanisms:
-            if m.name == name:
-                return m
-        raise KeyError(name)
-
-    def has(self, name: str) -> bool:
-        return any(m.name == name for m in self.mechanisms)
-
-    @property
-    def selection(self) -> MechanismBudget | None:
-        return self.mechanism("partition_selection") if self.has("partition_selection") else None
-
-    def metric_noise_stddev(self, metric: str) -> float | None:
-        """Standard deviation of (released - exact bounded value); None for mean and variance
-        (ratios), percentiles, max and min (not additive noise)."""
-        if (
-            metric in ("mean", *VARIANCE_METRICS, *EXTREME_METRICS)
-            or percentile_of(metric) is not None
-        ):
-            return None
-        if metric == "sum" and self.has("centred_sum"):
-            count_std = self.mechanism("count").noise_stddev or 0.0
-            centred_std = self.mechanism("centred_sum").noise_stddev or 0.0
-            return math.hypot(centred_std, self.params.midpoint * count_std)
-        return self.mechanism(metric_column(metric)).noise_stddev
-
-    def total_spent(self) -> tuple[float, float]:
-        return (
-            math.fsum(m.epsilon for m in self.mechanisms),
-            math.fsum(m.delta for m in self.mechanisms),
-        )
-
-
-# Mechanisms whose output is not value + additive noise (no noise_stddev).
-NOT_ADDITIVE = ("partition_selection", "percentile", *EXTREME_METRICS)
-# Integer-valued mechanisms that `count_noise: discrete` noises with integers (and each
-# `count_distinct_COLUMN`: see `is_integer_mechanism`).
-DISCRETE_METRICS = ("count", "privacy_id_count")
-
-
-def is_integer_mechanism(name: str) -> bool:
-    """A count whose exact value is an integer: discrete noise keeps it one."""
-    return name in DISCRETE_METRICS or name.startswith(DISTINCT_PREFIX)
-
-
-def contribution_sensitivities(
-    params: AggregationParams, mechanism: str, linf: float
-) -> tuple[float | None, float | None]:
-    """(L1, L2) of a noise mechanism under max_contributions K (else None, None: L0 and Linf).
-
-    `linf` is the mechanism's sensitivity at Linf = K, i.e. K x its per-row sensitivity c.
-    A unit's K rows may all land in one partition, so for count, count_distinct (each kept
-    row adds at most one distinct value) and the sums L1 = L2 = K c
-    (sqrt(L0) x Linf would overstate L2 K^1.5 c). privacy_id_count: a unit adds 1 to each of
-    at most L0 partitions (K, or 1 for a global total): L1 = L0, L2 = sqrt(L0)."""
-    if params.max_contributions is None or mechanism in NOT_ADDITIVE:
-        return None, None
-    if mechanism == "privacy_id_count":
-        l0 = params.max_partitions_contributed
-        return float(l0), math.sqrt(l0)
-    return linf, linf
 
 
 def _metric_mechanisms(params: AggregationParams) -> list[tuple[str, float]]:
@@ -391,76 +78,12 @@ def _metric_mechanisms(params: AggregationParams) -> list[tuple[str, float]]:
     return wanted
 
 
-@dataclass(frozen=True)
-class QueryPlan:
-    """One query's share: its metric mechanisms (and its group's selection, if private)."""
-
-    name: str
-    weight: float
-    plan: BudgetPlan
-    selection_group: str | None  # None: public partitions (or a global total)
-
-    def own_mechanisms(self) -> tuple[MechanismBudget, ...]:
-        return tuple(m for m in self.plan.mechanisms if m.name != "partition_selection")
-
-    def spent(self) -> tuple[float, float]:
-        """The query's own spend, without the (possibly shared) selection."""
-        own = self.own_mechanisms()
-        return math.fsum(m.epsilon for m in own), math.fsum(m.delta for m in own)
-
-
-@dataclass(frozen=True)
-class SelectionGroup:
-    """Private queries with the same keys and selection settings: one partition selection,
-    its released keys used by every member (post-processing, no extra budget)."""
-
-    name: str
-    key_columns: tuple[str, ...]
-    queries: tuple[str, ...]
-    mechanism: MechanismBudget
-    pre_threshold: int | None
-
-
-@dataclass(frozen=True)
-class JobPlan:
-    """A whole job's split: every query's mechanisms and every selection, one accountant."""
-
-    epsilon: float
-    delta: float
-    queries: tuple[QueryPlan, ...]
-    selections: tuple[SelectionGroup, ...]
-    accounting: str = "basic"  # basic | pld | zcdp (`core.accounting`)
-    noise_multiplier: float | None = None  # tight accounting: the pool's base multiplier m
-    certified_by: str | None = None  # the accountant that proved m (zcdp where PLD cannot)
-
-    def additive_mechanisms(self) -> list[MechanismBudget]:
-        """Every noise mechanism of every query (the pool tight accounting composes)."""
-        return [m for q in self.queries for m in q.own_mechanisms() if m.name not in NOT_ADDITIVE]
-
-    def query(self, name: str) -> QueryPlan:
-        for q in self.queries:
-            if q.name == name:
-                return q
-        raise KeyError(name)
-
-    def selection_group(self, name: str) -> SelectionGroup:
-        for g in self.selections:
-            if g.name == name:
-                return g
-        raise KeyError(name)
-
-    def total_spent(self) -> tuple[float, float]:
-        """Every mechanism counted once (a shared selection too), by basic composition."""
-        parts = [q.spent() for q in self.queries]
-        parts += [(g.mechanism.epsilon, g.mechanism.delta) for g in self.selections]
-        return math.fsum(e for e, _ in parts), math.fsum(d for _, d in parts)
-
-
+_Queries = Sequence[tuple[str, AggregationParams, float]]  # (name, params, weight)
 _GroupKey = tuple[tuple[str, ...], str, int | None]  # key columns, strategy, pre_threshold
 
 
 def _selection_groups(
-    queries: Sequence[tuple[str, AggregationParams, float]],
+    queries: _Queries,
 ) -> dict[_GroupKey, list[str]]:
     """Private queries by (key columns, strategy, pre_threshold), in spec order."""
     groups: dict[_GroupKey, list[str]] = {}
@@ -472,7 +95,7 @@ def _selection_groups(
 
 
 def plan_job(
-    queries: Sequence[tuple[str, AggregationParams, float]],
+    queries: _Queries,
     epsilon: float,
     delta: float,
     *,
@@ -493,121 +116,186 @@ def plan_job(
     goes into one pool composed tightly (`core.accounting`): the noise mechanisms, the
     quantile trees, max and min, and the selections (`_pool_member`).
     """
-    tight = accounting != "basic"
+    shares = _request_shares(queries, epsilon, delta, prefix_names, tight=accounting != "basic")
+    multiplier, certified_by = (None, None)
+    if accounting != "basic":
+        multiplier, certified_by = _pool_multiplier(
+            accounting, shares.pool_members(), shares.accountant_specs()
+        )
+    budgets_of = shares.metric_budgets(multiplier)
+    if multiplier is not None and any(b.discrete for bs in budgets_of.values() for b in bs):
+        multiplier, budgets_of = _discrete_pool(
+            accounting, multiplier, shares.metric_budgets, shares.selection_budgets
+        )
+    selections = shares.selection_groups(multiplier)
+    plans = _query_plans(queries, budgets_of, selections, prefix_names)
+    return JobPlan(
+        epsilon, delta, tuple(plans), tuple(selections), accounting, multiplier, certified_by
+    )
+
+
+@dataclass(frozen=True)
+class _MetricShare:
+    """One metric mechanism as requested from the accountant (its share set once computed)."""
+
+    mechanism: str
+    kind: str
+    linf: float
+    spec: budget_accounting.MechanismSpec
+
+
+@dataclass(frozen=True)
+class _SelectionShare:
+    """One selection group as requested from the accountant."""
+
+    keys: tuple[str, ...]
+    strategy: str
+    pre_threshold: int | None
+    members: tuple[str, ...]
+    weight: float  # as much as one mechanism of its heaviest member
+    spec: budget_accounting.MechanismSpec
+
+
+@dataclass(frozen=True)
+class _Shares:
+    """The accountant's split of a job's budget, from which budgets at a multiplier are built
+    (None: basic composition's own shares)."""
+
+    queries: _Queries
+    metrics: dict[str, list[_MetricShare]]
+    unit_weight: dict[str, float]  # the weight of each of a query's mechanisms
+    selections: dict[str, _SelectionShare]
+    prefix_names: bool
+
+    def params(self, name: str) -> AggregationParams:
+        return next(params for query, params, _ in self.queries if query == name)
+
+    def pool_members(self) -> list[Member]:
+        """Every mechanism of the job as the tight pool composes it (`_pool_member`)."""
+        pool = [
+            _pool_member(share.mechanism, share.kind, self.unit_weight[name], self.params(name))
+            for name, shares in self.metrics.items()
+            for share in shares
+        ]
+        pool += [
+            _pool_member("partition_selection", b.kind, self.selections[g].weight, None, b)
+            for g, b in self.selection_budgets(None).items()
+        ]
+        return pool
+
+    def accountant_specs(self) -> list[budget_accounting.MechanismSpec]:
+        """The accountant's basic shares, whose sum is the pool's budget."""
+        specs = [share.spec for shares in self.metrics.values() for share in shares]
+        return specs + [selection.spec for selection in self.selections.values()]
+
+    def metric_budgets(self, m: float | None) -> dict[str, list[MechanismBudget]]:
+        """Every query's metric mechanisms, at pool multiplier `m` (None: basic shares)."""
+        return {
+            name: [
+                _metric_budget(
+                    params, share.mechanism, share.kind, share.linf, share.spec,
+                    where=_Where(name if self.prefix_names else None),
+                    multiplier=None if m is None else m / self.unit_weight[name],
+                )
+                for share in self.metrics[name]
+            ]
+            for name, params, _ in self.queries
+        }  # fmt: skip
+
+    def selection_budgets(self, m: float | None) -> dict[str, MechanismBudget]:
+        """Every selection group's mechanism, at pool multiplier `m` (None: basic shares)."""
+        budgets = {}
+        for group_name, selection in self.selections.items():
+            share = selection.spec.delta or 0.0
+            budgets[group_name] = MechanismBudget(
+                name="partition_selection",
+                kind=selection.strategy,
+                epsilon=selection.spec.eps,
+                delta=share,
+                l0_sensitivity=max(
+                    self.params(member).max_partitions_contributed for member in selection.members
+                ),
+                linf_sensitivity=1.0,
+                noise_stddev=None,
+                noise_multiplier=None if m is None else m / selection.weight,
+                threshold_delta=None if m is None else _threshold_delta(selection.strategy, share),
+            )
+        return budgets
+
+    def selection_groups(self, m: float | None) -> list[SelectionGroup]:
+        budgets = self.selection_budgets(m)
+        return [
+            SelectionGroup(name, s.keys, s.members, budgets[name], s.pre_threshold)
+            for name, s in self.selections.items()
+        ]
+
+
+def _request_shares(
+    queries: _Queries, epsilon: float, delta: float, prefix_names: bool, *, tight: bool
+) -> _Shares:
+    """Asks one accountant for every query's metric mechanisms, then one selection per group
+    of private queries (`_selection_groups`), and computes the shares."""
     accountant = pipeline_dp.NaiveBudgetAccountant(total_epsilon=epsilon, total_delta=delta)
-    by_name = {name: (params, weight) for name, params, weight in queries}
 
     def label(owner: str, mechanism: str) -> str:
         return f"{owner}.{mechanism}" if prefix_names else mechanism
 
-    requested: dict[str, list[tuple[str, str, float, budget_accounting.MechanismSpec]]] = {}
-    unit_weight: dict[str, float] = {}  # the weight of each of a query's mechanisms
+    metrics: dict[str, list[_MetricShare]] = {}
+    unit_weight: dict[str, float] = {}
     for name, params, weight in queries:
         mechanisms = _metric_mechanisms(params)
         unit_weight[name] = weight / len(mechanisms)
-        requested[name] = [
-            (
+        metrics[name] = [
+            _MetricShare(
                 mechanism,
                 _kind(params, mechanism),
                 linf,
                 accountant.request_budget(
-                    _NOISE_TYPES[_requested_type(params, mechanism, tight)],
+                    NOISE_TYPES[_requested_type(params, mechanism, tight)],
                     weight=unit_weight[name],
                     name=label(name, mechanism),
                 ),
             )
             for mechanism, linf in mechanisms
         ]
-    group_specs: dict[
-        str, tuple[tuple[str, ...], str, int | None, list[str], budget_accounting.MechanismSpec]
-    ] = {}
+    selections: dict[str, _SelectionShare] = {}
     for (keys, strategy, pre_threshold), members in _selection_groups(queries).items():
         group_name = ",".join(keys) if prefix_names else "partition_selection"
-        if group_name in group_specs:  # same keys, other settings: keep names unique
-            group_name = f"{group_name}#{len(group_specs) + 1}"
+        if group_name in selections:  # same keys, other settings: keep names unique
+            group_name = f"{group_name}#{len(selections) + 1}"
         weight = max(unit_weight[m] for m in members)
         spec = accountant.request_budget(
             _SELECTION_TYPES[strategy],
             weight=weight,
             name=label("partition_selection", group_name) if prefix_names else group_name,
         )
-        group_specs[group_name] = (keys, strategy, pre_threshold, members, spec)
+        selections[group_name] = _SelectionShare(
+            keys, strategy, pre_threshold, tuple(members), weight, spec
+        )
     accountant.compute_budgets()
-    group_weight = {g: max(unit_weight[m] for m in spec[3]) for g, spec in group_specs.items()}
+    return _Shares(queries, metrics, unit_weight, selections, prefix_names)
 
-    def selection_budgets(m: float | None) -> dict[str, MechanismBudget]:
-        budgets = {}
-        for group_name, (_, strategy, _, members, spec) in group_specs.items():
-            share = spec.delta or 0.0
-            budgets[group_name] = MechanismBudget(
-                name="partition_selection",
-                kind=strategy,
-                epsilon=spec.eps,
-                delta=share,
-                l0_sensitivity=max(by_name[m][0].max_partitions_contributed for m in members),
-                linf_sensitivity=1.0,
-                noise_stddev=None,
-                noise_multiplier=None if m is None else m / group_weight[group_name],
-                threshold_delta=None if m is None else _threshold_delta(strategy, share),
-            )
-        return budgets
 
-    pool = [
-        _pool_member(mechanism, kind, unit_weight[name], by_name[name][0])
-        for name, mechanisms in requested.items()
-        for mechanism, kind, _, _ in mechanisms
-    ]
-    pool += [
-        _pool_member("partition_selection", b.kind, group_weight[g], None, b)
-        for g, b in selection_budgets(None).items()
-    ]
-    shares = [spec for mechanisms in requested.values() for *_, spec in mechanisms]
-    shares += [spec for *_, spec in group_specs.values()]
-    multiplier, certified_by = _pool_multiplier(accounting, pool, shares) if tight else (None, None)
-
-    def metric_budgets(m: float | None) -> dict[str, list[MechanismBudget]]:
-        return {
-            name: [
-                _metric_budget(
-                    params, mechanism, kind, linf, spec,
-                    where=_Where(name if prefix_names else None),
-                    multiplier=None if m is None else m / unit_weight[name],
-                )
-                for mechanism, kind, linf, spec in requested[name]
-            ]
-            for name, params, _ in queries
-        }  # fmt: skip
-
-    budgets_of = metric_budgets(multiplier)
-    if multiplier is not None and any(b.discrete for bs in budgets_of.values() for b in bs):
-        multiplier, budgets_of = _discrete_pool(
-            accounting, multiplier, metric_budgets, selection_budgets
-        )
-    selections = []
-    selection_of: dict[str, tuple[str, MechanismBudget]] = {}
-    for group_name, mechanism in selection_budgets(multiplier).items():
-        keys, _, pre_threshold, members, _ = group_specs[group_name]
-        selections.append(
-            SelectionGroup(group_name, keys, tuple(members), mechanism, pre_threshold)
-        )
-        for member in members:
-            selection_of[member] = (group_name, mechanism)
-
+def _query_plans(
+    queries: _Queries,
+    budgets_of: dict[str, list[MechanismBudget]],
+    selections: Sequence[SelectionGroup],
+    prefix_names: bool,
+) -> list[QueryPlan]:
+    """Each query's plan: its metric mechanisms and its group's selection, checked sound."""
+    group_of = {member: group for group in selections for member in group.queries}
     plans = []
     for name, params, weight in queries:
-        where = _Where(name if prefix_names else None)
         budgets = budgets_of[name]
-        group = selection_of.get(name)
+        group = group_of.get(name)
         if group is not None:
-            budgets.append(group[1])
+            budgets.append(group.mechanism)
         eps = math.fsum(m.epsilon for m in budgets)
         dlt = math.fsum(m.delta for m in budgets)
         plan = BudgetPlan(epsilon=eps, delta=dlt, params=params, mechanisms=tuple(budgets))
-        _check_selection_is_sound(plan, where)
-        plans.append(QueryPlan(name, weight, plan, None if group is None else group[0]))
-    return JobPlan(
-        epsilon, delta, tuple(plans), tuple(selections), accounting, multiplier, certified_by
-    )
+        _check_selection_is_sound(plan, _Where(name if prefix_names else None))
+        plans.append(QueryPlan(name, weight, plan, None if group is None else group.name))
+    return plans
 
 
 def _kind(params: AggregationParams, mechanism: str) -> str:
@@ -944,38 +632,9 @@ def _check_pydp_gaussian(budget: MechanismBudget, l2_sensitivity: float, where: 
         )
 
 
-def gaussian_delta(sigma: float, epsilon: float, l2_sensitivity: float) -> float:
-    """The exact delta of the Gaussian mechanism at (sigma, epsilon): Balle and Wang (2018),
-    Theorem 8, in log space so that neither term overflows."""
-    from scipy.special import log_ndtr  # noqa: PLC0415 (0.2 s of start-up: Gaussian only)
-
-    a = l2_sensitivity / (2 * sigma)
-    b = epsilon * sigma / l2_sensitivity
-    first = float(log_ndtr(a - b))
-    second = epsilon + float(log_ndtr(-a - b))
-    return 0.0 if second >= first else math.exp(first) * -math.expm1(second - first)
-
-
-def gaussian_epsilon_below(multiplier: float, delta: float) -> float:
-    """An epsilon at which the Gaussian mechanism of `multiplier` (std / L2) is NOT
-    (epsilon, delta)-DP, within 1e-9 of the smallest at which it is: every sigma that is
-    (epsilon, delta)-DP there, PyDP's included, is above multiplier x L2."""
-    if gaussian_delta(multiplier, 0.0, 1.0) <= delta:
-        raise ValueError("a Gaussian of that multiplier meets delta at epsilon 0")
-    low, high = 0.0, 1.0
-    while gaussian_delta(multiplier, high, 1.0) > delta:
-        low, high = high, high * 2
-    while high - low > 1e-9 * high:
-        mid = (low + high) / 2
-        low, high = (low, mid) if gaussian_delta(multiplier, mid, 1.0) <= delta else (mid, high)
-    return low
-
-
 def _check_percentile(params: AggregationParams, budget: MechanismBudget, where: _Where) -> None:
     """PyDP's quantile tree takes L0 times its height as a C++ int; a dry run (no data, noise
     drawn and thrown away) shows it accepts the rest."""
-    from dppipeline.core.release import BRANCHING_FACTOR, TREE_HEIGHT  # noqa: PLC0415 (cycle)
-
     limit = (2**31 - 1) // TREE_HEIGHT
     tree_l0, tree_linf = params.quantile_tree_bounds
     if budget.pooled and budget.kind == "gaussian":
@@ -1054,31 +713,3 @@ def _check_selection_is_sound(plan: BudgetPlan, where: _Where) -> None:
             "be released with probability 95%, so none would be; raise budget.epsilon or "
             "give public partitions",
         ) from None
-
-
-def privacy_units_needed(plan: BudgetPlan, probability: float) -> int | None:
-    """Fewest privacy units a partition needs to be released with at least `probability`.
-
-    None under public partitions (every listed key is released whatever its size).
-    """
-    selection = plan.selection
-    if selection is None:
-        return None
-    strategy = selection.build_selection(plan.params.pre_threshold)
-
-    def keep(units: int) -> float:
-        p = strategy.probability_of_keep(units)
-        return 0.0 if math.isnan(p) else p  # NaN: truncated geometric keeps none (see above)
-
-    low, high = 1, 1
-    while keep(high) < probability:
-        low, high = high, high * 2
-        if high > 1 << 40:
-            raise ValueError("no partition size reaches that release probability")
-    while low < high:
-        mid = (low + high) // 2
-        if keep(mid) >= probability:
-            high = mid
-        else:
-            low = mid + 1
-    return high
