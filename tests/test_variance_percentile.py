@@ -96,7 +96,7 @@ def test_pipeline_dp_variance_squares_term_is_under_calibrated(monkeypatch):
 
     This test asserts that the under-calibration EXISTS in the installed pipeline-dp. If it
     fails after a pipeline-dp upgrade, pipeline-dp has changed its VARIANCE: revisit our own
-    `centred_sum_of_squares` workaround in dppipeline/core/plan.py (and this test).
+    `centred_sum_of_squares` workaround in dppipeline/core/planner.py (and this test).
     """
     import pipeline_dp
     from pipeline_dp import budget_accounting, combiners, dp_computations

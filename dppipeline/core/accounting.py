@@ -161,7 +161,7 @@ def pool_epsilon(
 
 def budget_member(budget: MechanismBudget) -> Member:
     """The pool member a planned, pooled mechanism is, with weight 1 (its multiplier is its
-    own): see `budget._pool_member` for why each kind composes so."""
+    own): see `planner._pool_member` for why each kind composes so."""
     if budget.name == "partition_selection":
         assert budget.threshold_delta is not None
         if budget.kind == "truncated_geometric":

@@ -398,7 +398,7 @@ def _file_requests(query: QuerySpec, listed: Sequence[KeyColumn]) -> list[KeyFil
     ]
 
 
-def _read(key_files: KeyFiles | None, source: str, columns: Sequence[str]) -> KeyFile:
+def _given_file(key_files: KeyFiles | None, source: str, columns: Sequence[str]) -> KeyFile:
     found = (key_files or {}).get((source, tuple(columns)))
     if found is None:  # a caller that did not read what `key_file_requests` names
         raise UsageError(f"public partitions {source}: not read by the run")
@@ -422,7 +422,7 @@ def public_key_set(
         frame = pd.DataFrame(index=range(1))
     elif isinstance(sources, str) and is_file_source(sources) and len(listed) > 1:
         names = [k.name for k in listed]
-        frame = _key_file(Path(sources), listed, _read(key_files, sources, names))
+        frame = _key_file(Path(sources), listed, _given_file(key_files, sources, names))
     else:
         if isinstance(sources, str):
             sources = {listed[0].name: sources}
@@ -474,7 +474,7 @@ def _column_keys(
         if key.kind != "int64":
             raise UsageError(f"{where}.{key.name}: a range A..B needs an int64 column")
         return list(range(int(match.group(1)), int(match.group(2)) + 1))
-    file = _read(key_files, source, [key.name])
+    file = _given_file(key_files, source, [key.name])
     if key.bucket is not None:
         frame = public_partitions(file, key.name, "string")
         return [_parse_key(f"{source}", key, v) for v in frame[key.name]]
