@@ -82,9 +82,7 @@ _Queries = Sequence[tuple[str, AggregationParams, float]]  # (name, params, weig
 _GroupKey = tuple[tuple[str, ...], str, int | None]  # key columns, strategy, pre_threshold
 
 
-def _selection_groups(
-    queries: _Queries,
-) -> dict[_GroupKey, list[str]]:
+def _selection_groups(queries: _Queries) -> dict[_GroupKey, list[str]]:
     """Private queries by (key columns, strategy, pre_threshold), in spec order."""
     groups: dict[_GroupKey, list[str]] = {}
     for name, params, _ in queries:
@@ -117,8 +115,9 @@ def plan_job(
     quantile trees, max and min, and the selections (`_pool_member`).
     """
     shares = _request_shares(queries, epsilon, delta, prefix_names, tight=accounting != "basic")
-    multiplier, certified_by = (None, None)
-    if accounting != "basic":
+    multiplier: float | None = None
+    certified_by: str | None = None
+    if accounting != "basic":  # one pool, composed tightly
         multiplier, certified_by = _pool_multiplier(
             accounting, shares.pool_members(), shares.accountant_specs()
         )
