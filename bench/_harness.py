@@ -200,11 +200,12 @@ def bounded_reference(data: Dataset, keys: Path) -> tuple[float | None, float | 
         from dppipeline.engines.local.engine import compute_aggregates
         from dppipeline.engines.shared.sampling import new_salt
         from dppipeline.inputs.files import discover_partitions
+        from dppipeline.orchestration.public_keys import read_key_files
         from dppipeline.orchestration.runner import make_plan
 
         spec = build_job_spec(data, keys)
         days = discover_partitions(data.folder, "parquet")
-        job = plan_tasks(spec, make_plan(spec), days)  # public keys read as a run reads them
+        job = plan_tasks(spec, make_plan(spec), days, read_key_files(spec))  # as a run reads
         result = compute_aggregates(
             job.tasks,
             days,

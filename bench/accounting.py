@@ -29,6 +29,7 @@ from dppipeline.core.events import release_events
 from dppipeline.core.intervals import ratio_stddev_bound
 from dppipeline.core.tasks import key_columns, public_key_set
 from dppipeline.ledger import BudgetExceededError, BudgetPolicy, Ledger, ReleaseKey
+from dppipeline.orchestration.public_keys import read_key_files
 from dppipeline.orchestration.runner import make_plan
 from dppipeline.spec.model import build_spec, load_raw
 
@@ -51,12 +52,13 @@ def median_stds(
     overrides |= {"budget.epsilon": epsilon, "budget.delta": delta}
     spec = build_spec(load_raw(JOB), overrides)
     plan = make_plan(spec)
+    key_files = read_key_files(spec)
     per_query: dict[str, list[float]] = {m: [] for m in METRICS}
     per_value: dict[str, list[float]] = {m: [] for m in METRICS}
     for query, planned in zip(spec.queries, plan.queries, strict=True):
         keys = key_columns(query, spec.source_schema)
         # a private selection's values are counted as if it released every key it could
-        released = len(public_key_set(query, keys, MONTH)) if query.is_public else 1
+        released = len(public_key_set(query, keys, MONTH, key_files)) if query.is_public else 1
         for metric in METRICS:
             if metric not in planned.plan.params.metrics:
                 continue

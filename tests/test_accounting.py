@@ -20,22 +20,23 @@ from scipy.stats import norm
 from dppipeline.core.accounting import (
     Member,
     budget_member,
-    composed_epsilon,
     fixed_delta,
     member_event,
+    pool_epsilon,
     smallest_multiplier,
 )
-from dppipeline.core.budget import (
+from dppipeline.core.extremes import EXTREME_METRICS, privacy_loss
+from dppipeline.core.plan import (
     NOT_ADDITIVE,
+    TREE_HEIGHT,
     AggregationParams,
     BudgetPlan,
     JobPlan,
     QueryPlan,
     SelectionGroup,
-    plan_budget,
 )
-from dppipeline.core.extremes import EXTREME_METRICS, privacy_loss
-from dppipeline.core.release import TREE_HEIGHT, release_partitions
+from dppipeline.core.planner import plan_budget
+from dppipeline.core.release import release_partitions
 from dppipeline.orchestration.runner import make_plan
 from dppipeline.spec.model import build_spec, load_raw
 
@@ -203,7 +204,7 @@ def test_the_check_fails_when_a_mechanism_is_left_out():
     short = smallest_multiplier("pld", pool[1:], plan.epsilon, plan.delta)
     assert short < plan.noise_multiplier
     chosen = [(m, short / m.weight) for m in pool]
-    spent = composed_epsilon("pld", chosen, plan.delta - fixed_delta(pool), plan.epsilon)
+    spent = pool_epsilon("pld", chosen, plan.delta - fixed_delta(pool), plan.epsilon)
     assert spent > plan.epsilon
 
 
@@ -382,7 +383,7 @@ def test_each_pooled_mechanism_is_described_no_better_than_it_is(strategy, noise
             if delta <= member.delta or delta <= truth_delta:
                 assert member.delta >= truth_delta * (1 - 1e-9), (m.name, member.delta)
                 continue
-            described = composed_epsilon(
+            described = pool_epsilon(
                 "pld", [(member, m.noise_multiplier)], delta - member.delta, 1e-3
             )
             actual = float(truth.get_epsilon_for_delta(delta - truth_delta))

@@ -9,7 +9,8 @@ import pytest
 from pipeline_dp import budget_accounting, dp_computations
 from pipeline_dp.aggregate_params import MechanismType
 
-from dppipeline.core.budget import AggregationParams, plan_budget, privacy_units_needed
+from dppipeline.core.plan import AggregationParams, privacy_units_needed
+from dppipeline.core.planner import plan_budget
 from dppipeline.errors import UsageError
 
 

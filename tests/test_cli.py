@@ -462,7 +462,7 @@ _MECHANISM_ROW = re.compile(
 
 
 def test_plan_private_selection_without_input(tmp_path):
-    from dppipeline.core.budget import privacy_units_needed
+    from dppipeline.core.plan import privacy_units_needed
     from dppipeline.orchestration.runner import make_plan
     from dppipeline.spec.model import build_spec
 

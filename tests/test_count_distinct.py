@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from scipy.stats import norm
 
 from dppipeline.commands.cli import main
-from dppipeline.core.budget import AggregationParams, plan_budget
+from dppipeline.core.plan import AggregationParams
+from dppipeline.core.planner import plan_budget
 from dppipeline.core.tasks import AggregationTask, KeyColumn, check_query_columns
 from dppipeline.engines.beam.engine import BeamEngine
 from dppipeline.engines.shared.polars_read import ROW, SOURCE

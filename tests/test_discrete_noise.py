@@ -29,10 +29,11 @@ from test_accounting import BANK, independent_others
 
 from dppipeline.commands.check_release import check_release
 from dppipeline.core import discrete
-from dppipeline.core.budget import NOT_ADDITIVE, AggregationParams, JobPlan, plan_budget
 from dppipeline.core.events import composed_epsilon, release_events
 from dppipeline.core.extremes import privacy_loss
 from dppipeline.core.intervals import half_width
+from dppipeline.core.plan import NOT_ADDITIVE, AggregationParams, JobPlan
+from dppipeline.core.planner import plan_budget
 from dppipeline.core.release import noise_partitions
 from dppipeline.orchestration.runner import make_plan
 from dppipeline.spec.model import build_spec, load_raw

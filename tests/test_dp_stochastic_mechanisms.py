@@ -52,8 +52,8 @@ import polars as pl
 import pytest
 from scipy.stats import beta, norm
 
-from dppipeline.core import budget, release
-from dppipeline.core.budget import BudgetPlan, JobPlan, MechanismBudget
+from dppipeline.core import planner, release
+from dppipeline.core.plan import BudgetPlan, JobPlan, MechanismBudget
 from dppipeline.core.release import (
     centred_squares_term,
     release_public,
@@ -456,12 +456,12 @@ UNBOUNDED = 2**31 - 1
 
 def resize_mechanism(monkeypatch: pytest.MonkeyPatch, name: str, factor: float) -> None:
     """The planner calibrates mechanism `name` for `factor` x its true Linf sensitivity."""
-    mechanisms = budget._metric_mechanisms
+    mechanisms = planner._metric_mechanisms
 
     def planted(params):
         return [(n, linf * factor if n == name else linf) for n, linf in mechanisms(params)]
 
-    monkeypatch.setattr(budget, "_metric_mechanisms", planted)
+    monkeypatch.setattr(planner, "_metric_mechanisms", planted)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1005,13 +1005,13 @@ def test_tight_accounting_pools_are_as_private_as_stated(config):
 def test_halved_pool_multiplier_is_caught(config, monkeypatch):
     """The planner's pool multiplier halved (discrete members not re-checked) while the plan
     states the same budget: the pool's (epsilon, delta) is refuted."""
-    pool_multiplier = budget._pool_multiplier
+    pool_multiplier = planner._pool_multiplier
 
     def planted(*args):
         multiplier, by = pool_multiplier(*args)
         return multiplier / 2, by
 
-    monkeypatch.setattr(budget, "_pool_multiplier", planted)
-    monkeypatch.setattr(budget, "discrete_pool_fits", lambda *args: True)
+    monkeypatch.setattr(planner, "_pool_multiplier", planted)
+    monkeypatch.setattr(planner, "discrete_pool_fits", lambda *args: True)
     measured = run_pool(pool_job(config), POOL_DRAWS // 2)
     assert violated(measured["pool"]), measured

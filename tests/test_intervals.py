@@ -19,8 +19,9 @@ from conftest import release_small, terminal_truth
 from scipy import integrate, stats
 
 from dppipeline.commands.generate import generate
-from dppipeline.core.budget import AggregationParams, plan_budget
 from dppipeline.core.intervals import half_width, metric_half_width, sum_half_width
+from dppipeline.core.plan import AggregationParams
+from dppipeline.core.planner import plan_budget
 
 Z = float(stats.norm.isf(0.5e-6))  # failure rate 1e-6, two-sided
 MIN_VALUE, MAX_VALUE = 0.0, 150.0

@@ -9,16 +9,22 @@ from pathlib import Path
 
 import pytest
 
+from dppipeline.core.tasks import public_partitions
 from dppipeline.errors import InputError
 from dppipeline.inputs.files import (
     DailyPartition,
     discover_partitions,
     key_lines,
-    read_public_partitions,
     select_days,
 )
+from dppipeline.orchestration.public_keys import read_key_file
 
 D1, D2, D3 = dt.date(2026, 1, 1), dt.date(2026, 1, 2), dt.date(2026, 1, 3)
+
+
+def read_public_partitions(path: Path, key_column: str, dtype: str):
+    """One column's keys as a run gets them: the file read by the run, parsed by core."""
+    return public_partitions(read_key_file(path, [key_column]), key_column, dtype)
 
 
 def touch(path: Path, text: str = "x") -> Path:

@@ -16,7 +16,7 @@ from conftest import SMALL
 from ledger_burst import CAP, OTHER, SCOPE, race
 
 from dppipeline.commands.generate import generate
-from dppipeline.core.manifest import published_run_id
+from dppipeline.storage.releases import published_run_id
 
 
 @pytest.mark.slow

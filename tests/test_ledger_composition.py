@@ -24,7 +24,6 @@ from dp_accounting import dp_event, pld
 from pydp.algorithms.numerical_mechanisms import GaussianMechanism
 from scipy.stats import norm
 
-from dppipeline.core.budget import NOT_ADDITIVE, JobPlan, MechanismBudget
 from dppipeline.core.events import (
     PrivacyEvent,
     approx_dp,
@@ -34,7 +33,7 @@ from dppipeline.core.events import (
     to_json,
 )
 from dppipeline.core.extremes import EXTREME_METRICS, privacy_loss
-from dppipeline.core.release import TREE_HEIGHT
+from dppipeline.core.plan import NOT_ADDITIVE, TREE_HEIGHT, JobPlan, MechanismBudget
 from dppipeline.ledger import BudgetExceededError, BudgetPolicy, Ledger, ReleaseKey
 from dppipeline.ledger import schema as ledger_schema
 from dppipeline.orchestration.runner import make_plan

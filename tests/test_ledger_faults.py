@@ -463,7 +463,7 @@ class Seen:
 
 
 def published_run(output: Path) -> bool:
-    from dppipeline.core.manifest import published_run_id
+    from dppipeline.storage.releases import published_run_id
 
     return published_run_id(output) is not None
 

@@ -24,8 +24,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
 
-from dppipeline.core.budget import AggregationParams, gaussian_delta, plan_budget
 from dppipeline.core.events import mechanism_event
+from dppipeline.core.plan import AggregationParams, gaussian_delta
+from dppipeline.core.planner import plan_budget
 from dppipeline.core.release import release_partitions
 from dppipeline.core.tasks import plan_tasks
 from dppipeline.engines.shared.bounding import sample_contributions

@@ -32,8 +32,9 @@ from scipy.stats import chi2
 
 from dppipeline.commands.generate import generate
 from dppipeline.core import extremes
-from dppipeline.core.budget import AggregationParams, plan_budget
 from dppipeline.core.events import release_events
+from dppipeline.core.plan import AggregationParams
+from dppipeline.core.planner import plan_budget
 from dppipeline.orchestration.runner import make_plan, run_job
 from dppipeline.spec.model import build_spec
 

@@ -58,8 +58,9 @@ import pandas as pd
 import pytest
 from scipy import optimize, stats
 
-from dppipeline.core.budget import AggregationParams, BudgetPlan, plan_budget
 from dppipeline.core.discrete import add_discrete_noise
+from dppipeline.core.plan import AggregationParams, BudgetPlan
+from dppipeline.core.planner import plan_budget
 from dppipeline.core.release import noise_partitions
 
 FAILURE_RATE = 1e-6  # per test, split over its checks (Bonferroni)

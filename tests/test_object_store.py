@@ -21,9 +21,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dppipeline.core.manifest import POINTER_NAME, RUNS_FOLDER
 from dppipeline.ledger import CHARGED_STATES, Ledger
 from dppipeline.ledger import schema as ledger_schema
+from dppipeline.storage.releases import POINTER_NAME, RUNS_FOLDER
 
 BOUNDS = ["--min-value", "0", "--max-value", "150", "--max-partitions-contributed", "50",
           "--max-contributions-per-partition", "100"]  # fmt: skip

@@ -12,12 +12,8 @@ import math
 import pytest
 from scipy.stats import norm
 
-from dppipeline.core.budget import (
-    AggregationParams,
-    gaussian_delta,
-    plan_budget,
-    privacy_units_needed,
-)
+from dppipeline.core.plan import AggregationParams, gaussian_delta, privacy_units_needed
+from dppipeline.core.planner import plan_budget
 from dppipeline.errors import SpecError, UsageError
 from dppipeline.orchestration.runner import make_plan
 from dppipeline.spec.model import build_spec

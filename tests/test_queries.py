@@ -747,7 +747,7 @@ def test_selection_noise_present_under_tight_accounting(accounting):
     1e-6; neither always nor never."""
     from scipy.stats import norm
 
-    from dppipeline.core.budget import privacy_units_needed
+    from dppipeline.core.plan import privacy_units_needed
     from dppipeline.core.release import select_with
 
     plan = make_plan(selection_spec(".", "release", accounting, 1.0))

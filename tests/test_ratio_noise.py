@@ -23,12 +23,13 @@ import pytest
 from scipy.stats import kurtosis, norm
 
 from dppipeline.core import release
-from dppipeline.core.budget import AggregationParams, plan_budget
 from dppipeline.core.intervals import (
     mean_stddev_bound,
     ratio_stddev_times_rows,
     variance_stddev_bound,
 )
+from dppipeline.core.plan import AggregationParams
+from dppipeline.core.planner import plan_budget
 
 PARTITIONS = 20_000
 FAILURE_RATE = 1e-6

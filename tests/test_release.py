@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 from scipy.stats import norm
 
-from dppipeline.core.budget import AggregationParams, plan_budget
+from dppipeline.core.plan import AggregationParams
+from dppipeline.core.planner import plan_budget
 from dppipeline.core.release import add_empty_public_partitions, release_partitions
 
 KEY = "TERMINAL_ID"

@@ -9,7 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dppipeline.commands.cli import main
-from dppipeline.core.manifest import MANIFEST_NAME, read_manifest
+from dppipeline.orchestration.manifests import read_manifest
+from dppipeline.storage.releases import MANIFEST_NAME
 
 
 def run(small_inputs, out, ledger, *extra):

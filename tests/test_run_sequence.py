@@ -26,7 +26,6 @@ import pytest
 from conftest import DAYS, SMALL
 
 from dppipeline.commands.check_release import check_release
-from dppipeline.core.manifest import published_run_id
 from dppipeline.engines.local.engine import LocalEngine
 from dppipeline.errors import InputError
 from dppipeline.ledger import (
@@ -41,6 +40,7 @@ from dppipeline.orchestration.failpoints import FailpointError
 from dppipeline.orchestration.runner import run_job
 from dppipeline.spec.hashing import canonical_spec
 from dppipeline.spec.model import BoundsSpec, JobSpec, build_spec
+from dppipeline.storage.releases import published_run_id
 
 BOUNDS = [
     "--min-value", "0", "--max-value", "100",

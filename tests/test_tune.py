@@ -15,7 +15,7 @@ from scipy import stats
 
 from dppipeline.commands.cli import main
 from dppipeline.commands.tune import BIN_EDGES, bin_index, contribution_histograms, noisy, tune
-from dppipeline.core.budget import MechanismBudget
+from dppipeline.core.plan import MechanismBudget
 from dppipeline.ledger import Ledger
 from dppipeline.spec.model import build_spec
 

@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from scipy.stats import binom, mannwhitneyu, norm
 
 from dppipeline.core import release
-from dppipeline.core.budget import AggregationParams, plan_budget
+from dppipeline.core.plan import BRANCHING_FACTOR, TREE_HEIGHT, AggregationParams
+from dppipeline.core.planner import plan_budget
 
 KEY = "k"
 FAILURE_RATE = 1e-6
@@ -36,7 +37,7 @@ Z_1E6 = float(norm.isf(FAILURE_RATE / 2))
 # Laplace/Gaussian terms has kurtosis between 3 and 6, so 6 is always conservative.
 KURTOSIS = {"laplace": 6.0, "gaussian": 3.0}
 RANGES = [(-10.0, 10.0), (0.0, 20.0), (5.0, 15.0), (-1.0, 100.0)]
-TREE_LEAVES = release.BRANCHING_FACTOR**release.TREE_HEIGHT  # 65,536
+TREE_LEAVES = BRANCHING_FACTOR**TREE_HEIGHT  # 65,536
 
 
 def params(
@@ -95,7 +96,7 @@ def test_pipeline_dp_variance_squares_term_is_under_calibrated(monkeypatch):
 
     This test asserts that the under-calibration EXISTS in the installed pipeline-dp. If it
     fails after a pipeline-dp upgrade, pipeline-dp has changed its VARIANCE: revisit our own
-    `centred_sum_of_squares` workaround in dppipeline/core/budget.py (and this test).
+    `centred_sum_of_squares` workaround in dppipeline/core/planner.py (and this test).
     """
     import pipeline_dp
     from pipeline_dp import budget_accounting, combiners, dp_computations

@@ -14,19 +14,15 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from dppipeline.core.manifest import (
-    POINTER_NAME,
-    QueryEntry,
-    read_manifest,
-    release_folder,
-    release_pointer,
-)
+from dppipeline.core.manifest import QueryEntry
 from dppipeline.core.release import release_arrow_schema
 from dppipeline.core.tasks import KeyColumn
 from dppipeline.errors import InputError
 from dppipeline.ledger import Ledger
+from dppipeline.orchestration.manifests import read_manifest
 from dppipeline.spec.model import TIME_BUCKETS
 from dppipeline.storage import Location, StorageError
+from dppipeline.storage.releases import POINTER_NAME, release_folder, release_pointer
 
 
 def check_release(release: str | Path, ledger: str | None) -> str:

@@ -29,9 +29,8 @@ import pandas as pd
 import polars as pl
 
 from dppipeline.commands.charts import pyplot
-from dppipeline.core.budget import BudgetPlan
 from dppipeline.core.intervals import half_width, sum_half_width
-from dppipeline.core.manifest import MANIFEST_NAME
+from dppipeline.core.plan import BudgetPlan
 from dppipeline.core.tasks import (
     AggregationTask,
     canonical_keys,
@@ -46,6 +45,7 @@ from dppipeline.engines.shared.polars_tasks import aggregate_task, key_expr
 from dppipeline.engines.shared.sampling import SamplingKeys, new_salt
 from dppipeline.errors import UsageError
 from dppipeline.inputs.files import DailyPartition
+from dppipeline.orchestration.public_keys import read_key_files
 from dppipeline.orchestration.runner import input_days, make_plan, run_job
 from dppipeline.spec.model import (
     JobSpec,
@@ -54,6 +54,7 @@ from dppipeline.spec.model import (
     metric_column,
     percentile_of,
 )
+from dppipeline.storage.releases import MANIFEST_NAME
 
 NOT_SENSITIVE_FLAG = "--data-is-not-sensitive"
 DEFAULT_EPSILONS = (0.1, 0.3, 1.0, 3.0, 10.0)
@@ -327,11 +328,12 @@ def truths_and_bounding(
     unit = spec.privacy_unit
     truths: dict[str, pd.DataFrame] = {}
     records: list[dict] = []
+    key_files = read_key_files(spec)
     for query in spec.queries:
         task = job_task(spec, query)
         truth = true_values(rows, task, query, unit)
         public = (
-            public_key_set(query, task.keys, covered_days(spec, days))
+            public_key_set(query, task.keys, covered_days(spec, days), key_files)
             if query.is_public and task.keys
             else None
         )

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dppipeline.core.budget import BudgetPlan, JobPlan, privacy_units_needed
 from dppipeline.core.extremes import BETA, EXTREME_METRICS, GRID_SIZE, margin
 from dppipeline.core.intervals import (
     STD_BOUND_ROWS,
@@ -15,6 +14,7 @@ from dppipeline.core.intervals import (
     ratio_stddev_bound,
     ratio_stddev_times_rows,
 )
+from dppipeline.core.plan import BudgetPlan, JobPlan, privacy_units_needed
 from dppipeline.spec.model import JobSpec, QuerySpec, distinct_column_of, percentile_of
 
 

@@ -19,16 +19,12 @@ import pandas as pd
 
 from dppipeline.commands.budget import spend_curve
 from dppipeline.commands.charts import day_axis, pyplot
-from dppipeline.core.manifest import (
-    Manifest,
-    MetricEntry,
-    QueryEntry,
-    read_manifest,
-    release_folder,
-)
+from dppipeline.core.manifest import Manifest, MetricEntry, QueryEntry
 from dppipeline.errors import UsageError
 from dppipeline.ledger import BudgetPolicy, Ledger, LedgerRow
+from dppipeline.orchestration.manifests import read_manifest
 from dppipeline.storage import Location
+from dppipeline.storage.releases import release_folder
 
 PREVIEW_ROWS = 10  # released rows shown per dataset
 METRIC_COLUMNS = ("count", "sum", "mean", "variance", "stddev", "privacy_id_count")

@@ -51,12 +51,13 @@ import polars as pl
 from pipeline_dp import dp_computations
 from pipeline_dp.aggregate_params import MechanismType
 
-from dppipeline.core.budget import MechanismBudget
+from dppipeline.core.plan import MechanismBudget
 from dppipeline.core.tasks import plan_tasks, read_schema
 from dppipeline.engines.shared.polars_read import read_validated
 from dppipeline.engines.shared.polars_tasks import task_rows
 from dppipeline.errors import UsageError
 from dppipeline.ledger import Reservation
+from dppipeline.orchestration.public_keys import read_key_files
 from dppipeline.orchestration.runner import (
     budget_policy,
     input_days,
@@ -261,7 +262,7 @@ def tune(
         )
     plan = make_plan(spec, require_bounds=False)  # its bounds are what tune recommends
     days = input_days(spec)
-    task = plan_tasks(spec, plan, days).task(name)
+    task = plan_tasks(spec, plan, days, read_key_files(spec)).task(name)
     if partitions is None:
         if task.public_keys is None:
             raise UsageError(

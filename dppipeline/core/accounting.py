@@ -35,13 +35,12 @@ if TYPE_CHECKING:  # imported when a job uses tight accounting (the CLI skips it
     from dp_accounting import dp_event
     from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
-    from dppipeline.core.budget import MechanismBudget
+    from dppipeline.core.plan import MechanismBudget
+
+from dppipeline.core import events
+from dppipeline.core.events import PLD_DISCRETIZATION
 
 ACCOUNTINGS = ("basic", "pld", "zcdp")
-# PLD's value discretization, times epsilon: the estimate is pessimistic whatever the interval,
-# its cost grows with epsilon / interval (at epsilon 1e4 and 1e-3 one search took minutes), and
-# a grid coarser than the target loses the accuracy PLD is for (at epsilon 1e-3, 3x).
-PLD_DISCRETIZATION = 1e-3
 # Rényi orders: dp_accounting's defaults (up to 1024) floor epsilon at about 0.006 for delta
 # 1e-6; larger orders let RDP certify small budgets without astronomic noise.
 RDP_ORDERS = ("default", *(2.0**k for k in range(11, 21)))
@@ -52,7 +51,7 @@ def accountant(accounting: str, epsilon: float = 1.0) -> dp_accounting.PrivacyAc
     """A fresh accountant; `epsilon`, the budget it will be held to, sizes PLD's grid."""
     from dp_accounting import pld, rdp  # noqa: PLC0415 (see the imports above)
 
-    if accounting == "pld":
+    if accounting == "pld":  # the search's grid: relative to the epsilon at every scale
         return pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION * epsilon)
     if accounting == "zcdp":
         from dp_accounting.rdp import rdp_privacy_accountant  # noqa: PLC0415
@@ -132,18 +131,21 @@ def composed_event(mechanisms: Sequence[tuple[Member, float]]) -> dp_event.DpEve
     """The RDP DpEvent of (member, noise multiplier) mechanisms run on the same data."""
     from dp_accounting import dp_event  # noqa: PLC0415 (see the imports above)
 
-    events: list[dp_event.DpEvent] = []
+    parts: list[dp_event.DpEvent] = []
     for (member, multiplier), count in _grouped(mechanisms).items():
         event = member_event(member, multiplier)
-        events.append(event if count == 1 else dp_event.SelfComposedDpEvent(event, count))
-    return dp_event.ComposedDpEvent(events)
+        parts.append(event if count == 1 else dp_event.SelfComposedDpEvent(event, count))
+    return dp_event.ComposedDpEvent(parts)
 
 
-def composed_epsilon(
+def pool_epsilon(
     accounting: str, mechanisms: Sequence[tuple[Member, float]], delta: float, scale: float = 1.0
 ) -> float:
     """Epsilon at `delta` of running all `mechanisms` ((member, noise multiplier)) together,
-    the members' own deltas not included; `scale`: the epsilon expected (sizes PLD's grid)."""
+    the members' own deltas not included: what the multiplier search tests, by `accounting`'s
+    own accountant (a recorded release's events compose by `events.composed_epsilon`).
+    `scale`: the epsilon expected (sizes PLD's grid, relative to it at every scale: the
+    search's cost grows with epsilon / interval, at epsilon 1e4 and 1e-3 one took minutes)."""
     if accounting == "pld":
         interval = PLD_DISCRETIZATION * scale
         total: PrivacyLossDistribution | None = None
@@ -159,7 +161,7 @@ def composed_epsilon(
 
 def budget_member(budget: MechanismBudget) -> Member:
     """The pool member a planned, pooled mechanism is, with weight 1 (its multiplier is its
-    own): see `budget._pool_member` for why each kind composes so."""
+    own): see `planner._pool_member` for why each kind composes so."""
     if budget.name == "partition_selection":
         assert budget.threshold_delta is not None
         if budget.kind == "truncated_geometric":
@@ -209,7 +211,7 @@ def certified_multiplier(
 
     def fits(m: float) -> bool:
         chosen = [(member, m / member.weight) for member in members]
-        return composed_epsilon(accounting, chosen, noise_delta, epsilon) <= epsilon
+        return pool_epsilon(accounting, chosen, noise_delta, epsilon) <= epsilon
 
     if accounting == "pld":
         high = smallest_multiplier("zcdp", members, epsilon, delta)
@@ -276,8 +278,6 @@ def _pure_fits(pool: Sequence[MechanismBudget], epsilon: float, delta: float) ->
 
 
 def _pld_fits(pool: Sequence[MechanismBudget], epsilon: float, delta: float) -> bool:
-    from dppipeline.core import events  # noqa: PLC0415 (events imports this module's users)
-
     found = events.composed_epsilon(
         (e for b in pool for e in events.mechanism_events(b)), delta, epsilon
     )

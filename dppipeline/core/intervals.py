@@ -50,8 +50,8 @@ from statistics import NormalDist
 import numpy as np
 
 from dppipeline.core import discrete, noise_laws
-from dppipeline.core.budget import BudgetPlan, MechanismBudget
 from dppipeline.core.noise_laws import Combination, NoiseLaw
+from dppipeline.core.plan import BudgetPlan, MechanismBudget
 from dppipeline.spec.model import distinct_column_of, metric_column
 
 LEVEL = 0.95

@@ -4,8 +4,9 @@ Everything here is either part of the job spec or derived from public parameters
 depend only on epsilon, delta and the bounds), so publishing it costs no privacy. Row counts of
 the input, rejected rows and true values stay out: they go to the operator's console only.
 
-The manifest is a typed model (`Manifest`): the runner builds and writes it, `report`,
-`check-release` and the runner read it back with `read_manifest`, by attribute, never by
+The manifest is a typed model (`Manifest`), built and parsed here, read and written by the
+layers that do I/O (`storage.releases` names the files; `report`, `check-release` and the
+runner read it back with `orchestration.manifests.read_manifest`), by attribute, never by
 string key. Sections whose content is descriptive (the spec, the budget split, noise bounds)
 stay JSON mappings; a field a later version adds is kept when an older one reads it.
 """
@@ -17,12 +18,10 @@ import importlib.metadata
 import json
 import platform
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from dppipeline.core.budget import BudgetPlan, JobPlan, privacy_units_needed
 from dppipeline.core.extremes import BETA, EXTREME_METRICS, GRID_SIZE, margin
 from dppipeline.core.intervals import (
     LEVEL,
@@ -32,6 +31,7 @@ from dppipeline.core.intervals import (
     ratio_stddev_bound,
     ratio_stddev_times_rows,
 )
+from dppipeline.core.plan import BudgetPlan, JobPlan, privacy_units_needed
 from dppipeline.core.tasks import KeyColumn, key_columns
 from dppipeline.errors import InputError
 from dppipeline.spec.hashing import key_sources_by_content
@@ -42,10 +42,8 @@ from dppipeline.spec.model import (
     metric_column,
     percentile_of,
 )
-from dppipeline.storage import Location, StorageError
 from dppipeline.version import __version__
 
-MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 2
 
 
@@ -154,87 +152,23 @@ class Manifest(_Entry):
         return self.model_dump_json(indent=2, exclude_unset=True) + "\n"
 
 
-# The publication protocol on stores without an atomic rename (object stores): a release's
-# files live under `<release>/_runs/<run_id>/`, and `<release>/RELEASE.json`, written last in
-# one PUT, names the run that is the release. Readers follow it; without it the folder itself is
-# the release (local disks publish by rename).
-POINTER_NAME = "RELEASE.json"
-RUNS_FOLDER = "_runs"
-
-
-def release_pointer(release: str | Path | Location) -> dict[str, Any] | None:
-    """The pointer object of a release on a store, when there is a readable one."""
-    where = Location.of(release).join(POINTER_NAME)
-    try:
-        if where.is_local:
-            text = where.path.read_bytes()
-        elif where.is_file():
-            text = where.read_bytes()
-        else:
-            return None
-        pointer = json.loads(text)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(pointer, dict) or not isinstance(pointer.get("run_id"), str):
-        return None
-    return pointer
-
-
-def release_folder(release: str | Path | Location) -> Location:
-    """Where a release's files are: the run its pointer names, or the folder itself."""
-    where = Location.of(release)
-    pointer = release_pointer(where)
-    if pointer is None:
-        return where
-    return where.join(RUNS_FOLDER, pointer["run_id"])
-
-
-def _manifest_text(folder: Location) -> str:
-    path = folder.join(MANIFEST_NAME)
-    return path.path.read_text() if path.is_local else path.read_bytes().decode()
-
-
-def read_manifest(release: str | Path | Location) -> Manifest:
-    """The manifest of a release (local folder, or a store's pointer); InputError naming the
-    file and the first field that breaks the model (a missing file, a version this code does
-    not read, a wrong type)."""
-    folder = release_folder(release)
-    path = folder.join(MANIFEST_NAME).display()
-    try:
-        text = _manifest_text(folder)
-    except FileNotFoundError:
-        shown = Location.of(release).display()
-        raise InputError(f"{shown}: no {MANIFEST_NAME}: not a published release") from None
-    except StorageError as exc:
-        if not folder.join(MANIFEST_NAME).exists():
-            shown = Location.of(release).display()
-            raise InputError(f"{shown}: no {MANIFEST_NAME}: not a published release") from None
-        raise InputError(f"cannot read {exc}") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+def parse_manifest(text: str, where: str) -> Manifest:
+    """A manifest's text as the model; InputError naming `where` (the file) and the first
+    field that breaks the model (a version this code does not read, a wrong type)."""
     try:
         version = json.loads(text).get("manifest_version")
     except (ValueError, AttributeError):  # AttributeError: not a JSON object
-        raise InputError(f"{path}: not a JSON object") from None
+        raise InputError(f"{where}: not a JSON object") from None
     if version != MANIFEST_VERSION:
         raise InputError(
-            f"{path}: manifest_version {version!r}, this dppipeline reads {MANIFEST_VERSION}"
+            f"{where}: manifest_version {version!r}, this dppipeline reads {MANIFEST_VERSION}"
         )
     try:
         return Manifest.model_validate_json(text)
     except ValidationError as exc:
         error = exc.errors(include_url=False, include_input=False)[0]
-        where = ".".join(str(part) for part in error["loc"])
-        raise InputError(f"{path}: {where}: {error['msg']}") from None
-
-
-def published_run_id(release: str | Path | Location) -> str | None:
-    """The run id in a release's manifest; None when there is no readable manifest."""
-    try:
-        run_id = json.loads(_manifest_text(release_folder(release))).get("run_id")
-    except (OSError, ValueError, AttributeError):  # AttributeError: not a JSON object
-        return None
-    return run_id if isinstance(run_id, str) else None
+        field = ".".join(str(part) for part in error["loc"])
+        raise InputError(f"{where}: {field}: {error['msg']}") from None
 
 
 def _version(package: str) -> str | None:

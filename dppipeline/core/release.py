@@ -20,13 +20,6 @@ import pyarrow as pa
 from pipeline_dp import dp_computations
 from pydp.algorithms.quantile_tree import QuantileTree
 
-from dppipeline.core.budget import (
-    DISCRETE_METRICS,
-    AggregationParams,
-    BudgetPlan,
-    JobPlan,
-    MechanismBudget,
-)
 from dppipeline.core.columns import (
     AGGREGATE_COLUMNS,
     AGGREGATE_DTYPES,
@@ -43,6 +36,15 @@ from dppipeline.core.intervals import (
     metric_half_width,
     variance_interval,
 )
+from dppipeline.core.plan import (
+    BRANCHING_FACTOR,
+    DISCRETE_METRICS,
+    TREE_HEIGHT,
+    AggregationParams,
+    BudgetPlan,
+    JobPlan,
+    MechanismBudget,
+)
 from dppipeline.spec.model import (
     VARIANCE_METRICS,
     distinct_column_of,
@@ -58,8 +60,6 @@ METRIC_ORDER = (
     "count", "sum", "mean", "variance", "stddev", "percentile", "max", "min", "privacy_id_count",
     "count_distinct",
 )  # fmt: skip
-# PyDP's QuantileTree, with pipeline-dp's shape: 16^4 = 65,536 leaves over [min, max].
-TREE_HEIGHT, BRANCHING_FACTOR = 4, 16
 
 
 def ordered_metrics(metrics: Sequence[str]) -> list[str]:

@@ -12,6 +12,9 @@ at public edges (`core`'s one key type per kind, in every engine): `day` and `we
 as dates; `hour` (`YYYY-MM-DDTHH`), `month` (`YYYY-MM`), `year` (`YYYY`) and buckets (`[25, 50)`)
 as text. Engines hand back key columns in one canonical pandas form (int64, str,
 `datetime.date`), so results of every engine align and compare.
+
+Public key files reach this module as values the run read (`KeyFile`, read by
+`orchestration.public_keys`): core reads no file.
 """
 
 from __future__ import annotations
@@ -23,19 +26,13 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import pandas as pd
 import pyarrow as pa
 
 from dppipeline.core.extremes import EXTREME_METRICS
 from dppipeline.errors import InputError, UsageError
-from dppipeline.inputs.files import (
-    DailyPartition,
-    key_lines,
-    parse_int64_key,
-    read_public_partitions,
-)
 from dppipeline.spec.filters import (
     And,
     Compare,
@@ -61,14 +58,36 @@ from dppipeline.spec.model import (
 from dppipeline.spec.schema import Schema
 
 if TYPE_CHECKING:  # the workers that bound rows import no noise library
-    from dppipeline.core.budget import JobPlan
+    from dppipeline.core.plan import JobPlan
 
+_INT64_TEXT = re.compile(r"[+-]?[0-9]+")
 GLOBAL_KEY = "_global"  # the constant key engines group a global total by
 _TEXT_TIME = {  # time buckets released as ISO text, and the text each key must match
     "hour": re.compile(r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])T([01]\d|2[0-3])$"),
     "month": re.compile(r"^\d{4}-(0[1-9]|1[0-2])$"),
     "year": re.compile(r"^\d{4}$"),
 }
+
+
+class DatedPart(Protocol):
+    """A part of the input the run found (`inputs.files.DailyPartition`): its day, if any."""
+
+    @property
+    def day(self) -> dt.date | None: ...
+
+
+@dataclass(frozen=True)
+class KeyFile:
+    """A public key file as the run read it (`inputs.files.key_lines`): how errors name it,
+    and per key its line number and the texts of the key columns it was read for."""
+
+    where: str
+    lines: tuple[tuple[int, tuple[str, ...]], ...]
+
+
+# A public key file and the key columns read from it: (the spec's source text, columns).
+KeyFileRequest = tuple[str, tuple[str, ...]]
+KeyFiles = Mapping[KeyFileRequest, KeyFile]
 
 
 @dataclass(frozen=True)
@@ -278,8 +297,15 @@ def _edge_value(key: KeyColumn, schema: Schema) -> int | float:
     return math.ceil(low) if schema.field(key.input_column).type == "int64" else low
 
 
-def plan_tasks(spec: JobSpec, plan: JobPlan, days: Sequence[DailyPartition]) -> JobTasks:
-    """One task per query, plus one per selection group its members cannot share."""
+def plan_tasks(
+    spec: JobSpec,
+    plan: JobPlan,
+    days: Sequence[DatedPart],
+    key_files: KeyFiles | None = None,
+) -> JobTasks:
+    """One task per query, plus one per selection group its members cannot share.
+    `key_files`: the public key files the job names (`key_file_requests`), as the run read
+    them."""
     queries = {q.name: q for q in spec.queries}
     tasks: dict[str, AggregationTask] = {}
     public: dict[str, pd.DataFrame | None] = {}
@@ -287,7 +313,7 @@ def plan_tasks(spec: JobSpec, plan: JobPlan, days: Sequence[DailyPartition]) -> 
     for query in spec.queries:
         task = job_task(spec, query)
         if query.is_public:
-            keys = public_key_set(query, task.keys, covered) if task.keys else None
+            keys = public_key_set(query, task.keys, covered, key_files) if task.keys else None
             public[query.name] = keys
             task = replace(task, public_keys=keys)
         tasks[query.name] = task
@@ -344,12 +370,50 @@ def release_job(
 # Public key sets
 
 
+def key_file_requests(spec: JobSpec) -> list[KeyFileRequest]:
+    """The public key files the job's queries name, each with the key columns read from it
+    (the run reads them and hands them to `plan_tasks` and `public_key_set`)."""
+    requests: dict[KeyFileRequest, None] = {}
+    for query in spec.queries:
+        if query.is_public and query.partition_by:
+            listed = [k for k in key_columns(query, spec.source_schema) if not k.edges]
+            requests.update(dict.fromkeys(_file_requests(query, listed)))
+    return list(requests)
+
+
+def _file_requests(query: QuerySpec, listed: Sequence[KeyColumn]) -> list[KeyFileRequest]:
+    """The key files among a public query's sources (`listed`: its non-bucket keys)."""
+    sources = query.partition_selection.public_partitions
+    if sources is None or not listed:
+        return []
+    if isinstance(sources, str) and is_file_source(sources) and len(listed) > 1:
+        return [(sources, tuple(k.name for k in listed))]
+    if isinstance(sources, str):
+        sources = {listed[0].name: sources}
+    assert isinstance(sources, dict)  # as `public_key_set` reads them
+    return [
+        (source, (name,))
+        for name, source in sources.items()
+        if isinstance(source, str) and source != INPUT_RANGE and not _RANGE.match(source)
+    ]
+
+
+def _given_file(key_files: KeyFiles | None, source: str, columns: Sequence[str]) -> KeyFile:
+    found = (key_files or {}).get((source, tuple(columns)))
+    if found is None:  # a caller that did not read what `key_file_requests` names
+        raise UsageError(f"public partitions {source}: not read by the run")
+    return found
+
+
 def public_key_set(
-    query: QuerySpec, keys: Sequence[KeyColumn], days: Sequence[dt.date]
+    query: QuerySpec,
+    keys: Sequence[KeyColumn],
+    days: Sequence[dt.date],
+    key_files: KeyFiles | None = None,
 ) -> pd.DataFrame:
     """The query's public keys in canonical form: a file, a range, or per column a file,
     range, list or `input_range` (the buckets of `days`, the days the input covers),
-    multiplied out; bucket keys add every bucket."""
+    multiplied out; bucket keys add every bucket. Files: as the run read them (`key_files`)."""
     where = f"queries.{query.name}.partition_selection.public_partitions"
     sources = query.partition_selection.public_partitions
     listed = [k for k in keys if not k.edges]
@@ -357,13 +421,15 @@ def public_key_set(
     if sources is None:  # bucket keys alone (or a global total): public by construction
         frame = pd.DataFrame(index=range(1))
     elif isinstance(sources, str) and is_file_source(sources) and len(listed) > 1:
-        frame = _key_file(Path(sources), listed)
+        names = [k.name for k in listed]
+        frame = _key_file(Path(sources), listed, _given_file(key_files, sources, names))
     else:
         if isinstance(sources, str):
             sources = {listed[0].name: sources}
         assert isinstance(sources, dict)
         columns = [
-            _column_keys(where, by_name[name], source, days) for name, source in sources.items()
+            _column_keys(where, by_name[name], source, days, key_files)
+            for name, source in sources.items()
         ]
         frame = pd.DataFrame(list(itertools.product(*columns)), columns=list(sources))
     for key in keys:
@@ -382,7 +448,11 @@ def _clip(query: QuerySpec) -> tuple[float, float] | None:
 
 
 def _column_keys(
-    where: str, key: KeyColumn, source: object, days: Sequence[dt.date]
+    where: str,
+    key: KeyColumn,
+    source: object,
+    days: Sequence[dt.date],
+    key_files: KeyFiles | None,
 ) -> list[object]:
     if isinstance(source, list | tuple):
         return [_parse_key(f"{where}.{key.name}", key, v) for v in source]
@@ -404,21 +474,49 @@ def _column_keys(
         if key.kind != "int64":
             raise UsageError(f"{where}.{key.name}: a range A..B needs an int64 column")
         return list(range(int(match.group(1)), int(match.group(2)) + 1))
+    file = _given_file(key_files, source, [key.name])
     if key.bucket is not None:
-        frame = read_public_partitions(source, key.name, "string")
+        frame = public_partitions(file, key.name, "string")
         return [_parse_key(f"{source}", key, v) for v in frame[key.name]]
-    values: list[object] = read_public_partitions(source, key.name, key.kind)[key.name].tolist()
+    values: list[object] = public_partitions(file, key.name, key.kind)[key.name].tolist()
     return values
 
 
-def _key_file(path: Path, keys: Sequence[KeyColumn]) -> pd.DataFrame:
-    """A CSV whose header names every key column; one key per line."""
+def public_partitions(file: KeyFile, key_column: str, dtype: str) -> pd.DataFrame:
+    """One column's public keys, parsed to its type; duplicates dropped; a bad key names its
+    line (never its text: error messages quote no input value)."""
+    keys: list[object] = []
+    for number, (text,) in file.lines:
+        if dtype == "int64":
+            where = f"public partitions {file.where} line {number}"
+            keys.append(parse_int64_key(text, where, key_column))
+        else:
+            keys.append(text)
+    frame = pd.DataFrame({key_column: keys}).drop_duplicates(ignore_index=True)
+    if dtype == "int64":
+        frame[key_column] = frame[key_column].astype("int64")
+    return frame
+
+
+def parse_int64_key(text: str, where: str, key_column: str) -> int:
+    """A public key as an int64: decimal digits with an optional sign, within range."""
+    if not _INT64_TEXT.fullmatch(text):
+        raise InputError(f"{where}: not a valid {key_column} key (an int64)")
+    value = int(text)
+    if not -(2**63) <= value < 2**63:
+        raise InputError(f"{where}: {key_column} key outside the int64 range")
+    return value
+
+
+def _key_file(path: Path, keys: Sequence[KeyColumn], file: KeyFile) -> pd.DataFrame:
+    """A CSV whose header names every key column; one key per line (`path`: as errors name
+    it)."""
     rows = [
         [
             _parse_key(f"public partitions {path} line {n}", key, text)
             for key, text in zip(keys, texts, strict=True)
         ]
-        for n, texts in key_lines(path, [k.name for k in keys])
+        for n, texts in file.lines
     ]
     return pd.DataFrame(rows, columns=[k.name for k in keys]).drop_duplicates(ignore_index=True)
 
@@ -461,7 +559,7 @@ def buckets_of(bucket: str, day: dt.date) -> list[object]:
     return [f"{day.year:04d}"]
 
 
-def covered_days(spec: JobSpec, parts: Sequence[DailyPartition]) -> list[dt.date]:
+def covered_days(spec: JobSpec, parts: Sequence[DatedPart]) -> list[dt.date]:
     """The days the input covers: each daily partition's, or every day of a `files` layout's
     period ([start_date, end_date], which the spec requires); in-memory rows: the period the
     spec states, else none."""

@@ -15,7 +15,7 @@ from typing import Protocol
 import pandas as pd
 import pyarrow as pa
 
-from dppipeline.core.budget import JobPlan
+from dppipeline.core.plan import JobPlan
 from dppipeline.core.release import release_arrow_schema
 from dppipeline.core.tasks import JobTasks, release_job
 from dppipeline.engines.shared.release_file import RELEASE_FILE, write_release_file

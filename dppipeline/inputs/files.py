@@ -1,4 +1,5 @@
-"""Files: input discovery and public key lists (publication: `publication.py`).
+"""Files: input discovery and public key files' text (publication: `publication.py`; keys
+parsed to their type by `core.tasks`).
 
 Daily layouts, as data lakes and the book's data set use them: `DIR/date=YYYY-MM-DD/*.parquet`
 (Hive-style folders) and `DIR/YYYY-MM-DD.csv` (one file a day). The `files` layout: one file,
@@ -18,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 _DAY = r"(\d{4}-\d{2}-\d{2})"
 _PARQUET_DIR = re.compile(rf"^date={_DAY}$")
 _CSV_FILE = re.compile(rf"^{_DAY}\.csv$")
-_INT64_TEXT = re.compile(r"[+-]?[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -357,22 +356,6 @@ def key_lines(path: str | Path, columns: Sequence[str]) -> list[tuple[int, list[
     raise InputError(f"public partitions {path}: no {missing} column in the header")
 
 
-def read_public_partitions(path: str | Path, key_column: str, dtype: str) -> pd.DataFrame:
-    """One column's public keys, parsed to its type (`key_lines`); duplicates dropped; a bad
-    key names its line (never its text: error messages quote no input value)."""
-    keys: list[object] = []
-    for number, (text,) in key_lines(path, [key_column]):
-        if dtype == "int64":
-            where = f"public partitions {Location.of(path).display()} line {number}"
-            keys.append(parse_int64_key(text, where, key_column))
-        else:
-            keys.append(text)
-    frame = pd.DataFrame({key_column: keys}).drop_duplicates(ignore_index=True)
-    if dtype == "int64":
-        frame[key_column] = frame[key_column].astype("int64")
-    return frame
-
-
 def key_file_text(path: str | Path) -> str:
     """A public key file's text: UTF-8 (a byte-order mark dropped); a binary file or bytes
     that are not UTF-8 are an error naming the file (and line)."""
@@ -394,13 +377,3 @@ def key_file_text(path: str | Path) -> str:
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise InputError(f"public partitions {path} line {line}: not UTF-8 text") from None
-
-
-def parse_int64_key(text: str, where: str, key_column: str) -> int:
-    """A public key as an int64: decimal digits with an optional sign, within range."""
-    if not _INT64_TEXT.fullmatch(text):
-        raise InputError(f"{where}: not a valid {key_column} key (an int64)")
-    value = int(text)
-    if not -(2**63) <= value < 2**63:
-        raise InputError(f"{where}: {key_column} key outside the int64 range")
-    return value

@@ -775,7 +775,7 @@ class Ledger:
             why = _why_dead(row, now)
             if why is None:
                 continue  # alive, wherever it runs
-            from dppipeline.core.manifest import published_run_id  # noqa: PLC0415 (heavy)
+            from dppipeline.storage.releases import published_run_id  # noqa: PLC0415 (rare path)
 
             if row.state == "reserved":
                 state, note = "aborted", f"repaired: {why} before reading"

@@ -34,13 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dppipeline.core.budget import AggregationParams, JobPlan, plan_job
 from dppipeline.core.events import release_events
-from dppipeline.core.manifest import (
-    MANIFEST_NAME,
-    Manifest,
-    build_manifest,
-)
+from dppipeline.core.manifest import Manifest, build_manifest
+from dppipeline.core.plan import AggregationParams, JobPlan
+from dppipeline.core.planner import plan_job
 from dppipeline.core.tasks import check_query_columns, plan_tasks
 from dppipeline.engines.base import Engine, ReleaseJob
 from dppipeline.errors import InputError, OutputError, UsageError
@@ -71,6 +68,7 @@ from dppipeline.ledger import (
 )
 from dppipeline.orchestration.failpoints import failpoint
 from dppipeline.orchestration.ledger_choice import refuse_unrecorded
+from dppipeline.orchestration.public_keys import read_key_files
 from dppipeline.orchestration.publication import (
     fsync_tree,
 )
@@ -81,6 +79,7 @@ from dppipeline.orchestration.store_publication import (
 from dppipeline.orchestration.targets import FolderTarget, ReleaseTarget, StoreTarget, new_run_id
 from dppipeline.spec.model import JobSpec
 from dppipeline.storage import Location, is_uri, remote_filesystems
+from dppipeline.storage.releases import MANIFEST_NAME
 
 log = logging.getLogger(__name__)
 ENGINES = ("local", "spark", "beam")
@@ -409,7 +408,7 @@ def _planned_run(
         refuse_unrecorded(spec, "this run")
     days = input_days(spec) if rows is None else []
     spec_hash = spec.spec_hash()  # public key files by content
-    tasks = plan_tasks(spec, plan, days)  # reads public key lists, not data
+    tasks = plan_tasks(spec, plan, days, read_key_files(spec))  # public key lists, not data
     if spec.spec_hash() != spec_hash:
         raise InputError("a public key file changed while it was being read; run again")
     run_id = new_run_id()

@@ -38,12 +38,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dppipeline.core.manifest import MANIFEST_NAME, POINTER_NAME, RUNS_FOLDER, release_pointer
 from dppipeline.errors import OutputError
 from dppipeline.inputs.quarantine import state_dir
 from dppipeline.orchestration.failpoints import failpoint
 from dppipeline.orchestration.publication import RUN_ID, output_lock
 from dppipeline.storage import Location, StorageError
+from dppipeline.storage.releases import MANIFEST_NAME, POINTER_NAME, RUNS_FOLDER, release_pointer
 
 POINTER_FORMAT = 1
 # What a release folder on a store may hold: the pointer, the runs, and the `_PUBLISHED`

@@ -13,9 +13,10 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
-from dppipeline.core.manifest import RUNS_FOLDER, Manifest, published_run_id, read_manifest
+from dppipeline.core.manifest import Manifest
 from dppipeline.errors import DPPipelineError, InputError, OutputError
 from dppipeline.ledger import LedgerRow
+from dppipeline.orchestration.manifests import read_manifest
 from dppipeline.orchestration.publication import (
     check_release_target,
     fsync_tree,
@@ -38,6 +39,7 @@ from dppipeline.orchestration.store_publication import (
     upload_run,
 )
 from dppipeline.storage import Location, StorageError
+from dppipeline.storage.releases import RUNS_FOLDER, published_run_id
 
 Fate = Callable[[str, dict | None], str]
 

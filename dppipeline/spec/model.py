@@ -64,7 +64,7 @@ SELECTION_STRATEGIES = ("truncated_geometric", "laplace_thresholding", "gaussian
 INPUT_FORMATS = ("parquet", "csv")
 
 # Numeric limits, found by trying PyDP 1.1.5 / pipeline-dp 0.3.1 and float64 sums (see the
-# field docs; `core/budget.py` checks each mechanism of a plan against PyDP as well).
+# field docs; `core/planner.py` checks each mechanism of a plan against PyDP as well).
 MIN_EPSILON = 2.0**-50  # PyDP refuses a mechanism's epsilon below 2^-50 (~8.9e-16)
 MIN_DELTA = 1e-100  # a non-zero delta below: PyDP's selection probabilities turn inf or 0
 MAX_DELTA = 1e-3  # above it (epsilon, delta)-DP no longer protects a customer in a thousand

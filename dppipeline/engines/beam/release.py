@@ -18,7 +18,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import Metrics
 from apache_beam.typehints import KV, Any
 
-from dppipeline.core.budget import JobPlan
+from dppipeline.core.plan import JobPlan
 from dppipeline.core.release import (
     AGGREGATE_COLUMNS,
     AGGREGATE_DTYPES,
