@@ -22,7 +22,8 @@ Mechanisms, following pipeline-dp's own layout so that its DPEngine is a faithfu
 - `privacy_id_count`: noisy number of distinct privacy units.
 - `count_distinct_COLUMN`: noisy number of distinct non-null COLUMN values among the kept rows,
   one mechanism per `count_distinct(COLUMN)` metric, with the sensitivities of `count` (a unit's
-  at most Linf kept rows in a partition add at most Linf new values: docs/explanation/count_distinct.md).
+  at most Linf kept rows in a partition add at most Linf new values:
+  docs/explanation/count_distinct.md).
   With `count_noise: discrete` (the spec's default) the counts (`count`, `privacy_id_count`,
   `count_distinct_COLUMN`) draw
   integer noise from OpenDP's discrete Laplace or Gaussian (`core.discrete`), mean's

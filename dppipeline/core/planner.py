@@ -73,7 +73,8 @@ def _metric_mechanisms(params: AggregationParams) -> list[tuple[str, float]]:
     if "privacy_id_count" in metrics:
         wanted.append(("privacy_id_count", 1.0))
     # count_distinct: a unit's <= Linf kept rows in a partition hold <= Linf distinct values, and
-    # removing them removes at most those: |change| <= Linf, as count (docs/explanation/count_distinct.md).
+    # removing them removes at most those: |change| <= Linf, as count
+    # (docs/explanation/count_distinct.md).
     wanted += [(f"{DISTINCT_PREFIX}{column}", float(linf)) for column in params.distinct_columns]
     return wanted
 
