@@ -37,7 +37,8 @@ from dppipeline.core.budget import (
 from dppipeline.core.extremes import EXTREME_METRICS, privacy_loss
 from dppipeline.core.release import TREE_HEIGHT, release_partitions
 from dppipeline.orchestration.runner import make_plan
-from dppipeline.spec.model import build_spec, load_raw
+from dppipeline.spec.loader import load_raw
+from dppipeline.spec.model import build_spec
 
 REPO = Path(__file__).resolve().parents[1]
 BANK = REPO / "jobs" / "configs" / "bank_partner_release.yaml"

@@ -40,7 +40,8 @@ from dppipeline.ledger import schema as ledger_schema
 from dppipeline.orchestration.failpoints import FailpointError
 from dppipeline.orchestration.runner import run_job
 from dppipeline.spec.hashing import canonical_spec
-from dppipeline.spec.model import BoundsSpec, JobSpec, build_spec
+from dppipeline.spec.model import JobSpec, build_spec
+from dppipeline.spec.sections import BoundsSpec
 
 BOUNDS = [
     "--min-value", "0", "--max-value", "100",

@@ -424,7 +424,8 @@ def _add_logging_flags(parser: argparse.ArgumentParser, default: object) -> None
 def _spec_from_args(args: argparse.Namespace, *, release: bool = True):
     """The job spec of the flags and `--config`; `release`: one a run or a plan can release
     from (its contribution bounds stated; `tune`, which recommends them, passes False)."""
-    from dppipeline.spec.model import build_spec, load_raw  # noqa: PLC0415
+    from dppipeline.spec.loader import load_raw  # noqa: PLC0415
+    from dppipeline.spec.model import build_spec  # noqa: PLC0415
 
     raw = _with_flag("--config", load_raw, args.config) if args.config else {}
     overrides: dict[str, Any] = {}
@@ -551,7 +552,8 @@ def _cmd_budget(args: argparse.Namespace) -> int:
     policy = None
     if getattr(args, "config", None):
         from dppipeline.ledger import BudgetPolicy  # noqa: PLC0415
-        from dppipeline.spec.model import budget_from_dict, load_raw  # noqa: PLC0415
+        from dppipeline.spec.loader import load_raw  # noqa: PLC0415
+        from dppipeline.spec.model import budget_from_dict  # noqa: PLC0415
 
         budget = budget_from_dict(load_raw(args.config).get("budget"), source=args.config)
         policy = BudgetPolicy(budget.cap_epsilon, budget.cap_delta, budget.window_days)
@@ -653,7 +655,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_spec_doc(args: argparse.Namespace) -> int:
-    from dppipeline.spec.model import describe_fields  # noqa: PLC0415
+    from dppipeline.spec.field_table import describe_fields  # noqa: PLC0415
 
     rows = describe_fields()
     if args.markdown:

@@ -47,13 +47,8 @@ from dppipeline.engines.shared.sampling import SamplingKeys, new_salt
 from dppipeline.errors import UsageError
 from dppipeline.inputs.files import DailyPartition
 from dppipeline.orchestration.runner import input_days, make_plan, run_job
-from dppipeline.spec.model import (
-    JobSpec,
-    QuerySpec,
-    distinct_column_of,
-    metric_column,
-    percentile_of,
-)
+from dppipeline.spec.metrics import distinct_column_of, metric_column, percentile_of
+from dppipeline.spec.model import JobSpec, QuerySpec
 
 NOT_SENSITIVE_FLAG = "--data-is-not-sensitive"
 DEFAULT_EPSILONS = (0.1, 0.3, 1.0, 3.0, 10.0)

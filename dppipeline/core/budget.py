@@ -51,14 +51,9 @@ from dppipeline.core.accounting import Member, certified_multiplier, discrete_po
 from dppipeline.core.columns import DISTINCT_PREFIX
 from dppipeline.core.extremes import EXPONENTIAL, EXTREME_METRICS, gumbel_scale, margin
 from dppipeline.errors import SpecError, UsageError
-from dppipeline.spec.model import (
-    MIN_EPSILON,
-    VARIANCE_METRICS,
-    QuerySpec,
-    distinct_columns,
-    metric_column,
-    percentile_of,
-)
+from dppipeline.spec.limits import MIN_EPSILON
+from dppipeline.spec.metrics import VARIANCE_METRICS, distinct_columns, metric_column, percentile_of
+from dppipeline.spec.model import QuerySpec
 
 _NOISE_TYPES = {
     "laplace": MechanismType.LAPLACE,

@@ -43,7 +43,7 @@ from dppipeline.core.intervals import (
     metric_half_width,
     variance_interval,
 )
-from dppipeline.spec.model import (
+from dppipeline.spec.metrics import (
     VARIANCE_METRICS,
     distinct_column_of,
     metric_column,

@@ -80,10 +80,10 @@ from dppipeline.orchestration.store_publication import (
 )
 from dppipeline.orchestration.targets import FolderTarget, ReleaseTarget, StoreTarget, new_run_id
 from dppipeline.spec.model import JobSpec
+from dppipeline.spec.vocabulary import ENGINES
 from dppipeline.storage import Location, is_uri, remote_filesystems
 
 log = logging.getLogger(__name__)
-ENGINES = ("local", "spark", "beam")
 
 
 @dataclass(frozen=True)
