@@ -51,6 +51,7 @@ from dppipeline.spec.sections import (
     SelectionSpec,
 )
 from dppipeline.spec.shorthand import with_queries
+from dppipeline.spec.vocabulary import ACCOUNTINGS, COUNT_NOISES, NOISE_KINDS
 
 if TYPE_CHECKING:
     from dppipeline.spec.schema import Schema
@@ -262,9 +263,9 @@ class JobSpec(Section):
             "(distinct non-null values of an input column among the kept rows; noise as count)."
         ),
     )
-    noise: NoiseKind = Field("laplace", description="Noise kind: laplace or gaussian.")
+    noise: NoiseKind = Field(NOISE_KINDS[0], description=f"Noise kind: {' or '.join(NOISE_KINDS)}.")
     accounting: Accounting = Field(
-        "basic",
+        ACCOUNTINGS[0],
         description=(
             "How the job's mechanisms compose: basic (shares add up), pld (privacy loss "
             "distributions) or zcdp (Rényi/zCDP), both by dp_accounting: less noise for the "
@@ -272,7 +273,7 @@ class JobSpec(Section):
         ),
     )
     count_noise: CountNoise = Field(
-        "discrete",
+        COUNT_NOISES[0],
         description=(
             "Noise on count and privacy_id_count: discrete (OpenDP's discrete Laplace or "
             "Gaussian, integers released) or continuous (PyDP's, decimals released)."

@@ -44,7 +44,14 @@ from dppipeline.spec.rules import (
     WindowDays,
     broken,
 )
-from dppipeline.spec.vocabulary import LinfBounding
+from dppipeline.spec.vocabulary import (
+    INPUT_FORMATS,
+    INPUT_LAYOUTS,
+    LINF_BOUNDINGS,
+    SELECTION_STRATEGIES,
+    SHIPPED_SCHEMAS,
+    LinfBounding,
+)
 
 # The L0 x Linf pair; `max_contributions` replaces both (a query takes one kind, never a mix).
 PER_PARTITION_BOUNDS = ("max_partitions_contributed", "max_contributions_per_partition")
@@ -87,7 +94,7 @@ class InputSpec(Section):
         None, description="Input folder, or file with layout files (required here or as --input)."
     )
     format: InputFormat = Field(
-        "parquet",
+        INPUT_FORMATS[0],
         description=(
             "parquet: DIR/date=YYYY-MM-DD/*.parquet; csv: DIR/YYYY-MM-DD.csv. Unset: detected "
             "from the folder (a folder holding both layouts is refused)."
@@ -95,7 +102,7 @@ class InputSpec(Section):
     )
     # `schema` shadows pydantic's deprecated BaseModel.schema(): it is the field's name in specs
     schema: SchemaSource = Field(  # type: ignore[assignment]
-        "transactions",
+        SHIPPED_SCHEMAS[0],
         description=(
             "Input columns: a shipped schema (transactions, book_transactions, "
             "card_payments), a .json schema file, or a list of {name, type} columns "
@@ -111,7 +118,7 @@ class InputSpec(Section):
         ),
     )
     layout: InputLayout = Field(
-        "daily",
+        INPUT_LAYOUTS[0],
         description=(
             "daily: one file or folder per day (see format); files: one file, or a folder of "
             "files (any names, subfolders included), read whole and filtered to "
@@ -220,7 +227,7 @@ class BoundsSpec(Section):
         ),
     )
     linf_bounding: LinfBounding = Field(
-        "sample",
+        LINF_BOUNDINGS[0],
         description=(
             "How Linf bounds a (privacy unit, partition) pair of more rows: `sample` keeps "
             "Linf of its rows (uniformly); `scale` keeps them all, counts min(rows, Linf) and "
@@ -298,7 +305,7 @@ class SelectionSpec(Section):
         ),
     )
     strategy: SelectionStrategy = Field(
-        "truncated_geometric",
+        SELECTION_STRATEGIES[0],
         description="Private selection: truncated_geometric, laplace_ or gaussian_thresholding.",
     )
     pre_threshold: PreThreshold = Field(

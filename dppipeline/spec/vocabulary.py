@@ -2,7 +2,8 @@
 
 One place for the words, so that the fields' rules (`sections.py`, `model.py`) and the CLI's
 `choices` (`commands/cli.py`) cannot disagree. Plain tuples and a Literal, nothing imported:
-the CLI builds its parser from them without loading pydantic or pyarrow.
+the CLI builds its parser from them without loading pydantic or pyarrow. Each list's first
+word is the default (of its field, or of the CLI flag).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ INPUT_FORMATS = ("parquet", "csv")
 INPUT_LAYOUTS = ("daily", "files")
 # How Linf bounds a (privacy unit, partition) pair of more rows (bounds.linf_bounding).
 LinfBounding = Literal["sample", "scale"]
-LINF_BOUNDINGS: tuple[str, ...] = get_args(LinfBounding)
+LINF_BOUNDINGS: tuple[LinfBounding, ...] = get_args(LinfBounding)
 # Input schemas shipped in `spec/schemas/` (`input.schema` by name; `generate --table`).
 SHIPPED_SCHEMAS = ("transactions", "book_transactions", "card_payments")
 # Engines a job runs on (`run --engine`, `evaluate --engine`, the API's `engine=`).
