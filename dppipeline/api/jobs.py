@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from dppipeline.spec.loader import load_raw, parse_raw
-from dppipeline.spec.locations import resolve_paths
 from dppipeline.spec.model import JobSpec, build_spec
+from dppipeline.spec.paths import resolve_paths
 
 Job = JobSpec  # the job spec: frozen, validated; each error names the field and the rule
 

@@ -25,7 +25,7 @@ from dppipeline.core.release import release_arrow_schema
 from dppipeline.core.tasks import KeyColumn
 from dppipeline.errors import InputError
 from dppipeline.ledger import Ledger
-from dppipeline.spec.keys import TIME_BUCKETS
+from dppipeline.spec.partition_keys import TIME_BUCKETS
 from dppipeline.storage import Location, StorageError
 
 

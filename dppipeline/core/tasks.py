@@ -45,7 +45,9 @@ from dppipeline.spec.filters import (
     parse_filter,
     to_text,
 )
-from dppipeline.spec.keys import (
+from dppipeline.spec.metrics import VARIANCE_METRICS, distinct_columns, percentile_of
+from dppipeline.spec.model import JobSpec, QuerySpec
+from dppipeline.spec.partition_keys import (
     INPUT_RANGE,
     KEY_RANGE,
     TIME_BUCKETS,
@@ -53,8 +55,6 @@ from dppipeline.spec.keys import (
     bucket_key,
     is_file_source,
 )
-from dppipeline.spec.metrics import VARIANCE_METRICS, distinct_columns, percentile_of
-from dppipeline.spec.model import JobSpec, QuerySpec
 from dppipeline.spec.schema import Schema
 
 if TYPE_CHECKING:  # the workers that bound rows import no noise library

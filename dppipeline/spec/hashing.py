@@ -33,7 +33,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from dppipeline.errors import InputError
-from dppipeline.spec.keys import is_file_source
+from dppipeline.spec.partition_keys import is_file_source
 from dppipeline.storage import Location
 
 # (section, field) pairs left out: paths and ledger-only settings.

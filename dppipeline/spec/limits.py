@@ -1,8 +1,8 @@
 """The spec's numeric limits: what PyDP, pipeline-dp and float64 sums accept, found by trying.
 
 Found with PyDP 1.1.5 / pipeline-dp 0.3.1 (see the field docs; `core/budget.py` checks each
-mechanism of a plan against PyDP as well). The field rules (`rules.py`) enforce them and the
-field descriptions (`sections.py`, `model.py`) quote them.
+mechanism of a plan against PyDP as well). The constrained types (`constraints.py`) enforce
+them and the field descriptions (`sections.py`, `model.py`) quote them.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 `load_raw` reads a spec (a local path or a URI) and `parse_raw` its bytes: at most
 MAX_SPEC_BYTES of UTF-8, MAX_SPEC_VALUES values with aliases expanded, MAX_SPEC_DEPTH levels,
 no key given twice, dates kept as text; every refusal is one `UsageError` naming the file and
-the line. Relative paths are then resolved against the file's folder (`locations.py`).
+the line. Relative paths are then resolved against the file's folder (`paths.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from dppipeline.errors import UsageError, excerpt
-from dppipeline.spec.locations import resolve_paths
+from dppipeline.spec.paths import resolve_paths
 from dppipeline.storage import Location
 
 MAX_SPEC_BYTES = 1 << 20  # 1 MiB: a job spec is a few kB; key lists belong in key files

@@ -1,6 +1,6 @@
 """Error translation: pydantic's validation error as the one-line `SpecError` a user reads.
 
-The message is the rule a field broke (`rules.broken`); the field is named by the YAML path
+The message is the rule a field broke (`constraints.broken`); the field is named by the YAML path
 the user wrote (`budget.epsilon`, `queries.daily.bounds.min_value`), never pydantic's
 location with list indices and model names.
 """
@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from dppipeline.errors import SpecError
-from dppipeline.spec.rules import RULE, is_query_name
+from dppipeline.spec.constraints import RULE, is_query_name
 
 
 def spec_error(exc: ValidationError, raw: Mapping[str, Any] | None) -> SpecError:

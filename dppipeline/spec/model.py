@@ -3,14 +3,15 @@
 A spec comes from YAML (`loader.load_raw`), from CLI flags, or both (`build_spec`): flags win
 (`overrides.py`). A job always has `queries`; a spec written as one query at the top level
 (the shorthand) is expanded into one query named after the job (`shorthand.py`). Fields are
-checked by the constrained types of `rules.py`, the sections by `sections.py`, so an invalid
-spec cannot exist; `spec_from_dict` turns pydantic's errors into one `SpecError` that names
-the field by its YAML path and the rule it breaks (`messages.py`: `budget.epsilon: must be > 0
-and finite, got -1.0`, `queries.q.bounds.min_value: must be <= bounds.max_value ...`).
+checked by the constrained types of `constraints.py`, the sections by `sections.py`, so an
+invalid spec cannot exist; `spec_from_dict` turns pydantic's errors into one `SpecError` that
+names the field by its YAML path and the rule it breaks (`messages.py`: `budget.epsilon: must
+be > 0 and finite, got -1.0`, `queries.q.bounds.min_value: must be <= bounds.max_value ...`).
 
-The other modules of the package, each of one job: `vocabulary.py` (closed word lists),
-`limits.py` (numeric limits), `metrics.py` (the metric grammar), `keys.py` (partition keys and
-public key sources), `locations.py` (paths a spec names), `field_table.py` (`spec-doc`).
+The package's other modules, one job each: `vocabulary.py` (closed word lists), `limits.py`
+(numeric limits), `metrics.py` (the metric grammar), `partition_keys.py` (partition keys and
+public key sources), `paths.py` (the paths a spec names), `field_table.py` (`spec-doc`),
+`schema.py` (input schemas), `filters.py` (row filters), `hashing.py` (the spec hash).
 """
 
 from __future__ import annotations
@@ -23,13 +24,7 @@ from pydantic import Field, PrivateAttr, ValidationError, field_validator, model
 
 from dppipeline.errors import SpecError, excerpt
 from dppipeline.spec import hashing
-from dppipeline.spec.keys import KEY_RANGE, TIME_BUCKETS, bucket_key, key_name
-from dppipeline.spec.loader import load_raw
-from dppipeline.spec.locations import check_locations
-from dppipeline.spec.messages import spec_error
-from dppipeline.spec.metrics import distinct_columns, needs_kept_rows, needs_value_bounds
-from dppipeline.spec.overrides import apply_overrides
-from dppipeline.spec.rules import (
+from dppipeline.spec.constraints import (
     Accounting,
     Column,
     CountNoise,
@@ -43,6 +38,12 @@ from dppipeline.spec.rules import (
     QueryName,
     broken,
 )
+from dppipeline.spec.loader import load_raw
+from dppipeline.spec.messages import spec_error
+from dppipeline.spec.metrics import distinct_columns, needs_kept_rows, needs_value_bounds
+from dppipeline.spec.overrides import apply_overrides
+from dppipeline.spec.partition_keys import KEY_RANGE, TIME_BUCKETS, bucket_key, key_name
+from dppipeline.spec.paths import check_locations
 from dppipeline.spec.sections import (
     BoundsSpec,
     BudgetSpec,

@@ -1,6 +1,6 @@
 """The spec's sections: input, budget, contribution bounds and partition selection.
 
-Each is a frozen pydantic model of constrained fields (`rules.py`) whose descriptions are the
+Each is a frozen pydantic model of constrained fields (`constraints.py`) whose descriptions are the
 field reference (`dppipeline spec-doc`); an unknown key is an error naming the known ones.
 Cross-field rules of one section are its `model_validator`s; rules that span sections are
 the query's or the job's (`model.py`).
@@ -15,14 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dppipeline.errors import excerpt
-from dppipeline.spec.limits import (
-    MAX_ABS_BOUND,
-    MAX_INT_PARAM,
-    MAX_SCOPE_CHARS,
-    MAX_WINDOW_DAYS,
-    MIN_BOUND_WIDTH,
-)
-from dppipeline.spec.rules import (
+from dppipeline.spec.constraints import (
     COLUMN_NAME,
     Bound,
     BoundValue,
@@ -43,6 +36,13 @@ from dppipeline.spec.rules import (
     SelectionStrategy,
     WindowDays,
     broken,
+)
+from dppipeline.spec.limits import (
+    MAX_ABS_BOUND,
+    MAX_INT_PARAM,
+    MAX_SCOPE_CHARS,
+    MAX_WINDOW_DAYS,
+    MIN_BOUND_WIDTH,
 )
 from dppipeline.spec.vocabulary import (
     INPUT_FORMATS,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dppipeline.spec.rules import broken
+from dppipeline.spec.constraints import broken
 from dppipeline.spec.sections import PER_PARTITION_BOUNDS, TOTAL_BOUNDS
 
 # Job fields that are every query's defaults: a query that does not set one takes the job's

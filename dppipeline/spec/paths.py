@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dppipeline.errors import SpecError
-from dppipeline.spec.keys import is_file_source
+from dppipeline.spec.partition_keys import is_file_source
 from dppipeline.storage import Location, is_uri
 
 PATH_FIELDS = (

@@ -19,7 +19,6 @@ from pydantic import BeforeValidator
 from pydantic_core import PydanticCustomError
 
 from dppipeline.errors import SpecError, excerpt
-from dppipeline.spec.keys import BUCKET_TEXT, INPUT_RANGE, KEY_RANGE, BucketKey, key_name
 from dppipeline.spec.limits import (
     MAX_ABS_BOUND,
     MAX_BUCKET_EDGES,
@@ -33,6 +32,7 @@ from dppipeline.spec.limits import (
     MIN_EPSILON,
 )
 from dppipeline.spec.metrics import parse_metric
+from dppipeline.spec.partition_keys import BUCKET_TEXT, INPUT_RANGE, KEY_RANGE, BucketKey, key_name
 from dppipeline.spec.vocabulary import (
     ACCOUNTINGS,
     COUNT_NOISES,
