@@ -634,6 +634,13 @@ def test_an_explicit_query_error_names_the_query_and_the_shorthand_the_job():
     assert unnamed.value.field.startswith("queries[2].")
 
 
+def test_a_missing_required_field_reads_is_required():
+    """pydantic's own `missing` error is translated too: the YAML path and `is required`."""
+    with pytest.raises(SpecError) as missing:
+        build_spec({**BASE, "queries": [{"name": "ok"}, {"metrics": ["count"]}]})
+    assert str(missing.value) == "queries[2].name: is required"
+
+
 def test_bounds_a_query_does_not_use_may_be_left_out():
     """L0 bounds partitions and Linf rows per partition: a global total needs no L0 (one
     partition), privacy_id_count alone no Linf (a unit counts once per partition), and
