@@ -109,6 +109,11 @@ class QuerySpec(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> QuerySpec:
+        self._bounds_fit_metrics()
+        self._keys_fit_selection()
+        return self
+
+    def _bounds_fit_metrics(self) -> None:
         rows_needed = [m for m in self.metrics if needs_kept_rows(m)]
         if self.bounds.linf_bounding == "scale" and rows_needed:
             raise broken(
@@ -122,6 +127,10 @@ class QuerySpec(Section):
                 "percentiles",
                 at="bounds.min_value",
             )
+
+    def _keys_fit_selection(self) -> None:
+        """Public keys are given for exactly the listed key columns (a key list or a range
+        for the one column); a key list becomes `{column: list}`."""
         selection = self.partition_selection
         sources = selection.public_partitions
         if not self.partition_by and (sources is not None or selection.pre_threshold is not None):
@@ -153,7 +162,6 @@ class QuerySpec(Section):
                 "a range needs one partition_by column; give one source per column instead",
                 at=where,
             )
-        return self
 
     def missing_bounds(self) -> tuple[str, str] | None:
         """(field, rule) of a contribution bound the query needs and does not state. No
@@ -333,7 +341,6 @@ class JobSpec(Section):
     def _columns_exist(self) -> None:
         """Every column the job names is in its input schema, with a type that fits its role;
         filters parse against it. Raises SpecError naming the field (the spec's YAML path)."""
-        from dppipeline.spec.filters import parse_filter  # noqa: PLC0415 (sqlglot, pyarrow)
         from dppipeline.spec.schema import SchemaError  # noqa: PLC0415
 
         try:
@@ -357,24 +364,31 @@ class JobSpec(Section):
                 "files needs a time column to select the period by (input.time_column)",
             )
         for query in self.queries:
-            where = self.query_path(query)
-            for entry in query.partition_by:
-                self._check_key(schema, entry, f"{where}partition_by")
-            if query.needs_value_bounds:
-                _check_column(schema, query.value, f"{where}value", ("int64", "float64"))
-            if query.filter is not None:
-                parse_filter(query.filter, schema, where=f"{where}filter")
-            for column in distinct_columns(query.metrics):
-                if column == unit:  # distinct units: privacy_id_count, sensitivity 1, not Linf
-                    raise SpecError(
-                        f"{where}metrics",
-                        f"count_distinct({column}) counts privacy units: use privacy_id_count",
-                    )
-                if column not in schema.names:
-                    raise SpecError(
-                        f"{where}metrics",
-                        f"count_distinct({column}): {column!r} is not an input column ({listed})",
-                    )
+            self._query_columns_exist(schema, query)
+
+    def _query_columns_exist(self, schema: Schema, query: QuerySpec) -> None:
+        """`_columns_exist` for the columns one query names: keys, value, filter, metrics."""
+        from dppipeline.spec.filters import parse_filter  # noqa: PLC0415 (sqlglot, pyarrow)
+
+        where = self.query_path(query)
+        for entry in query.partition_by:
+            self._check_key(schema, entry, f"{where}partition_by")
+        if query.needs_value_bounds:
+            _check_column(schema, query.value, f"{where}value", ("int64", "float64"))
+        if query.filter is not None:
+            parse_filter(query.filter, schema, where=f"{where}filter")
+        for column in distinct_columns(query.metrics):
+            if column == self.privacy_unit:  # distinct units: privacy_id_count (sensitivity 1)
+                raise SpecError(
+                    f"{where}metrics",
+                    f"count_distinct({column}) counts privacy units: use privacy_id_count",
+                )
+            if column not in schema.names:
+                raise SpecError(
+                    f"{where}metrics",
+                    f"count_distinct({column}): {column!r} is not an input column "
+                    f"({', '.join(schema.names)})",
+                )
 
     def _check_key(self, schema: Schema, entry: str, where: str) -> None:
         if entry in TIME_BUCKETS:
