@@ -31,7 +31,8 @@ from dppipeline.core.tasks import key_columns, public_key_set
 from dppipeline.ledger import BudgetExceededError, BudgetPolicy, Ledger, ReleaseKey
 from dppipeline.orchestration.public_keys import read_key_files
 from dppipeline.orchestration.runner import make_plan
-from dppipeline.spec.model import build_spec, load_raw
+from dppipeline.spec.loader import load_raw
+from dppipeline.spec.model import build_spec
 
 CONFIGS = Path(__file__).resolve().parents[1] / "jobs" / "configs"
 JOB = CONFIGS / "bank_partner_release.yaml"

@@ -38,7 +38,8 @@ from dppipeline.core.plan import (
 from dppipeline.core.planner import plan_budget
 from dppipeline.core.release import release_partitions
 from dppipeline.orchestration.runner import make_plan
-from dppipeline.spec.model import build_spec, load_raw
+from dppipeline.spec.loader import load_raw
+from dppipeline.spec.model import build_spec
 
 REPO = Path(__file__).resolve().parents[1]
 BANK = REPO / "jobs" / "configs" / "bank_partner_release.yaml"

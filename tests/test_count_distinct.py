@@ -33,7 +33,8 @@ from dppipeline.engines.shared.polars_tasks import aggregate_task
 from dppipeline.engines.shared.sampling import SamplingKeys, new_salt
 from dppipeline.errors import SpecError, UsageError
 from dppipeline.orchestration.runner import run_job
-from dppipeline.spec.model import build_spec, metric_column, parse_metric
+from dppipeline.spec.metrics import metric_column, parse_metric
+from dppipeline.spec.model import build_spec
 
 DISTINCT_TX = "count_distinct(TRANSACTION_ID)"
 DISTINCT_TIME = "count_distinct(TX_DATETIME)"

@@ -17,7 +17,8 @@ from dppipeline.commands.cli import main
 from dppipeline.core.discrete import discrete_laplace_variance
 from dppipeline.ledger import Ledger
 from dppipeline.orchestration.runner import make_plan, run_job
-from dppipeline.spec.model import build_spec, load_raw
+from dppipeline.spec.loader import load_raw
+from dppipeline.spec.model import build_spec
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "jobs" / "configs" / "terminal_stats.yaml"

@@ -36,7 +36,8 @@ from dppipeline.core.plan import NOT_ADDITIVE, AggregationParams, JobPlan
 from dppipeline.core.planner import plan_budget
 from dppipeline.core.release import noise_partitions
 from dppipeline.orchestration.runner import make_plan
-from dppipeline.spec.model import build_spec, load_raw
+from dppipeline.spec.loader import load_raw
+from dppipeline.spec.model import build_spec
 
 Z = float(norm.isf(0.5e-6))  # two-sided, failure rate 1e-6
 

@@ -64,7 +64,9 @@ from dppipeline.engines.shared import polars_tasks
 from dppipeline.engines.shared.polars_tasks import aggregate_task
 from dppipeline.engines.shared.sampling import SamplingKeys, new_salt
 from dppipeline.orchestration.runner import make_plan
-from dppipeline.spec.model import MAX_DELTA, build_spec, metric_column
+from dppipeline.spec.limits import MAX_DELTA
+from dppipeline.spec.metrics import metric_column
+from dppipeline.spec.model import build_spec
 
 FAILURE_RATE = 1e-6  # per test: every interval of the test holds with at least 1 - this
 SALT = new_salt(2031)

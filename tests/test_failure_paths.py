@@ -107,7 +107,7 @@ def test_a_run_keeps_a_users_folder_named_like_a_staging_folder(tmp_path, small_
 def test_a_scope_longer_than_200_characters_is_a_spec_error(tmp_path, small_inputs, how):
     """A 1M-character scope was accepted and echoed on every `[ledger]` line: now a usage
     error (exit 2) naming the field and the limit, the scope itself never echoed whole."""
-    from dppipeline.spec.model import MAX_SCOPE_CHARS
+    from dppipeline.spec.limits import MAX_SCOPE_CHARS
 
     ledger = tmp_path / "ledger.sqlite"
     scope = "s" * 100_000  # one argument may hold at most 128 kB

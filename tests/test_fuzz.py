@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 from dppipeline.commands import cli
 from dppipeline.commands.generate import generate
-from dppipeline.spec.model import MAX_SPEC_BYTES
+from dppipeline.spec.loader import MAX_SPEC_BYTES
 
 FUZZ = settings(
     max_examples=int(os.environ.get("DPPIPELINE_FUZZ_EXAMPLES", "30")),

@@ -26,7 +26,8 @@ from dppipeline.core.extremes import candidates
 from dppipeline.errors import InputError, SpecError
 from dppipeline.orchestration.runner import run_job
 from dppipeline.spec.hashing import spec_hash
-from dppipeline.spec.model import build_spec, load_raw
+from dppipeline.spec.loader import load_raw
+from dppipeline.spec.model import build_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 START = dt.date(2026, 1, 1)

@@ -37,7 +37,8 @@ from dppipeline.core.plan import NOT_ADDITIVE, TREE_HEIGHT, JobPlan, MechanismBu
 from dppipeline.ledger import BudgetExceededError, BudgetPolicy, Ledger, ReleaseKey
 from dppipeline.ledger import schema as ledger_schema
 from dppipeline.orchestration.runner import make_plan
-from dppipeline.spec.model import build_spec, load_raw
+from dppipeline.spec.loader import load_raw
+from dppipeline.spec.model import build_spec
 
 REPO = Path(__file__).resolve().parents[1]
 NIGHTLY = REPO / "jobs" / "configs" / "terminal_stats.yaml"

@@ -39,7 +39,8 @@ from dppipeline.ledger import schema as ledger_schema
 from dppipeline.orchestration.failpoints import FailpointError
 from dppipeline.orchestration.runner import run_job
 from dppipeline.spec.hashing import canonical_spec
-from dppipeline.spec.model import BoundsSpec, JobSpec, build_spec
+from dppipeline.spec.model import JobSpec, build_spec
+from dppipeline.spec.sections import BoundsSpec
 from dppipeline.storage.releases import published_run_id
 
 BOUNDS = [

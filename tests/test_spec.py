@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from dppipeline.errors import SpecError, UsageError
-from dppipeline.spec.model import build_spec, load_raw, load_spec
+from dppipeline.spec.loader import load_raw
+from dppipeline.spec.model import build_spec, load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "jobs" / "configs" / "terminal_stats.yaml"
@@ -356,7 +357,7 @@ def test_nesting_depth_is_bounded(tmp_path):
 
 
 def test_file_size_is_bounded(tmp_path):
-    from dppipeline.spec.model import MAX_SPEC_BYTES
+    from dppipeline.spec.loader import MAX_SPEC_BYTES
 
     load_text(tmp_path, "name: x\n" + "#" * (MAX_SPEC_BYTES - 9) + "\n")  # at the limit: read
     with pytest.raises(UsageError, match="at most 1,048,576 bytes"):
@@ -505,7 +506,7 @@ def test_numeric_limits_name_the_field_and_the_rule(changes, field, words):
 
 
 def test_values_at_the_limits_are_accepted():
-    from dppipeline.spec.model import MAX_INT_PARAM, MIN_EPSILON
+    from dppipeline.spec.limits import MAX_INT_PARAM, MIN_EPSILON
 
     spec = build_spec(
         changed(
@@ -524,8 +525,8 @@ def test_values_at_the_limits_are_accepted():
 
 def test_the_field_docs_state_the_limits():
     """`dppipeline spec-doc` (and the docs/reference/job-spec.md table from it) shows each limit."""
+    from dppipeline.spec.field_table import describe_fields
     from dppipeline.spec.filters import MAX_FILTER_CHARS, MAX_FILTER_TERMS, MAX_IN_VALUES
-    from dppipeline.spec.model import describe_fields
 
     docs = {path: doc for path, _, doc in describe_fields()}
     assert "2^-50" in docs["budget.epsilon"]
@@ -631,6 +632,13 @@ def test_an_explicit_query_error_names_the_query_and_the_shorthand_the_job():
     with pytest.raises(SpecError) as unnamed:
         build_spec({**BASE, "queries": [{"name": "ok"}, {"bounds": {"min_value": "x"}}]})
     assert unnamed.value.field.startswith("queries[2].")
+
+
+def test_a_missing_required_field_reads_is_required():
+    """pydantic's own `missing` error is translated too: the YAML path and `is required`."""
+    with pytest.raises(SpecError) as missing:
+        build_spec({**BASE, "queries": [{"name": "ok"}, {"metrics": ["count"]}]})
+    assert str(missing.value) == "queries[2].name: is required"
 
 
 def test_bounds_a_query_does_not_use_may_be_left_out():

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dppipeline.spec.model import JobSpec, build_spec, load_raw, parse_raw, resolve_paths
+from dppipeline.spec.loader import load_raw, parse_raw
+from dppipeline.spec.model import JobSpec, build_spec
+from dppipeline.spec.paths import resolve_paths
 
 Job = JobSpec  # the job spec: frozen, validated; each error names the field and the rule
 

@@ -20,7 +20,7 @@ from dppipeline.core.tasks import KeyColumn
 from dppipeline.errors import InputError
 from dppipeline.ledger import Ledger
 from dppipeline.orchestration.manifests import read_manifest
-from dppipeline.spec.model import TIME_BUCKETS
+from dppipeline.spec.partition_keys import TIME_BUCKETS
 from dppipeline.storage import Location, StorageError
 from dppipeline.storage.releases import POINTER_NAME, release_folder, release_pointer
 

@@ -20,8 +20,8 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, TypeVar
 
 from dppipeline import logs, settings
 from dppipeline.errors import (
@@ -34,6 +34,18 @@ from dppipeline.errors import (
 )
 from dppipeline.orchestration.signals import Terminated, handle_sigterm, signal_behind
 from dppipeline.settings import default_ledger
+from dppipeline.spec.metrics import METRICS, PARAMETRISED_METRICS
+from dppipeline.spec.vocabulary import (
+    ACCOUNTINGS,
+    COUNT_NOISES,
+    ENGINES,
+    INPUT_FORMATS,
+    INPUT_LAYOUTS,
+    LINF_BOUNDINGS,
+    NOISE_KINDS,
+    SELECTION_STRATEGIES,
+    SHIPPED_SCHEMAS,
+)
 
 if TYPE_CHECKING:
     from dppipeline.spec.model import JobSpec
@@ -113,31 +125,54 @@ def _date(text: str) -> dt.date:
         raise argparse.ArgumentTypeError(f"not a date YYYY-MM-DD: {text!r}") from None
 
 
+def _listed(words: Sequence[str], notes: Mapping[str, str] | None = None, default: str = "") -> str:
+    """Words of the spec's vocabulary as help text, `a (note, default), b or c`, so that a
+    help line lists what the spec accepts, not a copy of it."""
+    notes = notes or {}
+
+    def word(w: str) -> str:
+        said = [n for n in (notes.get(w, ""), "default" if w == default else "") if n]
+        return f"{w} ({', '.join(said)})" if said else w
+
+    shown = [word(w) for w in words]
+    return f"{', '.join(shown[:-1])} or {shown[-1]}" if len(shown) > 1 else shown[0]
+
+
 def _add_privacy_flags(parser: argparse.ArgumentParser) -> None:
+    """The job spec's flags (`FLAG_FIELDS`): `run`, `plan`, `tune` and `evaluate` take them."""
+    _add_query_flags(parser)
+    _add_noise_flags(parser)
+    _add_bound_flags(parser)
+    _add_selection_flags(parser)
+
+
+def _add_query_flags(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--config", help="YAML job spec (jobs/configs/terminal_stats.yaml); flags override it")
     add("--privacy-unit", help="column protected by DP (default CUSTOMER_ID)")
     add("--partition-key", help="column whose values are the released partitions")
     add("--value", help="column aggregated by sum and mean (default TX_AMOUNT)")
-    add(
-        "--metrics",
-        help=(
-            "comma list of count, sum, mean, variance, stddev, max, min, privacy_id_count, "
-            "percentile(P), count_distinct(COLUMN)"
-        ),
-    )
+    add("--metrics", help=f"comma list of {', '.join((*METRICS, *PARAMETRISED_METRICS))}")
+
+
+def _add_noise_flags(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
     add("--epsilon", type=float, help="total epsilon of the run (metrics + selection)")
     add("--delta", type=float, help="total delta of the run")
-    add("--noise", choices=("laplace", "gaussian"), help="noise distribution")
+    add("--noise", choices=NOISE_KINDS, help="noise distribution")
     add(
         "--accounting",
-        choices=("basic", "pld", "zcdp"),
-        help="how the mechanisms compose: basic (default), pld or zcdp (dp_accounting)",
+        choices=ACCOUNTINGS,
+        help=f"how the mechanisms compose: {_listed(ACCOUNTINGS, default=ACCOUNTINGS[0])} "
+        "(dp_accounting)",
     )
     add(
         "--count-noise",
-        choices=("discrete", "continuous"),
-        help="noise on counts: discrete (integers, default) or continuous (decimals)",
+        choices=COUNT_NOISES,
+        help="noise on counts: "
+        + _listed(
+            COUNT_NOISES, {"discrete": "integers", "continuous": "decimals"}, COUNT_NOISES[0]
+        ),
     )
     add(
         "--confidence-intervals",
@@ -146,6 +181,10 @@ def _add_privacy_flags(parser: argparse.ArgumentParser) -> None:
         help="release 95%% intervals <metric>_ci_low/_ci_high for count, sum, mean, "
         "privacy_id_count, count_distinct (from the noise distribution: no extra budget)",
     )
+
+
+def _add_bound_flags(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
     add("--max-partitions-contributed", type=int, help="L0: partitions kept per privacy unit")
     add(
         "--max-contributions-per-partition",
@@ -159,17 +198,21 @@ def _add_privacy_flags(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--linf-bounding",
-        choices=("sample", "scale"),
+        choices=LINF_BOUNDINGS,
         help="sample (default): Linf rows kept per pair; scale: a pair's count capped at Linf "
         "and its sums scaled to match (count, sum, mean, variance, stddev, privacy_id_count)",
     )
     add("--min-value", type=float, help="lower clipping bound (sum, mean)")
     add("--max-value", type=float, help="upper clipping bound (sum, mean)")
+
+
+def _add_selection_flags(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
     add("--public-partitions", help="file of public keys; without it: private selection")
     add(
         "--partition-selection",
-        choices=("truncated_geometric", "laplace_thresholding", "gaussian_thresholding"),
-        help="private selection strategy (default truncated_geometric)",
+        choices=SELECTION_STRATEGIES,
+        help=f"private selection strategy (default {SELECTION_STRATEGIES[0]})",
     )
     add("--pre-threshold", type=int, help="private selection: minimum privacy units")
 
@@ -183,7 +226,29 @@ def _add_ledger_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _cap_number(name: str, low: float, high: float | None = None):
+def _add_schema_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--schema",
+        help="input columns: "
+        + _listed((*SHIPPED_SCHEMAS, "a .json schema file"), default=SHIPPED_SCHEMAS[0]),
+    )
+    parser.add_argument(
+        "--layout",
+        choices=INPUT_LAYOUTS,
+        help="daily partitions (default), or files: one file or a folder of files, filtered "
+        "to --start-date..--end-date by the time column",
+    )
+    parser.add_argument("--time-column", help="the timestamp column (default: the schema's)")
+
+
+def _add_input_flags(parser: argparse.ArgumentParser) -> None:
+    """--input, --format and the schema's flags, as `tune` and `evaluate` take them."""
+    parser.add_argument("--input", help="input folder (or input.path in the job spec)")
+    parser.add_argument("--format", choices=INPUT_FORMATS, help="input layout")
+    _add_schema_flags(parser)
+
+
+def _cap_number(name: str, low: float, high: float | None = None) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -207,7 +272,13 @@ def _window_days(text: str) -> int:
     return value
 
 
+# What `add_subparsers` returns: where each `_add_<command>` adds its parser.
+Commands: TypeAlias = "argparse._SubParsersAction[_Parser]"
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The `dppipeline` parser: one subcommand per `_add_<command>`; the spec's choices come
+    from its vocabulary (`spec/vocabulary.py`, `spec/metrics.py`)."""
     parser = _Parser(
         prog="dppipeline",
         description="Differentially private per-partition statistics of transaction data.",
@@ -215,14 +286,31 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logging_flags(parser, argparse.SUPPRESS)
     parser.set_defaults(verbose=False, quiet=False, debug_statistics=False)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add_command in (  # in the order `dppipeline --help` lists them
+        _add_generate,
+        _add_run,
+        _add_plan,
+        _add_budget,
+        _add_check_release,
+        _add_tune,
+        _add_evaluate,
+        _add_report,
+        _add_spec_doc,
+    ):
+        add_command(sub)
+    for command in sub.choices.values():  # before or after the command: `run -q` as `-q run`
+        _add_logging_flags(command, argparse.SUPPRESS)
+    return parser
 
+
+def _add_generate(sub: Commands) -> None:
     gen = sub.add_parser(
         "generate",
         help="write synthetic card transactions",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,  # --help shows the defaults
     )
     gen.add_argument("--output", required=True, default=argparse.SUPPRESS, help="folder to write")
-    gen.add_argument("--format", choices=("parquet", "csv"), default="parquet",
+    gen.add_argument("--format", choices=INPUT_FORMATS, default=INPUT_FORMATS[0],
                      help="parquet: DIR/date=YYYY-MM-DD/; csv: DIR/YYYY-MM-DD.csv")  # fmt: skip
     gen.add_argument("--customers", type=int, default=5000, help="customers (privacy units)")
     gen.add_argument("--terminals", type=int, default=1000, help="terminals (partitions)")
@@ -230,8 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--start-date", type=_date, default=dt.date(2026, 1, 1), help="first day")
     gen.add_argument("--tx-per-day", type=int, default=25000, help="transactions per day")
     gen.add_argument("--seed", type=int, default=0, help="random seed (same seed, same data)")
-    gen.add_argument("--table", choices=("transactions", "book_transactions", "card_payments"),
-                     default="transactions",
+    gen.add_argument("--table", choices=SHIPPED_SCHEMAS, default=SHIPPED_SCHEMAS[0],
                      help="columns (schemas/<table>.json): book_transactions adds the book's "
                      "TX_TIME_SECONDS, TX_TIME_DAYS, TX_FRAUD, TX_FRAUD_SCENARIO; card_payments "
                      "is a merchant-category table")  # fmt: skip
@@ -239,6 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="one file OUTPUT/<table>.<format> for all days (read it with "
                      "input.layout: files)")  # fmt: skip
 
+
+def _add_run(sub: Commands) -> None:
     run = sub.add_parser(
         "run",
         help="compute and publish a DP release",
@@ -247,15 +336,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--direct_running_mode, --setup_file, ...).",
         allow_abbrev=False,  # a Beam option must never be taken for an abbreviated flag
     )
-    run.add_argument(
+    run.add_argument(  # no `choices`: `load_engine` names the engines (exit 2 either way)
         "--engine",
-        default="local",
-        help="local (in-process), spark (local[*], or the spark-submit master) or beam "
-        "(DirectRunner unless --runner says otherwise)",
-    )
+        default=ENGINES[0],
+        help=_listed(ENGINES, {"local": "in-process", "spark": "local[*], or the spark-submit "
+                     "master", "beam": "DirectRunner unless --runner says otherwise"}),
+    )  # fmt: skip
     run.add_argument("--input", help="input folder (daily partitions)")
     run.add_argument("--output", help="release folder to create")
-    run.add_argument("--format", choices=("parquet", "csv"), help="input layout")
+    run.add_argument("--format", choices=INPUT_FORMATS, help="input layout")
     _add_schema_flags(run)
     run.add_argument("--start-date", type=_date, help="first day, inclusive")
     run.add_argument("--end-date", type=_date, help="last day, inclusive")
@@ -286,13 +375,35 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--window-days", type=int, help="caps hold per rolling window of N days")
     _add_privacy_flags(run)
 
+
+def _add_plan(sub: Commands) -> None:
     plan = sub.add_parser("plan", help="show the budget split and noise; reads no data")
     _add_privacy_flags(plan)
 
+
+def _add_budget(sub: Commands) -> None:
     budget = sub.add_parser(
         "budget", help="the privacy-budget ledger: show, history, plot, set-cap"
     )
     budget_sub = budget.add_subparsers(dest="budget_command", required=True, parser_class=_Parser)
+    _add_set_cap(budget_sub)
+    for name, text in (
+        ("show", "spent budget, stored caps and what is left, per scope"),
+        ("history", "every release and every cap change recorded in the ledger"),
+        ("plot", "PNG chart of cumulative epsilon per scope against its cap"),
+    ):
+        cmd = budget_sub.add_parser(name, help=text)
+        _add_ledger_flags(cmd)
+        cmd.add_argument("--scope", help="only this scope")
+        if name in ("show", "plot"):
+            cmd.add_argument(
+                "--config", help="job spec whose caps to show for scopes without a stored cap"
+            )
+        if name == "plot":
+            cmd.add_argument("--output", required=True, help="PNG file to write")
+
+
+def _add_set_cap(budget_sub: Commands) -> None:
     set_cap = budget_sub.add_parser(
         "set-cap",
         help="store (or change) a scope's cap; every run and tune in the scope is held to it",
@@ -309,21 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--window-days", type=_window_days, help="caps hold per rolling window of N data days"
     )
     _add_ledger_flags(set_cap)
-    for name, text in (
-        ("show", "spent budget, stored caps and what is left, per scope"),
-        ("history", "every release and every cap change recorded in the ledger"),
-        ("plot", "PNG chart of cumulative epsilon per scope against its cap"),
-    ):
-        cmd = budget_sub.add_parser(name, help=text)
-        _add_ledger_flags(cmd)
-        cmd.add_argument("--scope", help="only this scope")
-        if name in ("show", "plot"):
-            cmd.add_argument(
-                "--config", help="job spec whose caps to show for scopes without a stored cap"
-            )
-        if name == "plot":
-            cmd.add_argument("--output", required=True, help="PNG file to write")
 
+
+def _add_check_release(sub: Commands) -> None:
     check = sub.add_parser(
         "check-release", help="check a published release: manifest, schema, ledger committed"
     )
@@ -331,13 +430,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ledger_flags(check)
     check.add_argument("--no-ledger", action="store_true", help="skip the ledger check")
 
+
+def _add_tune(sub: Commands) -> None:
     tune = sub.add_parser(
         "tune", help="recommend L0, Linf and clipping bounds from DP statistics (spends budget)"
     )
     _add_privacy_flags(tune)
-    tune.add_argument("--input", help="input folder (or input.path in the job spec)")
-    tune.add_argument("--format", choices=("parquet", "csv"), help="input layout")
-    _add_schema_flags(tune)
+    _add_input_flags(tune)
     tune.add_argument("--query", help="the query to tune (default: the job's first)")
     tune.add_argument(
         "--tune-epsilon", type=float, help="budget tune spends (default: a tenth of the job's)"
@@ -353,6 +452,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ledger_flags(tune)
     tune.add_argument("--no-ledger", action="store_true", help="do not record the spend (!)")
 
+
+def _add_evaluate(sub: Commands) -> None:
     evaluate = sub.add_parser(
         "evaluate",
         help="error against epsilon on NON-SENSITIVE data (shows true values; no ledger)",
@@ -364,9 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
         "chart per query and index.html into --output.",
     )
     _add_privacy_flags(evaluate)
-    evaluate.add_argument("--input", help="input folder (or input.path in the job spec)")
-    evaluate.add_argument("--format", choices=("parquet", "csv"), help="input layout")
-    _add_schema_flags(evaluate)
+    _add_input_flags(evaluate)
     evaluate.add_argument(
         "--output", required=True, help="folder for the tables, charts, page and scratch runs"
     )
@@ -376,13 +475,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma list of job epsilons to try (budget.epsilon; delta is kept)",
     )
     evaluate.add_argument("--repeats", type=int, default=3, help="runs per epsilon (default 3)")
-    evaluate.add_argument("--engine", default="local", choices=("local", "spark", "beam"))
+    evaluate.add_argument("--engine", default=ENGINES[0], choices=ENGINES)
     evaluate.add_argument(
         "--data-is-not-sensitive",
         action="store_true",
         help="required: you state the input is synthetic or otherwise not sensitive",
     )
 
+
+def _add_report(sub: Commands) -> None:
     report = sub.add_parser(
         "report", help="an HTML page with charts for a release (release and ledger only)"
     )
@@ -391,11 +492,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ledger_flags(report)
     report.add_argument("--no-ledger", action="store_true", help="leave out the ledger's spend")
 
+
+def _add_spec_doc(sub: Commands) -> None:
     doc = sub.add_parser("spec-doc", help="list every job spec field, its default and meaning")
     doc.add_argument("--markdown", action="store_true", help="as a Markdown table")
-    for command in sub.choices.values():  # before or after the command: `run -q` as `-q run`
-        _add_logging_flags(command, argparse.SUPPRESS)
-    return parser
 
 
 def _add_logging_flags(parser: argparse.ArgumentParser, default: object) -> None:
@@ -424,7 +524,8 @@ def _add_logging_flags(parser: argparse.ArgumentParser, default: object) -> None
 def _spec_from_args(args: argparse.Namespace, *, release: bool = True):
     """The job spec of the flags and `--config`; `release`: one a run or a plan can release
     from (its contribution bounds stated; `tune`, which recommends them, passes False)."""
-    from dppipeline.spec.model import build_spec, load_raw  # noqa: PLC0415
+    from dppipeline.spec.loader import load_raw  # noqa: PLC0415
+    from dppipeline.spec.model import build_spec  # noqa: PLC0415
 
     raw = _with_flag("--config", load_raw, args.config) if args.config else {}
     overrides: dict[str, Any] = {}
@@ -448,21 +549,6 @@ def _spec_from_args(args: argparse.Namespace, *, release: bool = True):
     from dppipeline.inputs.files import with_detected_layout  # noqa: PLC0415
 
     return with_detected_layout(spec)
-
-
-def _add_schema_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--schema",
-        help="input columns: transactions (default), book_transactions, card_payments or a "
-        ".json schema file",
-    )
-    parser.add_argument(
-        "--layout",
-        choices=("daily", "files"),
-        help="daily partitions (default), or files: one file or a folder of files, filtered "
-        "to --start-date..--end-date by the time column",
-    )
-    parser.add_argument("--time-column", help="the timestamp column (default: the schema's)")
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -551,7 +637,8 @@ def _cmd_budget(args: argparse.Namespace) -> int:
     policy = None
     if getattr(args, "config", None):
         from dppipeline.ledger import BudgetPolicy  # noqa: PLC0415
-        from dppipeline.spec.model import budget_from_dict, load_raw  # noqa: PLC0415
+        from dppipeline.spec.loader import load_raw  # noqa: PLC0415
+        from dppipeline.spec.model import budget_from_dict  # noqa: PLC0415
 
         budget = budget_from_dict(load_raw(args.config).get("budget"), source=args.config)
         policy = BudgetPolicy(budget.cap_epsilon, budget.cap_delta, budget.window_days)
@@ -653,7 +740,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_spec_doc(args: argparse.Namespace) -> int:
-    from dppipeline.spec.model import describe_fields  # noqa: PLC0415
+    from dppipeline.spec.field_table import describe_fields  # noqa: PLC0415
 
     rows = describe_fields()
     if args.markdown:

@@ -47,13 +47,8 @@ from dppipeline.errors import UsageError
 from dppipeline.inputs.files import DailyPartition
 from dppipeline.orchestration.public_keys import read_key_files
 from dppipeline.orchestration.runner import input_days, make_plan, run_job
-from dppipeline.spec.model import (
-    JobSpec,
-    QuerySpec,
-    distinct_column_of,
-    metric_column,
-    percentile_of,
-)
+from dppipeline.spec.metrics import distinct_column_of, metric_column, percentile_of
+from dppipeline.spec.model import JobSpec, QuerySpec
 from dppipeline.storage.releases import MANIFEST_NAME
 
 NOT_SENSITIVE_FLAG = "--data-is-not-sensitive"

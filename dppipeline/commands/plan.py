@@ -15,7 +15,8 @@ from dppipeline.core.intervals import (
     ratio_stddev_times_rows,
 )
 from dppipeline.core.plan import BudgetPlan, JobPlan, privacy_units_needed
-from dppipeline.spec.model import JobSpec, QuerySpec, distinct_column_of, percentile_of
+from dppipeline.spec.metrics import distinct_column_of, percentile_of
+from dppipeline.spec.model import JobSpec, QuerySpec
 
 
 def _num(value: float | None) -> str:

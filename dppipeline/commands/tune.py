@@ -68,7 +68,8 @@ from dppipeline.orchestration.runner import (
     settle_expired,
 )
 from dppipeline.orchestration.signals import signals_deferred
-from dppipeline.spec.model import MIN_EPSILON, JobSpec, QuerySpec
+from dppipeline.spec.limits import MIN_EPSILON
+from dppipeline.spec.model import JobSpec, QuerySpec
 
 # Histogram bins: exact small values, then coarser; the last bin is open-ended.
 BIN_EDGES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 25, 30, 40, 50, 75, 100, 150, 200, 300)

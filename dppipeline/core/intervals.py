@@ -52,7 +52,7 @@ import numpy as np
 from dppipeline.core import discrete, noise_laws
 from dppipeline.core.noise_laws import Combination, NoiseLaw
 from dppipeline.core.plan import BudgetPlan, MechanismBudget
-from dppipeline.spec.model import distinct_column_of, metric_column
+from dppipeline.spec.metrics import distinct_column_of, metric_column
 
 LEVEL = 0.95
 INTERVAL_METRICS = ("count", "sum", "mean", "variance", "stddev", "privacy_id_count")

@@ -35,13 +35,8 @@ from dppipeline.core.plan import BudgetPlan, JobPlan, privacy_units_needed
 from dppipeline.core.tasks import KeyColumn, key_columns
 from dppipeline.errors import InputError
 from dppipeline.spec.hashing import key_sources_by_content
-from dppipeline.spec.model import (
-    VARIANCE_METRICS,
-    JobSpec,
-    QuerySpec,
-    metric_column,
-    percentile_of,
-)
+from dppipeline.spec.metrics import VARIANCE_METRICS, metric_column, percentile_of
+from dppipeline.spec.model import JobSpec, QuerySpec
 from dppipeline.version import __version__
 
 MANIFEST_VERSION = 2

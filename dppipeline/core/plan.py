@@ -47,13 +47,8 @@ from pydp.algorithms.partition_selection import PartitionSelectionStrategy
 
 from dppipeline.core.columns import DISTINCT_PREFIX
 from dppipeline.core.extremes import EXTREME_METRICS
-from dppipeline.spec.model import (
-    VARIANCE_METRICS,
-    QuerySpec,
-    distinct_columns,
-    metric_column,
-    percentile_of,
-)
+from dppipeline.spec.metrics import VARIANCE_METRICS, distinct_columns, metric_column, percentile_of
+from dppipeline.spec.model import QuerySpec
 
 NOISE_TYPES = {
     "laplace": MechanismType.LAPLACE,

@@ -41,7 +41,8 @@ from dppipeline.core.plan import (
     privacy_units_needed,
 )
 from dppipeline.errors import SpecError, UsageError
-from dppipeline.spec.model import MIN_EPSILON, VARIANCE_METRICS
+from dppipeline.spec.limits import MIN_EPSILON
+from dppipeline.spec.metrics import VARIANCE_METRICS
 
 _SELECTION_TYPES = {
     "truncated_geometric": MechanismType.TRUNCATED_GEOMETRIC,

@@ -45,7 +45,7 @@ from dppipeline.core.plan import (
     JobPlan,
     MechanismBudget,
 )
-from dppipeline.spec.model import (
+from dppipeline.spec.metrics import (
     VARIANCE_METRICS,
     distinct_column_of,
     metric_column,

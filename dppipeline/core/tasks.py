@@ -42,18 +42,15 @@ from dppipeline.spec.filters import (
     parse_filter,
     to_text,
 )
-from dppipeline.spec.model import (
-    _RANGE,
+from dppipeline.spec.metrics import VARIANCE_METRICS, distinct_columns, percentile_of
+from dppipeline.spec.model import JobSpec, QuerySpec
+from dppipeline.spec.partition_keys import (
     INPUT_RANGE,
+    KEY_RANGE,
     TIME_BUCKETS,
-    VARIANCE_METRICS,
     BucketKey,
-    JobSpec,
-    QuerySpec,
     bucket_key,
-    distinct_columns,
     is_file_source,
-    percentile_of,
 )
 from dppipeline.spec.schema import Schema
 
@@ -394,7 +391,7 @@ def _file_requests(query: QuerySpec, listed: Sequence[KeyColumn]) -> list[KeyFil
     return [
         (source, (name,))
         for name, source in sources.items()
-        if isinstance(source, str) and source != INPUT_RANGE and not _RANGE.match(source)
+        if isinstance(source, str) and source != INPUT_RANGE and not KEY_RANGE.match(source)
     ]
 
 
@@ -469,7 +466,7 @@ def _column_keys(
             )
         buckets = {b for d in days for b in buckets_of(key.bucket, d)}
         return sorted(buckets, key=str)  # ISO text order
-    match = _RANGE.match(source)
+    match = KEY_RANGE.match(source)
     if match:
         if key.kind != "int64":
             raise UsageError(f"{where}.{key.name}: a range A..B needs an int64 column")

@@ -78,11 +78,11 @@ from dppipeline.orchestration.store_publication import (
 )
 from dppipeline.orchestration.targets import FolderTarget, ReleaseTarget, StoreTarget, new_run_id
 from dppipeline.spec.model import JobSpec
+from dppipeline.spec.vocabulary import ENGINES
 from dppipeline.storage import Location, is_uri, remote_filesystems
 from dppipeline.storage.releases import MANIFEST_NAME
 
 log = logging.getLogger(__name__)
-ENGINES = ("local", "spark", "beam")
 
 
 @dataclass(frozen=True)

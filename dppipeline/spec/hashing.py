@@ -33,6 +33,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from dppipeline.errors import InputError
+from dppipeline.spec.partition_keys import is_file_source
 from dppipeline.storage import Location
 
 # (section, field) pairs left out: paths and ledger-only settings.
@@ -107,8 +108,6 @@ def _section(value: BaseModel, where: str, skip: frozenset[str] = frozenset()) -
 
 def key_sources_by_content(sources: Any) -> Any:
     """Public key sources with every file replaced by the sha256 of its bytes."""
-    from dppipeline.spec.model import is_file_source  # noqa: PLC0415 (spec imports this module)
-
     if isinstance(sources, str):
         return {"file_sha256": file_sha256(sources)} if is_file_source(sources) else sources
     if isinstance(sources, dict):

@@ -20,6 +20,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from dppipeline.spec.vocabulary import SHIPPED_SCHEMAS
+
 _ARROW_TYPES: dict[str, pa.DataType] = {
     "int64": pa.int64(),
     "float64": pa.float64(),
@@ -31,7 +33,6 @@ _ARROW_TYPES: dict[str, pa.DataType] = {
 
 # Types an input column may have (what the input contract can parse and check).
 INPUT_TYPES = ("int64", "float64", "string", "timestamp[us]")
-SHIPPED_SCHEMAS = ("transactions", "book_transactions", "card_payments")
 EVENT_TIME = "event_time"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_COLUMNS = 1000
