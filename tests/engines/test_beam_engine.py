@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
-from conftest import check_count_noise_as_planned, release_small
 from scipy.stats import norm
+from support.data import check_count_noise_as_planned, release_small
 
 from dppipeline.commands.cli import main
 from dppipeline.core.tasks import plan_tasks, task_for
@@ -42,6 +42,8 @@ from dppipeline.inputs.files import discover_partitions
 from dppipeline.orchestration.runner import make_plan
 from dppipeline.spec.model import build_spec
 from dppipeline.spec.schema import transactions_schema
+
+pytestmark = pytest.mark.beam  # every test here runs a Beam pipeline or the Beam engine
 
 SCHEMA = transactions_schema()
 

@@ -681,7 +681,7 @@ def test_cli_unreadable_input_folder_is_one_line(small_inputs, tmp_path):
     """A folder the run cannot list is one line and exit 1, not a traceback (issue 15 item
     8). Root reads any folder: the run then drops the capabilities that let it."""
     if os.geteuid() != 0:
-        pytest.skip("as root, the test drops its capabilities; others: tests/test_io.py")
+        pytest.skip("as root, the test drops its capabilities; others: test_io.py")
     if shutil.which("setpriv") is None:
         pytest.skip("needs setpriv to drop the capability to read any folder")
     base = Path(tempfile.mkdtemp(prefix="dppipeline-unreadable-"))

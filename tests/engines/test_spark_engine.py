@@ -14,9 +14,10 @@ import numpy as np
 import pandas as pd
 import polars as pl
 import pytest
-from conftest import check_count_noise_as_planned, release_small
 from pyspark.sql import functions as F
 from scipy.stats import norm
+from support import SUPPORT
+from support.data import check_count_noise_as_planned, release_small
 
 from dppipeline.core.tasks import task_for
 from dppipeline.engines.shared.polars_tasks import aggregate_task
@@ -216,7 +217,7 @@ def test_a_spark_run_prints_no_console_progress_bar(small_inputs, tmp_path, verb
 def skewed_rows(seed: int = 17) -> pd.DataFrame:
     """The forced-retry program's input: 300 customers, 1-8 terminals each, 1-6 rows per pair,
     integer amounts (sums exact in any order), identities over three files."""
-    from spark_forced_retry import skewed_rows as rows
+    from support.spark_forced_retry import skewed_rows as rows
 
     return rows()
 
@@ -298,10 +299,9 @@ def test_a_task_retried_mid_bounding_keeps_the_same_rows(tmp_path):
     import json
     import subprocess
     import sys
-    from pathlib import Path
 
     output = tmp_path / "result.json"
-    script = Path(__file__).with_name("spark_forced_retry.py")
+    script = SUPPORT / "spark_forced_retry.py"
     run = subprocess.run(
         [sys.executable, str(script), str(output), str(tmp_path)],
         check=False,

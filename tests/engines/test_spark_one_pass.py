@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from support.data import write_daily_parquet
 
 from dppipeline.core.tasks import task_for
 from dppipeline.engines.shared.sampling import new_salt
@@ -20,7 +21,6 @@ from dppipeline.engines.spark.bound import shuffled_by_unit
 from dppipeline.engines.spark.unit_partitions import bound_in_one_pass, bounds_in_one_pass
 from dppipeline.orchestration.runner import run_job
 from dppipeline.spec.model import build_spec
-from tests.conftest import write_daily_parquet
 
 pytestmark = pytest.mark.usefixtures("spark")
 

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from pyspark.sql import functions as F
+from test_spark_one_pass import by_keys
 
 from dppipeline.core.tasks import public_key_set, task_for
 from dppipeline.engines.shared.sampling import new_salt
@@ -18,7 +19,6 @@ from dppipeline.engines.spark.aggregate import bound_and_aggregate, to_aggregate
 from dppipeline.engines.spark.bound import shuffled_by_unit
 from dppipeline.engines.spark.unit_partitions import bound_in_one_pass
 from dppipeline.spec.model import build_spec
-from tests.test_spark_one_pass import by_keys
 
 pytestmark = pytest.mark.usefixtures("spark")
 
@@ -178,9 +178,8 @@ def test_a_failing_worker_fails_the_run_in_one_line(tmp_path):
     import sys
 
     import yaml
-
-    from tests.conftest import write_daily_parquet
-    from tests.test_spark_one_pass import rows_frame as bank_rows
+    from support.data import write_daily_parquet
+    from test_spark_one_pass import rows_frame as bank_rows
 
     frame = bank_rows(seed=6).drop(columns=["_source_file", "_row"])
     frame["TX_DATETIME"] = frame["TX_DATETIME"].astype("datetime64[us]")

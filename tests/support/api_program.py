@@ -1,5 +1,5 @@
 """A program that uses only dppipeline's public API; `mypy --strict` must pass on it
-(tests/test_api.py). It also runs: `python tests/api_program.py`."""
+(tests/unit/api/test_api.py). It also runs: `python tests/support/api_program.py`."""
 
 from __future__ import annotations
 

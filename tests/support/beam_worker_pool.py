@@ -12,7 +12,7 @@ the job's pipeline options from the runner's provisioning service and runs Beam'
 `worker_pool_main` alone does, has none: its S3 file system fails with "Must provide one of
 client or options").
 
-`python tests/beam_worker_pool.py` runs the pool and prints its port; `... boot --id=...` is
+`python tests/support/beam_worker_pool.py` runs the pool and prints its port; `... boot --id=...` is
 the worker's boot, as the pool calls it.
 """
 

@@ -1,5 +1,5 @@
 """A burst of runs racing for one capped scope on a loaded machine (issue 32 case 1), shared by
-the burst tests and `python tests/ledger_burst.py` (numbers).
+the burst tests and `python tests/support/ledger_burst.py` (numbers).
 
 Racers are real runs (`run_job`, local engine, the small input, a new release of epsilon 1 each;
 the reservation, the `reading` mark, the engine, the commit and the publication), all released
@@ -238,7 +238,8 @@ def _numbers(backend: str, repeat: int, cli: bool) -> None:
 
 
 if __name__ == "__main__":
-    # python tests/ledger_burst.py sqlite|postgresql [repeat] [--cli]; (internal) drive URL FILE
+    # python tests/support/ledger_burst.py sqlite|postgresql [repeat] [--cli];
+    # (internal) drive URL FILE
     if sys.argv[1] == "drive":
         _drive(sys.argv[2], sys.argv[3])
     else:

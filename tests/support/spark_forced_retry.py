@@ -1,4 +1,5 @@
-"""Run by tests/test_spark_engine.py in its own process: bounding with a task that fails once.
+"""Run by tests/engines/test_spark_engine.py in its own process: bounding with a task that
+fails once.
 
 Usage: python spark_forced_retry.py OUTPUT_JSON MARKER_DIR
 

@@ -1,8 +1,8 @@
 """Beam on a runner whose workers are separate processes (issue 19): the portable runner with an
-external worker pool (`tests/beam_worker_pool.py`), input and output on the S3 server
-(`tests/s3_server.py`). The pool's SDK worker is a process the pool starts with the pool's own
-environment, so it reads, validates and writes through Beam's file systems on the store with
-no state of the launcher's; the CLI runs as a user runs it.
+external worker pool (`tests/support/beam_worker_pool.py`), input and output on the S3 server
+(`tests/support/s3_server.py`). The pool's SDK worker is a process the pool starts with the
+pool's own environment, so it reads, validates and writes through Beam's file systems on the
+store with no state of the launcher's; the CLI runs as a user runs it.
 
 Beam's Dask runner (2.77) cannot run this pipeline: it sends a ParDo's tagged outputs into its
 main output, computes only the graph's last sink and reports no metrics (README, "The Beam
@@ -16,9 +16,10 @@ import re
 import shutil
 import struct
 
-import beam_worker_pool
 import pytest
-from test_object_store import JOB, assert_same_release, pointer, run_cli
+from support import beam_worker_pool
+from support.cli import run_cli
+from test_object_store import JOB, assert_same_release, pointer
 
 EPSILON = ["--epsilon", "1e7"]
 

@@ -16,7 +16,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import DAYS, SMALL
+from support import REPO
+from support.cli import run_cli
+from support.data import DAYS, SMALL
+from support.files import tree_bytes
 
 from dppipeline.ledger import Ledger
 
@@ -33,25 +36,8 @@ MANIFEST_BOUNDS = {
 QUERY = "terminal_stats"  # the default job name: a single-query job's one query
 
 
-def run_cli(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "DPPIPELINE_DEBUG"}
-    return subprocess.run(
-        [sys.executable, "-m", "dppipeline", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=120,
-        check=False,
-    )
-
-
 def stderr_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
     return [line for line in result.stderr.splitlines() if line.strip()]
-
-
-def tree_bytes(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
 def write_keys(path: Path, keys: range) -> Path:
@@ -895,7 +881,7 @@ def test_the_cli_exit_ends_with_live_threads_and_keeps_the_code():
     """`_exit_now` (a CLI process's end, without module teardown) ends a process that still
     holds an idle ThreadPoolExecutor and a non-daemon thread, with the given exit code: it
     first hung on the pool's idle worker (an audit's finding)."""
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(REPO)
     env = {**os.environ, "PYTHONPATH": root}
     done = subprocess.run(
         [sys.executable, "-c", _LIVE_POOL_AT_EXIT], check=False, timeout=60, env=env

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
+from support import REPO
 
 from dppipeline.commands.cli import main
 from dppipeline.core.discrete import discrete_laplace_variance
@@ -19,7 +20,6 @@ from dppipeline.ledger import Ledger
 from dppipeline.orchestration.runner import make_plan, run_job
 from dppipeline.spec.model import build_spec, load_raw
 
-REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "jobs" / "configs" / "terminal_stats.yaml"
 CLAMPED_AT_MOST = 0.05  # the issue's bar: at most 5% of the terminals' means at a bound
 FAILURE_RATE = 1e-6

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from support.cli import run_cli
 
 from dppipeline.commands.cli import main
 from dppipeline.engines.beam.engine import BeamEngine
@@ -31,14 +32,6 @@ from dppipeline.spec.model import build_spec
 BOUNDS = ["--min-value", "0", "--max-value", "100", "--max-partitions-contributed", "1",
           "--max-contributions-per-partition", "1"]  # fmt: skip
 CHARGED = {"reading", "failed", "committed"}
-
-
-def run_cli(*args: object, cwd: Path | None = None, **kwargs) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "DPPIPELINE_DEBUG"}
-    return subprocess.run(
-        [sys.executable, "-m", "dppipeline", *map(str, args)],
-        capture_output=True, text=True, cwd=cwd, env=env, timeout=300, check=False, **kwargs,
-    )  # fmt: skip
 
 
 def one_line(result: subprocess.CompletedProcess[str], exit_code: int, *words: str) -> str:
@@ -262,6 +255,7 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
+@pytest.mark.beam
 def test_sigterm_inside_a_beam_step_exits_143(tmp_path, small_inputs):
     """Airflow stops a task with SIGTERM. Raised inside a Beam DoFn, it came out as Beam's
     RuntimeError (exit 70, 'internal error'): now `terminated`, exit 143, no traceback, the

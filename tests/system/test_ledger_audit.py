@@ -21,9 +21,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DAYS, SMALL
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.data import DAYS, SMALL, job_spec, quiet
+from support.files import read_tree, touch, write_release
 
 from dppipeline.commands.cli import main
 from dppipeline.errors import DPPipelineError, OutputError
@@ -31,7 +32,6 @@ from dppipeline.ledger import BudgetExceededError, BudgetPolicy, Ledger, Release
 from dppipeline.ledger import schema as ledger_schema
 from dppipeline.orchestration.publication import heal, publish, retired_path, staging_path
 from dppipeline.orchestration.runner import check_budget, run_job
-from dppipeline.spec.model import JobSpec, build_spec
 
 CAPPED = "tx/CUSTOMER_ID"
 RUN_A = "20260101T000000Z-aaaaaaaa"
@@ -65,41 +65,9 @@ def spend(ledger: Ledger, run_id: str, scope: str, epsilon: float = 1.0, **dates
     ledger.commit(run_id)
 
 
-def touch(path: Path, text: str = "x") -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
-
-
-def write_release(folder: Path, run_id: str, text: str = "data") -> Path:
-    touch(folder / "stats" / "part-00000.parquet", text)
-    manifest = {"manifest_version": 2, "run_id": run_id, "job": "stats",
-                "queries": {"stats": {"dataset": "stats"}}}  # fmt: skip
-    touch(folder / "manifest.json", json.dumps(manifest))
-    return folder
-
-
-def read_tree(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): p.read_text() for p in root.rglob("*") if p.is_file()}
-
-
 def decide(decisions: dict[str, str]):
     """A `heal` fate from a table of run id -> decision (default: discard)."""
     return lambda run_id, _manifest: decisions.get(run_id, "discard")
-
-
-def job_spec(input_dir: Path, output: Path, keys: Path, **extra) -> JobSpec:
-    overrides = {
-        "input.path": str(input_dir),
-        "output": str(output),
-        "bounds.min_value": 0.0,
-        "bounds.max_value": 100.0,
-        "bounds.max_partitions_contributed": 1,
-        "bounds.max_contributions_per_partition": 1,
-        "partition_selection.public_partitions": str(keys),
-    }
-    overrides.update(extra)
-    return build_spec({}, overrides)
 
 
 @pytest.fixture
@@ -110,10 +78,6 @@ def tx(tmp_path, small_inputs) -> tuple[Path, Path]:
     keys = tmp_path / "keys" / "terminals.csv"
     touch(keys, "TERMINAL_ID\n" + "".join(f"{k}\n" for k in range(SMALL["terminals"])))
     return folder, keys
-
-
-def quiet(_line: str) -> None:
-    return None
 
 
 # --------------------------------------------------------------------------- 1. caps

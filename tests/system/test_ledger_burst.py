@@ -12,8 +12,8 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from conftest import SMALL
-from ledger_burst import CAP, OTHER, SCOPE, race
+from support.data import SMALL
+from support.ledger_burst import CAP, OTHER, SCOPE, race
 
 from dppipeline.commands.generate import generate
 from dppipeline.core.manifest import published_run_id

@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from file_modes import bound_by_file_modes
+from support import REPO as ROOT
+from support.cli import one_error_line
+from support.cli import run_cli as cli
 
 from dppipeline.ledger import (
     BudgetExceededError,
@@ -42,7 +44,6 @@ from dppipeline.ledger import (
 from dppipeline.ledger import schema as ledger_schema
 from dppipeline.ledger.lease import this_process
 
-ROOT = Path(__file__).resolve().parents[1]
 SCOPE = "faults/CUSTOMER_ID"
 JOB = ["--metrics", "count", "--min-value", "0", "--max-value", "100",
        "--max-partitions-contributed", "5", "--max-contributions-per-partition", "2"]  # fmt: skip
@@ -54,23 +55,6 @@ failpoints._SIGNALS["stop"] = signal.SIGSTOP  # the run stops itself at a stage
 from dppipeline.commands.cli import main
 sys.exit(main(sys.argv[1:]))
 """
-
-
-def cli(*args: object, env: dict | None = None, python: str = sys.executable, bound: bool = False):
-    """`dppipeline ARGS` in a process of its own; `bound`: as file modes bind a user."""
-    base = {k: v for k, v in os.environ.items() if k != "DPPIPELINE_DEBUG"}
-    argv = [python, "-m", "dppipeline", *map(str, args)]
-    return subprocess.run(
-        bound_by_file_modes(argv) if bound else argv,
-        capture_output=True, text=True, env={**base, **(env or {})}, timeout=300, check=False,
-    )  # fmt: skip
-
-
-def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 def last_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -562,14 +546,14 @@ class Postgres:
     """A PostgreSQL server of this module's own, which cases stop and start again."""
 
     def __init__(self, server) -> None:
-        from postgres_server import install_dir
+        from support.postgres_server import install_dir
 
         self.server = server
         copied = server.folder / "site" / "pgserver" / "pginstall" / "bin"
         self.bin = copied if copied.is_dir() else install_dir() / "bin"
 
     def pg_ctl(self, *args: str) -> None:
-        from postgres_server import _as_user
+        from support.postgres_server import _as_user
 
         done = subprocess.run(
             _as_user([str(self.bin / "pg_ctl"), "-D", str(self.server.folder / "data"), *args]),
@@ -587,7 +571,7 @@ class Postgres:
 
 @pytest.fixture(scope="module")
 def private_postgres() -> Iterator[Postgres]:
-    from postgres_server import start
+    from support.postgres_server import start
 
     server = start()
     try:

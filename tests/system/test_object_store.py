@@ -1,5 +1,5 @@
 """Input and release on an object store (issue 19): a real S3-compatible server on 127.0.0.1
-(moto's server mode, `tests/s3_server.py`), the CLI run as a user runs it, in a subprocess
+(moto's server mode, `tests/support/s3_server.py`), the CLI run as a user runs it, in a subprocess
 that finds the server through AWS_ENDPOINT_URL and AWS_* credentials.
 
 A release on a store is published without rename (`orchestration/store_publication`): the run's
@@ -14,12 +14,11 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
+from support.cli import run_cli
 
 from dppipeline.core.manifest import POINTER_NAME, RUNS_FOLDER
 from dppipeline.ledger import CHARGED_STATES, Ledger
@@ -29,16 +28,6 @@ BOUNDS = ["--min-value", "0", "--max-value", "150", "--max-partitions-contribute
           "--max-contributions-per-partition", "100"]  # fmt: skip
 JOB = [*BOUNDS, "--metrics", "count,sum,mean", "--public-partitions", "0..59"]
 PAST = "2000-01-01T00:00:00.000000+00:00"
-
-
-def run_cli(*args: object, env: dict | None = None) -> subprocess.CompletedProcess[str]:
-    import os
-
-    return subprocess.run(
-        [sys.executable, "-m", "dppipeline", *map(str, args)],
-        capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=300,
-        check=False,
-    )  # fmt: skip
 
 
 def read_release(uri: str, dataset: str = "terminal_stats") -> pd.DataFrame:
@@ -262,7 +251,7 @@ def test_rejected_rows_go_to_a_quarantine_on_the_store_never_into_the_release(
     counted, kept aside in `<quarantine>/<run_id>/rejected.parquet` on the store (nothing left
     on local disk) and never published; a quarantine inside the release's folder is refused
     before anything is read."""
-    from test_quarantine import with_one_bad_row
+    from support.data import with_one_bad_row
 
     uri = s3.new_bucket("quarantined")
     with_one_bad_row(small_inputs, tmp_path / "csv")
@@ -293,8 +282,8 @@ def test_rejected_rows_go_to_a_quarantine_on_the_store_never_into_the_release(
 def test_file_uris_are_local_paths_on_every_engine(small_inputs, tmp_path, engine, request):
     """`file://` input, output and key file: the same release as plain paths (Spark reads them
     through Hadoop's `file:` FileSystem, Beam through its local file system)."""
-    from conftest import release_small
-    from test_quarantine import engine_named
+    from support.data import release_small
+    from support.engines import engine_named
 
     keys = tmp_path / "keys.csv"
     keys.write_text("TERMINAL_ID\n" + "\n".join(map(str, range(60))) + "\n")
@@ -321,7 +310,7 @@ def test_beam_workers_in_other_processes_write_the_release_and_rejects_to_the_st
     and their rejected rows under `OUT/_runs/<run_id>/` through Beam's file systems (the
     launcher stages nothing on its disk), the launcher reads the rejects back from there,
     and the published run holds the release and manifest only (no scratch files)."""
-    from test_quarantine import with_one_bad_row
+    from support.data import with_one_bad_row
 
     uri = s3.new_bucket("workers")
     with_one_bad_row(small_inputs, tmp_path / "csv")

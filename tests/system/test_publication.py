@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.files import read_tree, siblings, touch, write_release
 
 from dppipeline.errors import OutputError
 from dppipeline.orchestration.publication import (
@@ -28,29 +29,6 @@ from dppipeline.orchestration.publication import (
 
 RUN_A = "20260101T000000Z-aaaaaaaa"
 RUN_B = "20260102T000000Z-bbbbbbbb"
-
-
-def touch(path: Path, text: str = "x") -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
-
-
-def siblings(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir())
-
-
-def write_release(folder: Path, run_id: str, text: str = "data") -> Path:
-    """A release as the runner writes it: a dataset, then its manifest."""
-    touch(folder / "stats" / "part-00000.parquet", text)
-    manifest = {"manifest_version": 2, "run_id": run_id, "job": "stats",
-                "queries": {"stats": {"dataset": "stats"}}}  # fmt: skip
-    touch(folder / "manifest.json", json.dumps(manifest))
-    return folder
-
-
-def read_tree(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): p.read_text() for p in root.rglob("*") if p.is_file()}
 
 
 def run_of(folder: Path) -> str | None:

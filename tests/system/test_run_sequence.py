@@ -23,7 +23,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import DAYS, SMALL
+from support.cli import one_error_line, run_cli
+from support.data import DAYS, SMALL, job_spec
+from support.files import siblings, tree_bytes
+from support.ledger import PAST, expire, states
 
 from dppipeline.commands.check_release import check_release
 from dppipeline.core.manifest import published_run_id
@@ -47,52 +50,13 @@ BOUNDS = [
     "--max-partitions-contributed", "1", "--max-contributions-per-partition", "1",
 ]  # fmt: skip
 JOB = [*BOUNDS, "--metrics", "count"]
-PAST = "2000-01-01T00:00:00.000000+00:00"
 STAGING = re.compile(r"^\.release\.staging-\d{8}T\d{6}Z-[0-9a-f]{8}$")
-
-
-def run_cli(*args: object, env: dict | None = None, timeout: float = 180):
-    base = {k: v for k, v in os.environ.items() if k not in ("DPPIPELINE_DEBUG",)}
-    return subprocess.run(
-        [sys.executable, "-m", "dppipeline", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env={**base, **(env or {})},
-        timeout=timeout,
-        check=False,
-    )
-
-
-def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 def last_error_line(result: subprocess.CompletedProcess[str]) -> str:
     """The error after the progress lines of a run that reserved, read and failed."""
     assert "Traceback" not in result.stderr, result.stderr
     return result.stderr.strip().splitlines()[-1]
-
-
-def tree_bytes(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
-
-
-def siblings(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
-
-
-def states(ledger: Ledger) -> dict[str, str]:
-    return {row.run_id: row.state for row in ledger.rows()}
-
-
-def expire(ledger: Ledger, run_id: str) -> None:
-    """The crashed run's lease runs out (as time would make it, without waiting)."""
-    table = ledger_schema.releases
-    with ledger._engine.begin() as conn:
-        conn.execute(table.update().where(table.c.run_id == run_id).values(lease_expires_at=PAST))
 
 
 def url_of(path: Path) -> str:
@@ -107,20 +71,6 @@ def own_input(tmp_path, small_inputs) -> tuple[Path, Path]:
     keys = tmp_path / "keys.csv"
     keys.write_text("TERMINAL_ID\n" + "".join(f"{k}\n" for k in range(SMALL["terminals"])))
     return folder, keys
-
-
-def job_spec(input_dir: Path, output: Path, keys: Path, **extra) -> JobSpec:
-    overrides = {
-        "input.path": str(input_dir),
-        "output": str(output),
-        "bounds.min_value": 0.0,
-        "bounds.max_value": 100.0,
-        "bounds.max_partitions_contributed": 1,
-        "bounds.max_contributions_per_partition": 1,
-        "partition_selection.public_partitions": str(keys),
-    }
-    overrides.update(extra)
-    return build_spec({}, overrides)
 
 
 def released_values(files: dict[str, bytes]) -> dict[str, list]:

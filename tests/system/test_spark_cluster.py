@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from support import REPO as ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_SCRIPT = ROOT / "scripts" / "spark_cluster.sh"
 PACK_SCRIPT = ROOT / "scripts" / "pack_executor_env.sh"
 EXECUTOR_ENV = ROOT / "build" / "executor-env.tar.gz"

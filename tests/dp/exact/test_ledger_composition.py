@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from dp_accounting import dp_event, pld
 from pydp.algorithms.numerical_mechanisms import GaussianMechanism
 from scipy.stats import norm
+from support import REPO
 
 from dppipeline.core.budget import NOT_ADDITIVE, JobPlan, MechanismBudget
 from dppipeline.core.events import (
@@ -40,7 +41,6 @@ from dppipeline.ledger import schema as ledger_schema
 from dppipeline.orchestration.runner import make_plan
 from dppipeline.spec.model import build_spec, load_raw
 
-REPO = Path(__file__).resolve().parents[1]
 NIGHTLY = REPO / "jobs" / "configs" / "terminal_stats.yaml"
 BANK = REPO / "jobs" / "configs" / "bank_partner_release.yaml"
 SCOPE = "card_tx/CUSTOMER_ID"
@@ -96,7 +96,7 @@ def nightly_plan(accounting: str = "basic", noise: str = "laplace") -> JobPlan:
         "noise": noise,
         "budget.epsilon": NIGHT_EPSILON,
         "budget.delta": NIGHT_DELTA,
-        "count_noise": "continuous",  # discrete counts: tests/test_discrete_noise.py
+        "count_noise": "continuous",  # discrete counts: tests/dp/statistical/test_discrete_noise.py
     }
     return make_plan(build_spec(load_raw(NIGHTLY), overrides))
 

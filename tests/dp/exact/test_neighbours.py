@@ -477,6 +477,7 @@ def test_spark_cli_runs_do_not_depend_on_one_customer(tmp_path, spark, capfd, ki
     assert neighbour_pair(tmp_path, cli_surface("spark"), kind, capfd) == []
 
 
+@pytest.mark.beam
 @pytest.mark.parametrize("kind", ["all", "lonely_terminal"])
 def test_beam_cli_runs_do_not_depend_on_one_customer(tmp_path, capfd, kind):
     assert neighbour_pair(tmp_path, cli_surface("beam"), kind, capfd) == []
@@ -491,6 +492,7 @@ def test_api_spark_releases_do_not_depend_on_one_customer(tmp_path, spark, capfd
     assert neighbour_pair(tmp_path, api_surface("spark", spark), "all", capfd) == []
 
 
+@pytest.mark.beam
 def test_beam_transform_releases_do_not_depend_on_one_customer(tmp_path, capfd):
     assert neighbour_pair(tmp_path, transform_surface, "all", capfd) == []
 

@@ -12,7 +12,7 @@ import pandas as pd
 import pipeline_dp
 import polars as pl
 import pytest
-from conftest import terminal_truth
+from support.data import terminal_truth
 
 from dppipeline.commands.generate import generate
 from dppipeline.orchestration.runner import run_job

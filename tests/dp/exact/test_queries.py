@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import with_ids_and_times, write_daily_parquet
+from support.data import with_ids_and_times, write_daily_parquet
 
 from dppipeline.errors import SpecError
 from dppipeline.orchestration.runner import make_plan, run_job

@@ -7,16 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import release_small
+from support.data import release_small
+from support.engines import engine_named
 
 from dppipeline.orchestration.runner import make_plan
 from dppipeline.spec.model import build_spec
-
-
-def engine_named(name: str, request):
-    from test_quarantine import engine_named as named
-
-    return named(name, request)
 
 
 @pytest.mark.parametrize("engine", ["local", "spark", "beam"])

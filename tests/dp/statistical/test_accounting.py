@@ -4,18 +4,18 @@ independently of the code that split the budget; the noise the plan states, in t
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import polars as pl
 import pytest
-from conftest import release_small, terminal_truth
 from dp_accounting.pld import common
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from pydp.algorithms.numerical_mechanisms import GaussianMechanism
 from scipy.stats import norm
+from support import REPO
+from support.data import release_small, terminal_truth
 
 from dppipeline.core.accounting import (
     Member,
@@ -39,14 +39,13 @@ from dppipeline.core.release import TREE_HEIGHT, release_partitions
 from dppipeline.orchestration.runner import make_plan
 from dppipeline.spec.model import build_spec, load_raw
 
-REPO = Path(__file__).resolve().parents[1]
 BANK = REPO / "jobs" / "configs" / "bank_partner_release.yaml"
 Z_1E6 = float(norm.isf(0.5e-6))  # two-sided normal quantile, failure rate 1e-6
 
 
 def bank_plan(accounting: str, noise: str = "gaussian") -> JobPlan:
     # continuous counts: the independent check below composes continuous mechanisms
-    # (discrete ones: tests/test_discrete_noise.py)
+    # (discrete ones: tests/dp/statistical/test_discrete_noise.py)
     overrides = {
         "accounting": accounting,
         "noise": noise,
@@ -299,7 +298,7 @@ def test_exact_tier_and_noise_present(small_inputs, tmp_path, accounting, engine
     manifest names the accounting and the multiplier."""
     if engine == "spark":
         request.getfixturevalue("spark")
-    # continuous counts: the tolerance is a normal tail (discrete: tests/test_discrete_noise.py)
+    # continuous counts: the tolerance is a normal tail (discrete: test_discrete_noise.py)
     tight = {"accounting": accounting, "noise": "gaussian", "count_noise": "continuous"}
     exact, manifest = release_small(
         small_inputs, tmp_path / "exact", engine, **tight, **{"budget.epsilon": 1e7}

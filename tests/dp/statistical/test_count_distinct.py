@@ -18,15 +18,15 @@ import numpy as np
 import pandas as pd
 import polars as pl
 import pytest
-from conftest import START
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
+from support.data import START
+from support.engines import engine_named
 
 from dppipeline.commands.cli import main
 from dppipeline.core.budget import AggregationParams, plan_budget
 from dppipeline.core.tasks import AggregationTask, KeyColumn, check_query_columns
-from dppipeline.engines.beam.engine import BeamEngine
 from dppipeline.engines.shared.polars_read import ROW, SOURCE
 from dppipeline.engines.shared.polars_tasks import aggregate_task
 from dppipeline.engines.shared.sampling import SamplingKeys, new_salt
@@ -95,13 +95,6 @@ def run(inputs: Path, out: Path, engine, epsilon: float, seed: int | None = None
         key = "TERMINAL_ID" if "TERMINAL_ID" in frame else "day"
         released[name] = frame.sort_values(key, ignore_index=True)
     return released, manifest
-
-
-def engine_named(name: str, request):
-    if name == "spark":
-        request.getfixturevalue("spark")
-        return "spark"
-    return BeamEngine(unit_shards=2, partition_shards=2) if name == "beam" else name
 
 
 @pytest.fixture(scope="module")

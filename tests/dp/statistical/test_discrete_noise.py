@@ -21,10 +21,10 @@ import pandas as pd
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
-from conftest import release_small, terminal_truth
 from dp_accounting import dp_event, rdp
 from dp_accounting.pld import privacy_loss_distribution as pld
 from scipy.stats import norm
+from support.data import release_small, terminal_truth
 from test_accounting import BANK, independent_others
 
 from dppipeline.commands.check_release import check_release

@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import polars as pl
 import pytest
-from conftest import release_small, terminal_truth
 from scipy import integrate, stats
+from support.data import release_small, terminal_truth
 
 from dppipeline.commands.generate import generate
 from dppipeline.core.budget import AggregationParams, plan_budget
@@ -134,7 +134,7 @@ def test_intervals_cover_95_percent_on_every_engine(small_inputs, tmp_path, engi
             "partition_selection.public_partitions": str(keys),
             "budget.epsilon": 1.0,
             "confidence_intervals": True,
-            "count_noise": "continuous",  # exactly 95%; discrete: tests/test_discrete_noise.py
+            "count_noise": "continuous",  # exactly 95%; discrete: test_discrete_noise.py
         },
     )
     exact = truth(small_inputs).reindex(range(2000), fill_value=0.0)

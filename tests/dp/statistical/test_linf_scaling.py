@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 import polars as pl
 import pytest
-from conftest import release_small
 from scipy.stats import norm
+from support.data import release_small
 from test_max_contributions import (
     KEY,
     SALT,

@@ -19,10 +19,10 @@ import numpy as np
 import pandas as pd
 import polars as pl
 import pytest
-from conftest import release_small, terminal_truth
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
+from support.data import release_small, terminal_truth
 
 from dppipeline.core.budget import AggregationParams, gaussian_delta, plan_budget
 from dppipeline.core.events import mechanism_event

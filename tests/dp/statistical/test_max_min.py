@@ -25,10 +25,10 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import with_ids_and_times, write_daily_parquet
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
+from support.data import with_ids_and_times, write_daily_parquet
 
 from dppipeline.commands.generate import generate
 from dppipeline.core import extremes

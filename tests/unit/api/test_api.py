@@ -19,13 +19,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from support import REPO as ROOT
+from support import SUPPORT
 
 import dppipeline
 from dppipeline.ledger import Ledger
 from dppipeline.orchestration.runner import run_job
 from dppipeline.spec.model import build_spec
 
-ROOT = Path(__file__).resolve().parents[1]
 SCOPE = "parquet/CUSTOMER_ID"  # what `run_job` calls the scope of `small_inputs["parquet"]`
 JOB = {
     "metrics": ["count", "sum", "privacy_id_count"],
@@ -402,7 +403,7 @@ def test_in_memory_rows_are_filtered_by_the_stated_period(tmp_path):
 def test_the_api_program_type_checks_strictly(tmp_path):
     """mypy --strict on a program that uses only the public API passes; the same program
     with a type error fails (the check can fail)."""
-    program = ROOT / "tests" / "api_program.py"
+    program = SUPPORT / "api_program.py"
     broken = tmp_path / "api_program_broken.py"
     broken.write_text(program.read_text() + "\n\nNOT_A_STRING: str = dppipeline.plan({}).epsilon\n")
     env = {**os.environ, "MYPYPATH": str(ROOT)}

@@ -4,14 +4,14 @@ data-dependent figures only under `--debug-statistics`, marked NOT PRIVATE."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import pytest
+from support import REPO
 
 from dppipeline import logs
 from dppipeline.commands import cli
 
-CONFIG = Path(__file__).resolve().parents[1] / "jobs" / "configs" / "terminal_stats.yaml"
+CONFIG = REPO / "jobs" / "configs" / "terminal_stats.yaml"
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import release_small
+from support.data import release_small
 
 from dppipeline.commands.cli import main
 from dppipeline.commands.report import PREVIEW_ROWS, _cell, build_report, fmt

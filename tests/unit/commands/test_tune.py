@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from conftest import write_daily_parquet
 from scipy import stats
+from support.data import write_daily_parquet
 
 from dppipeline.commands.cli import main
 from dppipeline.commands.tune import BIN_EDGES, bin_index, contribution_histograms, noisy, tune

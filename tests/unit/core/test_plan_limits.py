@@ -192,7 +192,7 @@ def test_the_widest_spec_the_limits_allow_plans_finite_noise(noise):
         "budget.epsilon": 2.0**-40,
         "budget.delta": 1e-100 if noise == "laplace" else 1e-20,
         "partition_selection.public_partitions": "1..5",
-        "count_noise": "continuous",  # PyDP's limits; discrete: tests/test_discrete_noise.py
+        "count_noise": "continuous",  # PyDP's limits; discrete: test_discrete_noise.py
     }
     metrics = ["count", "sum", "mean", "variance", "privacy_id_count"]
     plan = make_plan(spec(noise=noise, metrics=metrics, **widest))

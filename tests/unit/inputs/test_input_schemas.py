@@ -13,13 +13,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from support import REPO as ROOT
+from support.cli import run_cli as cli
 
 from dppipeline.commands.generate import generate
 from dppipeline.core.extremes import candidates
@@ -28,7 +28,6 @@ from dppipeline.orchestration.runner import run_job
 from dppipeline.spec.hashing import spec_hash
 from dppipeline.spec.model import build_spec, load_raw
 
-ROOT = Path(__file__).resolve().parents[1]
 START = dt.date(2026, 1, 1)
 DAYS = 6
 HUGE = {  # basic + Laplace: noise 1/epsilon (zCDP's Gaussian shrinks as 1/sqrt(epsilon))
@@ -364,13 +363,6 @@ def test_a_bad_public_time_key_names_its_place(tmp_path, small_inputs):
     )  # fmt: skip
     with pytest.raises(InputError, match=r"queries.hours.partition_selection.public_partitions"):
         run_job(spec, "local", echo=lambda _: None)
-
-
-def cli(*args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dppipeline", *map(str, args)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
 
 
 def test_the_files_layout_takes_a_folder_and_refuses_mixed_suffixes(book, tmp_path):

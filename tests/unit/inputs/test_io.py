@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from pathlib import Path
 
 import pytest
+from support.files import touch
 
 from dppipeline.errors import InputError
 from dppipeline.inputs.files import (
@@ -19,12 +19,6 @@ from dppipeline.inputs.files import (
 )
 
 D1, D2, D3 = dt.date(2026, 1, 1), dt.date(2026, 1, 2), dt.date(2026, 1, 3)
-
-
-def touch(path: Path, text: str = "x") -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
 
 
 # --------------------------------------------------------------------------- discovery

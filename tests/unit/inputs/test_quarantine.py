@@ -4,31 +4,19 @@ inside or beside the release, never named by the manifest (issue 16 item 2)."""
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from support.data import with_one_bad_row
+from support.engines import engine_named
 
 from dppipeline.commands.cli import main
 from dppipeline.engines.beam.engine import BeamEngine
 from dppipeline.errors import UsageError
 from dppipeline.orchestration.runner import run_job
 from dppipeline.spec.model import build_spec
-
-
-def with_one_bad_row(small_inputs, folder: Path) -> Path:
-    """A copy of the CSV input with one unparseable amount (line 6 of the first day)."""
-    shutil.copytree(small_inputs["csv"], folder)
-    path = sorted(folder.glob("*.csv"))[0]
-    lines = path.read_text().splitlines()
-    fields = lines[5].split(",")
-    fields[4] = "abc"
-    lines[5] = ",".join(fields)
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
 
 PAIR = ["--max-partitions-contributed", "1", "--max-contributions-per-partition", "1"]
 
@@ -49,13 +37,6 @@ def spec(root: Path, output: Path, **extra):
 
 def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
-
-
-def engine_named(name: str, request):
-    if name == "spark":
-        request.getfixturevalue("spark")
-        return "spark"
-    return BeamEngine(unit_shards=2, partition_shards=2) if name == "beam" else name
 
 
 @pytest.mark.parametrize("engine", ["local", "spark", "beam"])
@@ -137,6 +118,7 @@ def test_a_quarantine_elsewhere_is_accepted(tmp_path):
     check_place(tmp_path / "share" / "x" / "y", output)  # not in the parent's listing
 
 
+@pytest.mark.beam
 def test_beam_leaves_no_scratch_outside_the_staging_area(small_inputs, tmp_path, monkeypatch):
     """Beam's rejected rows travel through the staging area, not a folder on the launching
     machine that remote workers cannot reach (issue 16 item 7), and none is left behind."""

@@ -17,9 +17,9 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import DAYS
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.data import DAYS
 
 from dppipeline.engines.shared.polars_read import read_validated
 from dppipeline.engines.shared.polars_rules import broken, column_flag, parsed, parsed_name

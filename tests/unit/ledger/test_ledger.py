@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from file_modes import bound_by_file_modes
+from support.cli import one_error_line, run_cli
+from support.file_modes import bound_by_file_modes
+from support.ledger import expire, states
 
 from dppipeline.errors import UsageError
 from dppipeline.ledger import (
@@ -40,7 +42,6 @@ from dppipeline.ledger import (
 from dppipeline.ledger import schema as ledger_schema
 
 SCOPE = "shop/CUSTOMER_ID"
-PAST = "2000-01-01T00:00:00.000000+00:00"
 
 
 def jan(day: int) -> dt.date:
@@ -89,36 +90,6 @@ def spend(ledger: Ledger, run_id: str, **kwargs) -> None:
     reserve(ledger, run_id, **kwargs)
     ledger.mark_reading(run_id)
     ledger.commit(run_id)
-
-
-def states(ledger: Ledger) -> dict[str, str]:
-    return {row.run_id: row.state for row in ledger.rows()}
-
-
-def expire(ledger: Ledger, run_id: str) -> None:
-    """Ends a reservation's lease (as the passing of time would, without waiting for it)."""
-    table = ledger_schema.releases
-    with ledger._engine.begin() as conn:
-        conn.execute(table.update().where(table.c.run_id == run_id).values(lease_expires_at=PAST))
-
-
-def run_cli(*args: object, env: dict | None = None, timeout: float = 120):
-    base = {k: v for k, v in os.environ.items() if k != "DPPIPELINE_DEBUG"}
-    return subprocess.run(
-        [sys.executable, "-m", "dppipeline", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env={**base, **(env or {})},
-        timeout=timeout,
-        check=False,
-    )
-
-
-def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 # --------------------------------------------------------------------------- 1. the states

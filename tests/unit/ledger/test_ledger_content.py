@@ -24,8 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
-from conftest import DAYS, SMALL
-from test_ledger_audit import job_spec, quiet
+from support.data import DAYS, SMALL, job_spec, quiet
 
 from dppipeline.errors import BudgetExceededError
 from dppipeline.inputs.files import discover_files, discover_partitions

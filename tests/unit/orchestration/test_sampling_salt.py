@@ -6,7 +6,7 @@ import base64
 from pathlib import Path
 
 import pytest
-from conftest import release_small
+from support.data import release_small
 
 from dppipeline.engines.base import ReleaseJob
 from dppipeline.engines.shared.sampling import SamplingKeys, new_salt

@@ -6,8 +6,9 @@ import ast
 from pathlib import Path
 
 import pytest
+from support import REPO
 
-PACKAGE = Path(__file__).resolve().parent.parent / "dppipeline"
+PACKAGE = REPO / "dppipeline"
 CORE = PACKAGE / "core"
 CORE_FILES = sorted(CORE.glob("*.py"))
 # Engine-neutral layers (import-linter holds the whole graph to the layers in pyproject.toml;

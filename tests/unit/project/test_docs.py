@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 import tomllib
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import REPO as ROOT
+
 PACKAGE = ROOT / "dppipeline"
 
 

@@ -4,13 +4,12 @@ Spark executors and Beam workers is what they need, at the versions the tests ra
 from __future__ import annotations
 
 import tomllib
-from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from support import REPO as ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 NEVER_ON_WORKERS = {"pyspark", "apache-beam", "apache-airflow", "pytest", "ruff", "mypy",
                     "duckdb", "moto", "hypothesis", "matplotlib", "pgserver"}  # fmt: skip
 

@@ -17,6 +17,7 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import REPO
 
 import dppipeline.spec.filters as filters_module
 from dppipeline.engines.shared.polars_filter import to_polars
@@ -959,7 +960,7 @@ def test_every_filter_of_the_readme_and_the_configs_still_works(transactions):
     those over the transactions schema also kept alike by Polars and the oracle."""
     from dppipeline.spec.model import load_spec
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = REPO
     texts = [(repo / "README.md", TX)] + [
         (path, load_spec(path).source_schema)
         for path in sorted((repo / "jobs" / "configs").glob("*.yaml"))

@@ -10,11 +10,11 @@ from pathlib import Path
 import pydantic
 import pytest
 import yaml
+from support import REPO
 
 from dppipeline.errors import SpecError, UsageError
 from dppipeline.spec.model import build_spec, load_raw, load_spec
 
-REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "jobs" / "configs" / "terminal_stats.yaml"
 # A valid spec; each rule case below breaks exactly one thing in it.
 BASE = {

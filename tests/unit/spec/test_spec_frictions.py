@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
+from support.cli import run_cli as cli
 
 from dppipeline.errors import SpecError
 from dppipeline.spec.model import build_spec
@@ -29,18 +28,6 @@ HUGE = [
 ]
 # L0 = Linf = 1, stated: the bounds the spec-only checks below once took by default.
 PAIR = {"max_partitions_contributed": 1, "max_contributions_per_partition": 1}
-
-
-def cli(*args: object, env: dict | None = None) -> subprocess.CompletedProcess[str]:
-    import os
-
-    return subprocess.run(
-        [sys.executable, "-m", "dppipeline", *map(str, args)],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def test_a_folder_of_daily_csv_files_needs_no_format_flag(small_inputs, tmp_path):
