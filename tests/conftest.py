@@ -8,8 +8,8 @@ Helpers that are not fixtures live in `support/`.
 from __future__ import annotations
 
 import os
-import sys
-from collections.abc import Iterator
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -125,7 +125,7 @@ def _uses(item: pytest.Item) -> set[str]:
     names = set(getattr(item, "fixturenames", ()))
     marks = {mark for fixture, mark in FIXTURE_MARKS.items() if fixture in names}
     params = getattr(getattr(item, "callspec", None), "params", {})
-    if "postgresql" in params.values():  # `ledger_url` or a test's own backend parameter
+    if any(isinstance(value, str) and value == "postgresql" for value in params.values()):
         marks.add("postgres")
     for name, value in params.items():
         if "engine" not in name:
@@ -135,51 +135,66 @@ def _uses(item: pytest.Item) -> set[str]:
     return marks
 
 
-def _without_jvm(config: pytest.Config) -> bool:
-    """The marker expression deselects spark (`make test-fast`): no test may start Java."""
-    return "not spark" in " ".join((config.getoption("markexpr") or "").split())
+NO_JAVA = pytest.StashKey[Path]()
 
 
-@pytest.fixture(scope="session")
-def _java_tripwire(request, tmp_path_factory) -> Iterator[Path | None]:
-    """Under a selection without spark, JAVA_HOME and PATH lead to a `java` that records its
-    call and fails, in this process and every process a test starts; None otherwise."""
-    if not _without_jvm(request.config):
-        yield None
+def pytest_configure(config: pytest.Config) -> None:
+    """Under a selection that deselects spark (`make test-fast`), JAVA_HOME and PATH lead to a
+    `java` that records its call and fails, in this process and every process a test starts."""
+    if "not spark" not in " ".join((config.getoption("markexpr") or "").split()):
         return
-    home = tmp_path_factory.mktemp("no-java")
-    record = home / "started"
+    home = Path(tempfile.mkdtemp(prefix="dppipeline-no-java-"))
     (home / "bin").mkdir()
     java = home / "bin" / "java"
     java.write_text(
-        f'#!/bin/sh\necho "java $*" >> "{record}"\n'
+        f'#!/bin/sh\necho "java $*" >> "{home / "started"}"\n'
         'echo "java: this selection excludes spark (tests/conftest.py)" >&2\nexit 1\n'
     )
     java.chmod(0o755)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("JAVA_HOME", str(home))
-        patch.setenv("PATH", f"{home / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
-        yield record
+    os.environ["JAVA_HOME"] = str(home)
+    os.environ["PATH"] = f"{home / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
+    config.stash[NO_JAVA] = home / "started"
 
 
-@pytest.fixture(autouse=True)
-def _no_jvm_unless_marked(_java_tripwire: Path | None) -> Iterator[None]:
-    """Fails a test that started (or tried to start) a JVM under a selection without spark:
-    it lacks its `spark` mark."""
-    up_before = _gateway_up()
-    yield
-    if _java_tripwire is None:
+def pytest_unconfigure(config: pytest.Config) -> None:
+    record = config.stash.get(NO_JAVA, None)
+    if record is not None:
+        shutil.rmtree(record.parent, ignore_errors=True)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    try:
+        return (yield)
+    finally:
+        _no_java_started(item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    try:
+        return (yield)
+    finally:
+        _no_java_started(item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    try:
+        return (yield)
+    finally:
+        _no_java_started(item)
+
+
+def _no_java_started(item: pytest.Item) -> None:
+    """Fails the phase of a test (its fixtures included) that tried to start Java under a
+    selection without spark: the test lacks its `spark` mark."""
+    record = item.config.stash.get(NO_JAVA, None)
+    if record is None or not record.exists():
         return
-    tried = _java_tripwire.read_text().strip() if _java_tripwire.exists() else ""
-    _java_tripwire.unlink(missing_ok=True)
-    if tried or (_gateway_up() and not up_before):
-        pytest.fail(
-            "this test started Java under a selection that excludes spark; mark it "
-            f"@pytest.mark.spark ({tried[:200] or 'a Py4J gateway came up'})"
-        )
-
-
-def _gateway_up() -> bool:
-    """Has PySpark launched its JVM gateway in this process?"""
-    context = getattr(sys.modules.get("pyspark"), "SparkContext", None)
-    return getattr(context, "_gateway", None) is not None
+    tried = record.read_text().strip()
+    record.unlink()
+    pytest.fail(
+        "this test started Java under a selection that excludes spark; mark it "
+        f"@pytest.mark.spark ({tried[:160]})"
+    )

@@ -419,6 +419,7 @@ def test_a_signal_during_publication_waits_for_it(tmp_path, small_inputs, action
 # --------------------------------------------------------------------------- 4. caps, CLI
 
 
+@pytest.mark.slow  # 45-300 s in a loaded test-fast run (load 7-8 on 2 cores)
 def test_an_uncapped_or_other_cap_run_in_a_capped_scope_is_refused_unread(tmp_path, small_inputs):
     """Issue 14 case 1, as the operator found it: cap 1 spent, then a run without a cap
     spent 0.5 more. Now the scope's cap is stored; other runs are held to it or refused
@@ -443,6 +444,7 @@ def test_an_uncapped_or_other_cap_run_in_a_capped_scope_is_refused_unread(tmp_pa
     assert "cap epsilon 1 for all time; epsilon left 0" in line
 
 
+@pytest.mark.slow  # 45-300 s in a loaded test-fast run (load 7-8 on 2 cores)
 def test_budget_set_cap_show_and_history(tmp_path, small_inputs):
     url = url_of(tmp_path / "state" / "ledger.sqlite")
     base = ["run", "--input", small_inputs["parquet"], *JOB, "--ledger", url, "--scope", "s"]
@@ -496,6 +498,7 @@ ledger.mark_reading("dead")
 """
 
 
+@pytest.mark.slow  # 45-300 s in a loaded test-fast run (load 7-8 on 2 cores)
 def test_check_budget_settles_a_dead_reservation_first(tmp_path, small_inputs):
     """Issue 15 case 6: a SIGTERMed run's reservation made `run --check-budget` exit 3 ("do
     not retry") although the run was gone. A reservation whose lease has expired is settled

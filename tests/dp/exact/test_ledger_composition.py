@@ -315,6 +315,7 @@ def test_pure_dp_releases_stay_pure_without_a_delta_to_trade(ledger_url):
     assert nights == round(CAP / NIGHT_EPSILON)
 
 
+@pytest.mark.slow  # 45-300 s in a loaded test-fast run (load 7-8 on 2 cores)
 @pytest.mark.parametrize(
     ("accounting", "noise", "cap_delta"),
     [("basic", "laplace", 1e-5), ("pld", "gaussian", None), ("pld", "gaussian", 1e-5)],

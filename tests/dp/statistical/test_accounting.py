@@ -355,6 +355,7 @@ def small_private_plan(accounting: str, strategy: str, noise: str) -> JobPlan:
 STRATEGIES = ["truncated_geometric", "laplace_thresholding", "gaussian_thresholding"]
 
 
+@pytest.mark.slow  # 45-300 s in a loaded test-fast run (load 7-8 on 2 cores)
 @pytest.mark.parametrize("noise", ["gaussian", "laplace"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_each_pooled_mechanism_is_described_no_better_than_it_is(strategy, noise):

@@ -255,6 +255,8 @@ def with_day(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.assign(day=rows["TX_DATETIME"].dt.date)
 
 
+@pytest.mark.spark  # exact_runs runs every engine, whatever the parameter
+@pytest.mark.beam
 @pytest.mark.parametrize("engine", ["local", "spark", "beam"])
 def test_exact_at_a_huge_epsilon_equals_pandas_when_bounds_keep_every_row(
     small_inputs, exact_runs, engine
@@ -285,6 +287,8 @@ def test_exact_at_a_huge_epsilon_equals_pandas_when_bounds_keep_every_row(
     assert (split["l0_sensitivity"], split["linf_sensitivity"]) == (50, 100)
 
 
+@pytest.mark.spark  # exact_runs runs every engine, whatever the parameter
+@pytest.mark.beam
 def test_exact_with_binding_bounds_engines_agree_and_count_only_kept_rows(exact_runs, small_inputs):
     """L0 = 2, Linf = 2 keep far fewer rows than there are: the distinct count is of the kept
     rows (a unique id counts them exactly), at most the count, the same on every engine given
@@ -403,6 +407,8 @@ def test_evaluate_measures_bounding_and_noise_of_distinct_counts(small_inputs, t
     assert table[(DISTINCT_TX, "bounding_mean_abs_error")] > 5  # the bounds bind
 
 
+@pytest.mark.spark  # exact_runs runs every engine, whatever the parameter
+@pytest.mark.beam
 def test_spark_release_on_the_executors_gives_the_driver_values(
     small_inputs, tmp_path, spark, monkeypatch, exact_runs
 ):

@@ -61,6 +61,7 @@ def test_verbose_names_each_logger(small_inputs, tmp_path, capsys):
     assert "INFO dppipeline.orchestration.runner: [local] read " in capsys.readouterr().err
 
 
+@pytest.mark.beam
 def test_debug_statistics_are_off_by_default_and_marked_when_asked(small_inputs, tmp_path, capsys):
     """Beam's count of (unit, partition) pairs is exact: it is neither printed nor kept as a
     runner metric unless asked for, and then every such line says NOT PRIVATE."""

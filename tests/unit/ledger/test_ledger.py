@@ -698,6 +698,7 @@ def start_together(script: str, url: str, folder: Path, names: list[str], env=No
     return outcomes
 
 
+@pytest.mark.slow  # 45-300 s in a loaded test-fast run (load 7-8 on 2 cores)
 def test_eight_racers_for_three_releases_commit_exactly_three(ledger_url, tmp_path):
     Ledger(ledger_url).close()  # created before the race
     names = [f"racer-{n}" for n in range(8)]
