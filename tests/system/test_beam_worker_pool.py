@@ -21,6 +21,8 @@ from support import beam_worker_pool
 from support.cli import run_cli
 from test_object_store import JOB, assert_same_release, pointer
 
+pytestmark = pytest.mark.beam  # Beam on the portable runner and its worker pool
+
 EPSILON = ["--epsilon", "1e7"]
 
 

@@ -51,6 +51,7 @@ def _java_missing() -> bool:
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.spark,  # spark-submit to a standalone cluster
     pytest.mark.skipif(
         _java_missing(), reason="a Spark cluster needs Java 17+ (no `java` on PATH, no JAVA_HOME)"
     ),
