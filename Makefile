@@ -4,9 +4,13 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEMO   ?= demo
+LINTED := dppipeline tests bench jobs airflow_dags tests_airflow scripts
+# make test-fast: no JVM, no server, nothing slow (markers in pyproject.toml, applied by
+# tests/conftest.py, which also fails a test that starts Java under this selection).
+FAST   := not spark and not beam and not postgres and not s3 and not slow
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test lint bench clean check-java spark-cluster spark-cluster-stop pack-env airflow-setup airflow-demo airflow-test locks
+.PHONY: help setup demo test test-fast lint bench clean check-java spark-cluster spark-cluster-stop pack-env airflow-setup airflow-demo airflow-test locks
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -50,17 +54,21 @@ demo: setup  ## generate sample data and run the default job on the local engine
 	@echo "release written to $(DEMO)/release (read it with: pandas.read_parquet('$(DEMO)/release/terminal_stats'))"
 
 test: setup airflow-setup  ## lint, then the whole test suite (then the Airflow DAG tests)
-	$(VENV)/bin/ruff check dppipeline tests bench jobs airflow_dags tests_airflow scripts
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -n 2 -q
 	$(MAKE) --no-print-directory airflow-test
 
+test-fast: setup  ## the tests that need no JVM, no server and little time (a few minutes)
+	$(PY) -m pytest -m "$(FAST)" -n 2 -q
+
 lint: setup  ## ruff, the layer contracts (import-linter) and mypy --strict on spec and core
-	$(VENV)/bin/ruff check dppipeline tests bench jobs airflow_dags tests_airflow scripts
+	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy
-	$(VENV)/bin/ruff format --check dppipeline tests bench jobs airflow_dags tests_airflow scripts
+	$(VENV)/bin/ruff format --check $(LINTED)
 
 bench: setup  ## benchmarks against PipelineDP and a non-private baseline; noise per accounting
 	$(PY) -m bench.local_engine

@@ -1,8 +1,9 @@
 """Accuracy of `max` against `percentile(100)` on generated data, at epsilon 1 (local engine).
 
 `python -m bench.max_min [--seeds 3 4 5 6 7] [--releases 2]`: per seed, generates the data
-of tests/test_max_min.py's accuracy test (300,000 customers, 30 terminals, one day, 150,000
-transactions: no customer has more than 6 rows, so `max_contributions: 6` keeps every row and
+of tests/dp/statistical/test_max_min.py's accuracy test (300,000 customers, 30 terminals, one
+day, 150,000 transactions: no customer has more than 6 rows, so `max_contributions: 6` keeps
+every row and
 the truth of the bounded rows is the clipped input), releases `max` and `percentile(100)` at
 epsilon 1 over bounds [0, 500] (each in its own release, with the whole epsilon) and counts the
 terminals with

@@ -11,7 +11,7 @@
 #
 # Each is what pip installs into a fresh virtualenv for that role, constrained by
 # requirements.lock (which pins every package of every role), then `pip freeze`. Run it after
-# changing pyproject.toml's dependencies or requirements.lock; tests/test_locks.py checks the
+# changing pyproject.toml's dependencies or requirements.lock; tests/unit/project/test_locks.py checks the
 # files agree with both.
 set -euo pipefail
 

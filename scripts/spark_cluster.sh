@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A one-worker Spark standalone cluster on 127.0.0.1, run from the pyspark installed in .venv,
-# for trying spark-submit against a real master (`make spark-cluster`, tests/test_spark_cluster.py).
+# for trying spark-submit against a real master (`make spark-cluster`, tests/system/test_spark_cluster.py).
 #
 #   scripts/spark_cluster.sh start    start the master and one worker; wait until the worker is
 #                                     ALIVE in the master's web UI JSON; print the master URL

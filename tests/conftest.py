@@ -1,22 +1,21 @@
-"""Shared fixtures: one small synthetic input per layout, generated once per session.
+"""Shared fixtures (one small synthetic input per layout, generated once per session; Spark, a
+PostgreSQL and an S3 server, one per test process) and the markers that say what a test starts.
 
-Tests must treat these folders as read-only; a test that corrupts data copies them first.
+Tests must treat the input folders as read-only; a test that corrupts data copies them first.
+Helpers that are not fixtures live in `support/`.
 """
 
 from __future__ import annotations
 
-import datetime as dt
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
+from support.data import SMALL, START
 
 from dppipeline.commands.generate import generate
-
-SMALL = {"customers": 200, "terminals": 50, "days": 3, "tx_per_day": 500, "seed": 11}
-START = dt.date(2026, 1, 1)
-DAYS = [START + dt.timedelta(days=d) for d in range(SMALL["days"])]
 
 
 @pytest.fixture(autouse=True)
@@ -63,84 +62,10 @@ def engine(request) -> str:
     return request.param
 
 
-def release_small(
-    inputs: dict[str, Path],
-    out: Path,
-    engine,
-    fmt: str = "parquet",
-    ledger: str | None = None,
-    **overrides,
-):
-    """One release of `inputs` into `out/release` with loose bounds and public terminals
-    0..59 (50 with data, 10 empty), recorded in `ledger` if given; returns (released rows
-    sorted by key, manifest)."""
-    from dppipeline.orchestration.runner import run_job
-    from dppipeline.spec.model import build_spec
-
-    out.mkdir(parents=True, exist_ok=True)
-    keys = out / "keys.csv"
-    keys.write_text("TERMINAL_ID\n" + "\n".join(str(k) for k in range(60)) + "\n")
-    base = {
-        "input.path": str(inputs[fmt]),
-        "input.format": fmt,
-        "output": str(out / "release"),
-        "metrics": ["count", "sum", "mean", "privacy_id_count"],
-        "bounds.max_partitions_contributed": 50,
-        "bounds.max_contributions_per_partition": 100,
-        "bounds.min_value": 0.0,
-        "bounds.max_value": 150.0,
-        "partition_selection.public_partitions": str(keys),
-    }
-    base.update(overrides)
-    result = run_job(build_spec({}, base), engine, echo=lambda _: None, ledger=ledger)
-    released = pd.read_parquet(result.output / "terminal_stats")
-    manifest = result.manifest.model_dump(mode="json", exclude_unset=True)  # as written
-    return released.sort_values("TERMINAL_ID", ignore_index=True), manifest
-
-
-def terminal_truth(rows, min_value: float, max_value: float) -> pd.DataFrame:
-    """Exact count, sum (of values clipped to [min_value, max_value]) and distinct customers
-    per TERMINAL_ID of a Polars frame of rows: the truth loose bounds must give."""
-    import polars as pl
-
-    clipped = rows.with_columns(pl.col("TX_AMOUNT").clip(min_value, max_value))
-    return (
-        clipped.group_by("TERMINAL_ID")
-        .agg(
-            pl.len().cast(pl.Float64).alias("count"),
-            pl.col("TX_AMOUNT").sum().alias("sum"),
-            pl.col("CUSTOMER_ID").n_unique().cast(pl.Float64).alias("privacy_id_count"),
-        )
-        .sort("TERMINAL_ID")
-        .to_pandas()
-    )
-
-
-def check_count_noise_as_planned(release) -> None:
-    """Released minus exact count over 60 public partitions (50 with data, 10 empty), 3
-    draws at epsilon 1: the variance ratio to the manifest's std^2 is within
-    Z * sqrt((kurtosis - 1) / n), kurtosis 6 (Laplace), failure rate 1e-6. Coarse, but it
-    fails with no noise or noise 2x too large. `release(name, **overrides)` runs one release."""
-    import math
-
-    import numpy as np
-    from scipy.stats import norm
-
-    exact, _ = release("exact", **{"budget.epsilon": 1e7})
-    draws, manifest = [], None
-    for i in range(3):
-        noisy, manifest = release(f"noisy{i}", **{"metrics": ["count"], "budget.epsilon": 1.0})
-        draws.append(noisy["count"].to_numpy() - exact["count"].to_numpy())
-    noise = np.concatenate(draws)
-    sigma = manifest["queries"]["terminal_stats"]["metrics"]["count"]["noise_stddev"]
-    ratio = np.mean(noise**2) / sigma**2
-    assert abs(ratio - 1) <= float(norm.isf(0.5e-6)) * math.sqrt(5 / len(noise)), ratio
-
-
 @pytest.fixture(scope="session")
 def postgres():
     """A real PostgreSQL 16 server on 127.0.0.1, one per test process (see postgres_server)."""
-    from postgres_server import start
+    from support.postgres_server import start
 
     server = start()
     yield server
@@ -158,7 +83,7 @@ def ledger_url(request, tmp_path) -> str:
 @pytest.fixture(scope="session")
 def s3_server():
     """A real S3-compatible server (moto) on 127.0.0.1, one per test process (see s3_server)."""
-    from s3_server import start
+    from support.s3_server import start
 
     server = start()
     yield server
@@ -177,30 +102,99 @@ def s3(s3_server, monkeypatch):
     return s3_server
 
 
-def with_ids_and_times(rows: pd.DataFrame, rng, start, days: int) -> pd.DataFrame:
-    """`rows` (unit, terminal, amount) with TRANSACTION_ID 0..n-1 and a TX_DATETIME drawn
-    uniformly over `days` days from `start` (microseconds, as the schema stores it)."""
-    n = len(rows)
-    rows = rows.reset_index(drop=True)
-    rows.insert(0, "TRANSACTION_ID", np.arange(n, dtype=np.int64))
-    moments = start + pd.to_timedelta(rng.integers(0, days * 86400, n), "s")
-    rows.insert(1, "TX_DATETIME", moments.astype("datetime64[us]"))
-    return rows
+# --------------------------------------------------------------------------- markers
+
+# What each marker stands for: fixtures that start it, and engine names it runs on.
+FIXTURE_MARKS = {"spark": "spark", "postgres": "postgres", "s3": "s3", "s3_server": "s3"}
+ENGINE_MARKS = ("spark", "beam")
 
 
-def write_daily_parquet(rows: pd.DataFrame, root: Path) -> Path:
-    """Hand-made transactions (the transactions schema's columns, `TX_DATETIME` as datetime)
-    written as `root/date=YYYY-MM-DD/part-0.parquet`, one folder per day; returns `root`."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks each test spark / beam / postgres / s3 by what it uses: the fixtures it requests
+    (`spark`, `postgres`, `s3`, `s3_server`), a parameter value "postgresql" (`ledger_url` or a
+    test's own), and a parameter named like engine whose value is a Spark or Beam engine (a name
+    such as "spark" or "beam-many-shards", or an engine object). Tests that start a JVM or a
+    server another way (a CLI subprocess with --engine spark, a Beam engine built in the test)
+    carry explicit marks; under a selection without spark, the check below catches a miss."""
+    for item in items:
+        for mark in sorted(_uses(item)):
+            item.add_marker(getattr(pytest.mark, mark))
 
-    from dppipeline.spec.schema import transactions_schema
 
-    schema = transactions_schema().to_arrow()
-    moments = rows["TX_DATETIME"].astype("datetime64[us]")
-    for day, part in rows.assign(TX_DATETIME=moments).groupby(moments.dt.date):
-        folder = root / f"date={day.isoformat()}"
-        folder.mkdir(parents=True)
-        table = pa.Table.from_pandas(part[schema.names], schema=schema, preserve_index=False)
-        pq.write_table(table, folder / "part-0.parquet")
-    return root
+def _uses(item: pytest.Item) -> set[str]:
+    names = set(getattr(item, "fixturenames", ()))
+    marks = {mark for fixture, mark in FIXTURE_MARKS.items() if fixture in names}
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if any(isinstance(value, str) and value == "postgresql" for value in params.values()):
+        marks.add("postgres")
+    for name, value in params.items():
+        if "engine" not in name:
+            continue
+        text = (value if isinstance(value, str) else type(value).__name__).lower()
+        marks.update(engine for engine in ENGINE_MARKS if text.startswith(engine))
+    return marks
+
+
+NO_JAVA = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under a selection that deselects spark (`make test-fast`), JAVA_HOME and PATH lead to a
+    `java` that records its call and fails, in this process and every process a test starts."""
+    if "not spark" not in " ".join((config.getoption("markexpr") or "").split()):
+        return
+    home = Path(tempfile.mkdtemp(prefix="dppipeline-no-java-"))
+    (home / "bin").mkdir()
+    java = home / "bin" / "java"
+    java.write_text(
+        f'#!/bin/sh\necho "java $*" >> "{home / "started"}"\n'
+        'echo "java: this selection excludes spark (tests/conftest.py)" >&2\nexit 1\n'
+    )
+    java.chmod(0o755)
+    os.environ["JAVA_HOME"] = str(home)
+    os.environ["PATH"] = f"{home / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
+    config.stash[NO_JAVA] = home / "started"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    record = config.stash.get(NO_JAVA, None)
+    if record is not None:
+        shutil.rmtree(record.parent, ignore_errors=True)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    try:
+        return (yield)
+    finally:
+        _no_java_started(item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    try:
+        return (yield)
+    finally:
+        _no_java_started(item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    try:
+        return (yield)
+    finally:
+        _no_java_started(item)
+
+
+def _no_java_started(item: pytest.Item) -> None:
+    """Fails the phase of a test (its fixtures included) that tried to start Java under a
+    selection without spark: the test lacks its `spark` mark."""
+    record = item.config.stash.get(NO_JAVA, None)
+    if record is None or not record.exists():
+        return
+    tried = record.read_text().strip()
+    record.unlink()
+    pytest.fail(
+        "this test started Java under a selection that excludes spark; mark it "
+        f"@pytest.mark.spark ({tried[:160]})"
+    )

@@ -462,13 +462,13 @@ def postgres_ledger():
     """A real PostgreSQL server (the project's test helper, run with the project's Python,
     which has the pgserver wheel) and an empty database on it."""
     started = subprocess.run(
-        [str(MAIN_PYTHON), str(PROJECT / "tests" / "postgres_server.py"), "start"],
+        [str(MAIN_PYTHON), str(PROJECT / "tests" / "support" / "postgres_server.py"), "start"],
         capture_output=True, text=True, check=True, timeout=300,
     )  # fmt: skip
     server = json.loads(started.stdout)
     yield server["url"]
     subprocess.run(
-        [str(MAIN_PYTHON), str(PROJECT / "tests" / "postgres_server.py"), "stop",
+        [str(MAIN_PYTHON), str(PROJECT / "tests" / "support" / "postgres_server.py"), "stop",
          server["folder"]],
         capture_output=True, check=False, timeout=120,
     )  # fmt: skip
@@ -517,7 +517,7 @@ def test_the_beam_dag_runs_a_night_from_s3_to_s3(
     )
     sys.path.insert(0, str(PROJECT / "tests"))
     try:
-        from s3_server import start
+        from support.s3_server import start
     finally:
         sys.path.pop(0)
     server = start(python=str(MAIN_PYTHON))
@@ -548,7 +548,7 @@ def test_the_sensor_and_the_marker_work_on_s3_roots(airflow_db, monkeypatch, tmp
     `RELEASE.json` pointer names, written once."""
     sys.path.insert(0, str(PROJECT / "tests"))
     try:
-        from s3_server import start
+        from support.s3_server import start
     finally:
         sys.path.pop(0)
     server = start(python=str(MAIN_PYTHON))
@@ -595,7 +595,8 @@ def test_the_sensor_and_the_marker_work_on_s3_roots(airflow_db, monkeypatch, tmp
 
 
 # -------------------------------------------------------------------------------------------------
-# Neighbouring datasets through an Airflow task (tests/test_neighbours.py: every other surface)
+# Neighbouring datasets through an Airflow task (tests/dp/exact/test_neighbours.py: every other
+# surface)
 
 _RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}")
 _TIMING = re.compile(r"\s*\b\d+\.\d+s\b")
@@ -608,9 +609,9 @@ _VOLATILE = re.compile(
 
 def _neighbours(tmp: Path) -> tuple[Path, Path]:
     """A base input and the same input plus one adversarial customer (every kind of
-    adversary of tests/test_neighbours.py), each under its own root with its job spec."""
+    adversary of tests/dp/exact/test_neighbours.py), each under its own root with its job spec."""
     script = (
-        "import sys; from pathlib import Path; sys.path.insert(0, 'tests')\n"
+        "import sys; from pathlib import Path; sys.path[:0] = ['tests', 'tests/dp/exact']\n"
         "import test_neighbours as t\n"
         f"root = Path({str(tmp)!r})\n"
         "base = t._base(root / 'without', 'parquet')\n"

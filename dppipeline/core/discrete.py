@@ -14,7 +14,7 @@ Tumult Analytics and OpenDP release them. Both distributions live on the integer
 The samplers are OpenDP's (exact, in Rust, no floating-point arithmetic on the noise: the
 attack on naive floating-point Laplace noise, Mironov 2012, does not apply), from OpenDP 0.16:
 0.14.1's drew some values too often and others too rarely (at scale 5, ln P(4)/P(3) = -0.05,
-not -0.2), as tests/test_noise_distribution.py shows. OpenDP is imported when noise is drawn,
+not -0.2), as tests/.../test_noise_distribution.py shows. OpenDP is imported when noise is drawn,
 not when a plan is made (its core modules take 0.1-0.2 s to import on the development machine;
 `opendp.prelude` twice that).
 Variance and quantiles here are exact for `plan` and confidence intervals.
