@@ -4,11 +4,13 @@ independently of the code that split the budget; the noise the plan states, in t
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 import polars as pl
 import pytest
+from dp_accounting import dp_event, rdp
 from dp_accounting.pld import common
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
@@ -57,43 +59,51 @@ def bank_plan(accounting: str, noise: str = "gaussian") -> JobPlan:
     return make_plan(build_spec(load_raw(BANK), overrides))
 
 
-def independent_plds(plan: JobPlan) -> tuple[list[PrivacyLossDistribution], float]:
-    """(PLDs of every mechanism the job runs, the thresholds' delta), built here from what each
-    mechanism does, not from the plan's multipliers: additive noise from its std and
-    sensitivities; the others as `independent_others`."""
-    plds: list[PrivacyLossDistribution] = []
+class Described(NamedTuple):
+    """What one mechanism of a plan does, built here from its noise and sensitivities, not
+    from the plan's multipliers: `gaussian` (parameter: std / L2) and `laplace` (b / L1)
+    noise; `pure` draws and `bounded_range` (an exponential mechanism) at a per-partition
+    epsilon, `count` of them. PLD and RDP each compose it (`as_pld`, `as_rdp_event`)."""
+
+    kind: str
+    parameter: float
+    count: int = 1
+
+
+def described_additive(plan: JobPlan) -> list[Described]:
+    """The additive noise mechanisms, from their std and sensitivities."""
+    described = []
     for m in [m for q in plan.queries for m in q.own_mechanisms()]:
         if m.name in NOT_ADDITIVE:
             continue
         l0, linf = m.l0_sensitivity, m.linf_sensitivity
         if m.kind == "gaussian":
-            plds.append(pld_lib.from_gaussian_mechanism(m.noise_stddev / (math.sqrt(l0) * linf)))
+            described.append(Described("gaussian", m.noise_stddev / (math.sqrt(l0) * linf)))
         else:
-            plds.append(pld_lib.from_laplace_mechanism(m.noise_stddev / math.sqrt(2) / (l0 * linf)))
-    others, threshold_delta = independent_others(plan)
-    return plds + others, threshold_delta
+            described.append(Described("laplace", m.noise_stddev / math.sqrt(2) / (l0 * linf)))
+    return described
 
 
-def independent_others(plan: JobPlan) -> tuple[list[PrivacyLossDistribution], float]:
-    """(PLDs of the pool's mechanisms that are not additive noise, the thresholds' delta):
-    max and min from OpenDP's own privacy map of their Gumbel scale; a selection from the PyDP
+def described_others(plan: JobPlan) -> tuple[list[Described], float]:
+    """(the pool's mechanisms that are not additive noise, the thresholds' delta): max and
+    min from OpenDP's own privacy map of their Gumbel scale; a selection from the PyDP
     strategy the release builds (its epsilon, its noise's sigma, its probability of keeping a
     one-unit partition); a quantile tree from the (epsilon, delta) handed to PyDP."""
-    plds: list[PrivacyLossDistribution] = []
+    described = []
     threshold_delta = 0.0
     for m in [m for q in plan.queries for m in q.own_mechanisms()]:
         if m.name in EXTREME_METRICS:
             per_partition = privacy_loss(m.noise_scale, round(m.linf_sensitivity))
-            plds.append(_pure(per_partition).self_compose(m.l0_sensitivity))
+            described.append(Described("bounded_range", per_partition, m.l0_sensitivity))
         elif m.name == "percentile":
             epsilon, delta = m.build_spec().eps, m.build_spec().delta
             l0 = m.l0_sensitivity * TREE_HEIGHT
             if m.kind == "laplace":
-                plds.append(pld_lib.from_laplace_mechanism(1 / epsilon))
+                described.append(Described("laplace", 1 / epsilon))
             else:
                 l2 = math.sqrt(l0) * m.linf_sensitivity
                 sigma = GaussianMechanism(epsilon, delta, l2).std
-                plds.append(pld_lib.from_gaussian_mechanism(sigma / l2))
+                described.append(Described("gaussian", sigma / l2))
     for group in plan.selections:
         s = group.mechanism
         strategy = s.build_selection(group.pre_threshold)
@@ -101,18 +111,48 @@ def independent_others(plan: JobPlan) -> tuple[list[PrivacyLossDistribution], fl
         threshold_delta += -math.expm1(s.l0_sensitivity * math.log1p(-p_one))
         if s.kind == "truncated_geometric":
             per_partition = strategy.epsilon / s.l0_sensitivity
-            plds.append(_pure(per_partition).self_compose(s.l0_sensitivity))
+            described.append(Described("pure", per_partition, s.l0_sensitivity))
         elif s.kind == "laplace_thresholding":
-            plds.append(pld_lib.from_laplace_mechanism(1 / strategy.epsilon))
+            described.append(Described("laplace", 1 / strategy.epsilon))
         else:
             l2 = math.sqrt(s.l0_sensitivity)
             sigma = GaussianMechanism(strategy.epsilon, strategy.delta / 2, l2).std
-            plds.append(pld_lib.from_gaussian_mechanism(sigma / l2))
-    return plds, threshold_delta
+            described.append(Described("gaussian", sigma / l2))
+    return described, threshold_delta
 
 
-def _pure(epsilon: float) -> PrivacyLossDistribution:
-    return pld_lib.from_privacy_parameters(common.DifferentialPrivacyParameters(epsilon, 0.0))
+def as_pld(one: Described) -> PrivacyLossDistribution:
+    """dp_accounting's PLD (default grid); a pure or bounded-range draw as the randomized
+    response pair of its epsilon, which dominates every epsilon-DP mechanism."""
+    if one.kind == "gaussian":
+        return pld_lib.from_gaussian_mechanism(one.parameter)
+    if one.kind == "laplace":
+        return pld_lib.from_laplace_mechanism(one.parameter)
+    pure = pld_lib.from_privacy_parameters(common.DifferentialPrivacyParameters(one.parameter, 0.0))
+    return pure.self_compose(one.count)
+
+
+def as_rdp_event(one: Described) -> dp_event.DpEvent:
+    """dp_accounting's RDP event: a pure e-DP draw is e^2 / 2-zCDP, a bounded-range one
+    e^2 / 8-zCDP."""
+    if one.kind == "gaussian":
+        return dp_event.GaussianDpEvent(one.parameter)
+    if one.kind == "laplace":
+        return dp_event.LaplaceDpEvent(one.parameter)
+    factor = 8 if one.kind == "bounded_range" else 2
+    return dp_event.ZCDpEvent(one.count * one.parameter**2 / factor)
+
+
+def independent_plds(plan: JobPlan) -> tuple[list[PrivacyLossDistribution], float]:
+    """(PLDs of every mechanism the job runs, the thresholds' delta)."""
+    others, threshold_delta = independent_others(plan)
+    return [as_pld(one) for one in described_additive(plan)] + others, threshold_delta
+
+
+def independent_others(plan: JobPlan) -> tuple[list[PrivacyLossDistribution], float]:
+    """(PLDs of the pool's mechanisms that are not additive noise, the thresholds' delta)."""
+    others, threshold_delta = described_others(plan)
+    return [as_pld(one) for one in others], threshold_delta
 
 
 def independent_epsilon(plan: JobPlan) -> float:
@@ -127,47 +167,10 @@ def independent_epsilon(plan: JobPlan) -> float:
 
 def independent_rdp_epsilon(plan: JobPlan) -> float:
     """The job's epsilon at its delta by Rényi DP (dp_accounting's RDP accountant, its default
-    orders and larger ones), each mechanism described from what it does: additive noise from
-    its std and sensitivities; max and min as bounded range, (L0 e^2 / 8)-zCDP for OpenDP's
-    per-partition loss e; a truncated geometric selection as L0 pure draws, (L0 e^2 / 2)-zCDP;
-    thresholding and quantile trees by the noise PyDP calibrates."""
-    from dp_accounting import dp_event, rdp
-
-    events: list[dp_event.DpEvent] = []
-    for m in [m for q in plan.queries for m in q.own_mechanisms()]:
-        l0, linf = m.l0_sensitivity, m.linf_sensitivity
-        if m.name in EXTREME_METRICS:
-            per_partition = privacy_loss(m.noise_scale, round(linf))
-            events.append(dp_event.ZCDpEvent(l0 * per_partition**2 / 8))
-        elif m.name == "percentile":
-            epsilon, delta = m.build_spec().eps, m.build_spec().delta
-            if m.kind == "laplace":
-                events.append(dp_event.LaplaceDpEvent(1 / epsilon))
-            else:
-                l2 = math.sqrt(l0 * TREE_HEIGHT) * linf
-                events.append(
-                    dp_event.GaussianDpEvent(GaussianMechanism(epsilon, delta, l2).std / l2)
-                )
-        elif m.kind == "gaussian":
-            events.append(dp_event.GaussianDpEvent(m.noise_stddev / (math.sqrt(l0) * linf)))
-        else:
-            events.append(dp_event.LaplaceDpEvent(m.noise_stddev / math.sqrt(2) / (l0 * linf)))
-    threshold_delta = 0.0
-    for group in plan.selections:
-        s = group.mechanism
-        strategy = s.build_selection(group.pre_threshold)
-        threshold_delta += -math.expm1(
-            s.l0_sensitivity * math.log1p(-strategy.probability_of_keep(1))
-        )
-        if s.kind == "truncated_geometric":
-            per_partition = strategy.epsilon / s.l0_sensitivity
-            events.append(dp_event.ZCDpEvent(s.l0_sensitivity * per_partition**2 / 2))
-        elif s.kind == "laplace_thresholding":
-            events.append(dp_event.LaplaceDpEvent(1 / strategy.epsilon))
-        else:
-            l2 = math.sqrt(s.l0_sensitivity)
-            sigma = GaussianMechanism(strategy.epsilon, strategy.delta / 2, l2).std
-            events.append(dp_event.GaussianDpEvent(sigma / l2))
+    orders and larger ones), every mechanism described as for PLD (`Described`); max and min
+    as bounded range, which RDP describes more tightly than PLD's randomized response."""
+    others, threshold_delta = described_others(plan)
+    events = [as_rdp_event(one) for one in described_additive(plan) + others]
     orders = (
         [1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [2.0**k for k in range(6, 21)]
     )
