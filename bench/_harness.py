@@ -30,8 +30,8 @@ import pandas as pd
 import psutil
 import pyarrow.parquet as pq
 
-from dppipeline.commands.generate import generate
 from dppipeline.spec.model import JobSpec, build_spec
+from dppipeline.synthetic.transactions import generate
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = ROOT / "bench" / "data"
@@ -186,7 +186,7 @@ def build_job_spec(data: Dataset, keys: Path) -> JobSpec:
 def count_noise_se(spec: JobSpec) -> float | None:
     """Standard error that noise alone gives the mean released count over the public terminals:
     released means within a few of these of the bounded one are consistent."""
-    from dppipeline.orchestration.runner import make_plan  # imports pipeline_dp: see _report
+    from dppipeline.lifecycle.runner import make_plan  # imports pipeline_dp: see _report
 
     stddev = make_plan(spec).queries[0].plan.metric_noise_stddev("count")  # the one query
     return None if stddev is None else stddev / math.sqrt(N_TERMINALS)
@@ -197,11 +197,11 @@ def bounded_reference(data: Dataset, keys: Path) -> tuple[float | None, float | 
     aggregation of the same data, and the standard error noise alone gives a released mean."""
     try:
         from dppipeline.core.tasks import plan_tasks, read_schema
+        from dppipeline.engines.kernel.sampling import new_salt
         from dppipeline.engines.local.engine import compute_aggregates
-        from dppipeline.engines.shared.sampling import new_salt
         from dppipeline.inputs.files import discover_partitions
-        from dppipeline.orchestration.public_keys import read_key_files
-        from dppipeline.orchestration.runner import make_plan
+        from dppipeline.lifecycle.public_keys import read_key_files
+        from dppipeline.lifecycle.runner import make_plan
 
         spec = build_job_spec(data, keys)
         days = discover_partitions(data.folder, "parquet")

@@ -29,8 +29,8 @@ from dppipeline.core.events import release_events
 from dppipeline.core.intervals import ratio_stddev_bound
 from dppipeline.core.tasks import key_columns, public_key_set
 from dppipeline.ledger import BudgetExceededError, BudgetPolicy, Ledger, ReleaseKey
-from dppipeline.orchestration.public_keys import read_key_files
-from dppipeline.orchestration.runner import make_plan
+from dppipeline.lifecycle.public_keys import read_key_files
+from dppipeline.lifecycle.runner import make_plan
 from dppipeline.spec.loader import load_raw
 from dppipeline.spec.model import build_spec
 

@@ -146,12 +146,12 @@ RELEASED = {"ours": (OURS, "ours"), "pipelinedp": (PIPELINEDP, "PipelineDP")}
 
 def run_ours(spec: JobSpec) -> None:
     """One end-to-end release in this process, as `dppipeline run` does it."""
-    from dppipeline.orchestration.runner import run_job
+    from dppipeline.lifecycle.runner import run_job
 
     run_job(spec, engine="local", overwrite=True, echo=lambda _line: None)
 
 
-ENGINE, TASKS = "dppipeline.engines.local.engine", "dppipeline.engines.shared.polars_tasks"
+ENGINE, TASKS = "dppipeline.engines.local.engine", "dppipeline.engines.kernel.polars_tasks"
 CONTAINER = (ENGINE, "aggregate_validated")  # the engine's whole share, reads included
 # Functions timed in extra, instrumented runs, patched where their callers look them up (so the
 # breakdown stays true to whatever run_job does today): inside aggregate_validated, then after it.

@@ -26,10 +26,10 @@ import numpy as np
 import pandas as pd
 import polars as pl
 
-from dppipeline.commands.generate import generate
 from dppipeline.core import extremes
-from dppipeline.orchestration.runner import make_plan, run_job
+from dppipeline.lifecycle.runner import make_plan, run_job
 from dppipeline.spec.model import build_spec
+from dppipeline.synthetic.transactions import generate
 
 METRICS = {"max": "max", "percentile(100)": "percentile_100"}
 

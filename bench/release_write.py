@@ -42,10 +42,10 @@ def run_one(way: str, partitions: int, out: Path) -> dict[str, float]:
 
     from dppipeline.core.tasks import plan_tasks
     from dppipeline.engines.base import ReleaseJob
-    from dppipeline.engines.shared.release_file import RELEASE_FILE, ReleaseWriter
+    from dppipeline.engines.kernel.release_file import RELEASE_FILE, ReleaseWriter
     from dppipeline.engines.spark.aggregate import release_on_executors, released_batches
-    from dppipeline.engines.spark.session import get_spark
-    from dppipeline.orchestration.runner import make_plan
+    from dppipeline.engines.spark.spark_session import get_spark
+    from dppipeline.lifecycle.runner import make_plan
     from dppipeline.spec.model import build_spec
 
     spark = get_spark(master="local[2]", conf={"spark.ui.enabled": "false"})

@@ -22,8 +22,8 @@ _PUBLIC = {
     "plan": "dppipeline.api.jobs",
     "Plan": "dppipeline.api.jobs",
     "MechanismPlan": "dppipeline.api.jobs",
-    "release": "dppipeline.api.release",
-    "Release": "dppipeline.api.release",
+    "release": "dppipeline.api.frame_release",
+    "Release": "dppipeline.api.frame_release",
     "Session": "dppipeline.api.session",
     "Budget": "dppipeline.api.session",
     "query": "dppipeline.api.session",
@@ -56,8 +56,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr__` imports
+    from dppipeline.api.frame_release import Release, release
     from dppipeline.api.jobs import Job, MechanismPlan, Plan, load_job, plan
-    from dppipeline.api.release import Release, release
     from dppipeline.api.session import Budget, Session, query
     from dppipeline.errors import (
         BudgetExceeded,

@@ -1,5 +1,5 @@
 """`python -m dppipeline` is the `dppipeline` console script."""
 
-from dppipeline.commands.cli import main
+from dppipeline.cli.main import main
 
 raise SystemExit(main())

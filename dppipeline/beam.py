@@ -1,5 +1,5 @@
 """The Beam side of the Python API: `ReleaseTransform` (imports apache_beam)."""
 
-from dppipeline.api.beam import ReleaseTransform
+from dppipeline.api.beam_transform import ReleaseTransform
 
 __all__ = ["ReleaseTransform"]

@@ -13,7 +13,7 @@ its dependencies to the workers. Exit codes and error lines are those of `dppipe
 
 import sys
 
-from dppipeline.commands.cli import main
+from dppipeline.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main(["run", "--engine", "beam", *sys.argv[1:]]))

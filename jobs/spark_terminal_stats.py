@@ -9,7 +9,7 @@ lines are those of `dppipeline run`.
 
 import sys
 
-from dppipeline.commands.cli import main
+from dppipeline.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main(["run", "--engine", "spark", *sys.argv[1:]]))

@@ -111,7 +111,7 @@ for pkg in "${EXCLUDED[@]}"; do
 done
 (cd / && env -i "$ENV_PY" -I -c '
 import sys, dppipeline, pipeline_dp, pydp, dp_accounting, numpy, pandas, pyarrow, polars, yaml
-from dppipeline.core.release import release_partitions
+from dppipeline.core.mechanisms import release_partitions
 from dppipeline.spec.schema import transactions_schema
 transactions_schema()
 assert dppipeline.__file__.startswith(sys.prefix), (dppipeline.__file__, sys.prefix)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from support.data import SMALL, START
 
-from dppipeline.commands.generate import generate
+from dppipeline.synthetic.transactions import generate
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +44,7 @@ def spark():
         pytest.skip("Spark tests need Java on PATH")
     from pyspark.sql import SparkSession
 
-    from dppipeline.engines.spark.session import get_spark
+    from dppipeline.engines.spark.spark_session import get_spark
 
     return SparkSession.getActiveSession() or get_spark(
         app_name="dppipeline-tests",

@@ -88,7 +88,7 @@ class Plan:
 def plan(job: JobSource) -> Plan:
     """The job's budget split per query and mechanism, with each one's noise standard
     deviation; reads no data and spends nothing."""
-    from dppipeline.orchestration.runner import make_plan  # noqa: PLC0415 (pipeline-dp)
+    from dppipeline.lifecycle.runner import make_plan  # noqa: PLC0415 (pipeline-dp)
 
     job_plan = make_plan(load_job(job))
     spent = job_plan.total_spent()

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic
 
+from dppipeline.api.frame_release import Frame, Release, release
 from dppipeline.api.jobs import JobSource, job_fields, load_job
-from dppipeline.api.release import Frame, Release, release
 
 
 @dataclass(frozen=True)

@@ -342,7 +342,7 @@ def release_job(
     """Exact aggregates per task -> released rows per query (selection, then noise).
     Works on any subset of partitions (all tasks' rows for the same keys), so engines may
     call it per shard."""
-    from dppipeline.core.release import release_public, release_selection_group  # noqa: PLC0415
+    from dppipeline.core.mechanisms import release_public, release_selection_group  # noqa: PLC0415
 
     released: dict[str, pd.DataFrame] = {}
     for query in plan.queries:

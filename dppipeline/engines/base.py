@@ -15,11 +15,11 @@ from typing import Protocol
 import pandas as pd
 import pyarrow as pa
 
+from dppipeline.core.mechanisms import release_arrow_schema
 from dppipeline.core.plan import JobPlan
-from dppipeline.core.release import release_arrow_schema
 from dppipeline.core.tasks import JobTasks, release_job
-from dppipeline.engines.shared.release_file import RELEASE_FILE, write_release_file
-from dppipeline.engines.shared.sampling import new_salt
+from dppipeline.engines.kernel.release_file import RELEASE_FILE, write_release_file
+from dppipeline.engines.kernel.sampling import new_salt
 from dppipeline.inputs.contract import RejectSummary
 from dppipeline.inputs.files import DailyPartition
 from dppipeline.spec.model import JobSpec

@@ -22,7 +22,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from scipy.stats import norm
 from support.data import check_count_noise_as_planned, release_small
 
-from dppipeline.commands.cli import main
+from dppipeline.cli.main import main
 from dppipeline.core.tasks import plan_tasks, task_for
 from dppipeline.engines.base import ReleaseJob
 from dppipeline.engines.beam.bound import BoundContributions
@@ -33,13 +33,13 @@ from dppipeline.engines.beam.read import (
     ValidateTransactions,
     input_parts,
 )
-from dppipeline.engines.beam.release import AggregatePerPartition, ReleaseDP, WriteRelease
-from dppipeline.engines.shared.polars_read import FileRows
-from dppipeline.engines.shared.sampling import new_salt
+from dppipeline.engines.beam.shard_release import AggregatePerPartition, ReleaseDP, WriteRelease
+from dppipeline.engines.kernel.polars_read import FileRows
+from dppipeline.engines.kernel.sampling import new_salt
 from dppipeline.errors import InputError, UsageError
 from dppipeline.inputs.contract import Source, rules_for
 from dppipeline.inputs.files import discover_partitions
-from dppipeline.orchestration.runner import make_plan
+from dppipeline.lifecycle.runner import make_plan
 from dppipeline.spec.model import build_spec
 from dppipeline.spec.schema import transactions_schema
 
@@ -275,7 +275,7 @@ def test_write_release_merges_the_shards_into_one_sorted_file(tmp_path):
     """Released tables of several shards, each in any order -> the dataset's one
     `part-00000.parquet`, rows sorted by key, the release schema; the sorted parts stay under
     their folder for the launcher to remove. Folder names that are no pattern."""
-    from dppipeline.core.release import release_arrow_schema, to_release_table
+    from dppipeline.core.mechanisms import release_arrow_schema, to_release_table
 
     spec = spec_for(**{"metrics": ["count"]})
     keys = [("TERMINAL_ID", pa.int64())]
@@ -305,7 +305,7 @@ def test_write_release_merges_the_shards_into_one_sorted_file(tmp_path):
 
 def test_write_release_of_nothing_writes_the_schema(tmp_path):
     """No shard released a row: the dataset is still its one file, with the schema."""
-    from dppipeline.core.release import release_arrow_schema
+    from dppipeline.core.mechanisms import release_arrow_schema
 
     schema = release_arrow_schema([("TERMINAL_ID", pa.int64())], ["count"])
     with BeamTestPipeline() as pipeline:
@@ -477,8 +477,8 @@ def test_same_salt_keeps_the_same_rows_whatever_the_bundles(tmp_path):
     """A retried or re-split bundle must keep the same rows: the same rows (identified by file
     and row number) cut into 3 or 7 elements in another order, with other shard counts, give
     the same exact aggregates, equal to the local engine's; another salt gives others."""
-    from dppipeline.engines.shared.polars_tasks import aggregate_task
-    from dppipeline.engines.shared.sampling import SamplingKeys
+    from dppipeline.engines.kernel.polars_tasks import aggregate_task
+    from dppipeline.engines.kernel.sampling import SamplingKeys
 
     rng = np.random.default_rng(8)
     n = 6000

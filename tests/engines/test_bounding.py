@@ -14,12 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2, norm
 
-from dppipeline.engines.shared.bounding import (
+from dppipeline.engines.kernel.bounding import (
     aggregate_per_partition,
     bottom_k_per_group,
     sample_contributions,
 )
-from dppipeline.engines.shared.sampling import (
+from dppipeline.engines.kernel.sampling import (
     SamplingKeys,
     hash_ints,
     hash_longs,

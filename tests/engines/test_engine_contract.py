@@ -28,10 +28,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dppipeline.commands.cli import main
+from dppipeline.cli.main import main
 from dppipeline.engines.beam.engine import BeamEngine
 from dppipeline.errors import InputError
-from dppipeline.orchestration.runner import run_job
+from dppipeline.lifecycle.runner import run_job
 from dppipeline.spec.model import build_spec
 
 ENGINES = ["local", "spark", "beam"]
@@ -810,7 +810,7 @@ def test_spark_and_polars_compile_the_same_rules(spark):
     timestamp forms); the contract's grammars make them agree."""
     import polars as pl
 
-    from dppipeline.engines.shared import polars_rules
+    from dppipeline.engines.kernel import polars_rules
     from dppipeline.engines.spark import rules as spark_rules
     from dppipeline.inputs.contract import Source, rules_for
     from dppipeline.spec.schema import transactions_schema

@@ -12,10 +12,10 @@ import polars as pl
 import pytest
 
 from dppipeline.core.tasks import read_schema, task_for
+from dppipeline.engines.kernel.sampling import new_salt
 from dppipeline.engines.local.engine import compute_aggregates
-from dppipeline.engines.shared.sampling import new_salt
 from dppipeline.inputs.files import discover_partitions
-from dppipeline.orchestration.runner import run_job
+from dppipeline.lifecycle.runner import run_job
 from dppipeline.spec.model import build_spec
 
 HEADER = "TRANSACTION_ID,TX_DATETIME,CUSTOMER_ID,TERMINAL_ID,TX_AMOUNT"
@@ -180,9 +180,9 @@ def test_reading_in_batches_keeps_exactly_the_rows_one_pass_keeps(
     that holds every row at once. Bounds that bind (Linf = 2, L0 = 3; or K = 5; or scaled
     Linf = 2, L0 = 3, where each batch keeps one partial per pair: rows, sum, squares)."""
     import dppipeline.engines.local.engine as local
-    from dppipeline.engines.shared.polars_read import read_validated
-    from dppipeline.engines.shared.polars_tasks import aggregate_task
-    from dppipeline.engines.shared.sampling import SamplingKeys
+    from dppipeline.engines.kernel.polars_read import read_validated
+    from dppipeline.engines.kernel.polars_tasks import aggregate_task
+    from dppipeline.engines.kernel.sampling import SamplingKeys
 
     metrics = ["count", "sum", "privacy_id_count", "percentile(50)"]
     fields: dict = {"bounds.max_contributions": 5}

@@ -23,9 +23,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dppipeline.engines.shared.release_file import PARQUET_OPTIONS, RELEASE_FILE, ROW_GROUP_ROWS
+from dppipeline.engines.kernel.release_file import PARQUET_OPTIONS, RELEASE_FILE, ROW_GROUP_ROWS
+from dppipeline.lifecycle.runner import run_job
 from dppipeline.logs import DEBUG_STATISTICS
-from dppipeline.orchestration.runner import run_job
 from dppipeline.spec.model import build_spec
 
 # UTF-8 (code point) order: "Z" < "a" < "shop-10" < "shop-9" < "é" < "ｚ" (U+FF5A) < "😀"
@@ -221,7 +221,7 @@ def test_a_neighbour_changes_no_byte_of_the_layout(
 def test_row_groups_follow_the_row_count_not_the_chunks(tmp_path, monkeypatch):
     """Chunks of any sizes give row groups of exactly ROW_GROUP_ROWS (the last shorter): the
     same file structure whether an engine hands the rows at once or task by task."""
-    from dppipeline.engines.shared import release_file
+    from dppipeline.engines.kernel import release_file
 
     monkeypatch.setattr(release_file, "ROW_GROUP_ROWS", 4)
     schema = pa.schema([pa.field("k", pa.int64(), nullable=False), ("v", pa.float64())])
@@ -245,7 +245,7 @@ def test_merging_sorted_parts_gives_the_rows_sorted(tmp_path):
     as hash shards interleave them: the merge writes every row once, in key order."""
     import numpy as np
 
-    from dppipeline.engines.shared.release_file import (
+    from dppipeline.engines.kernel.release_file import (
         ReleaseWriter,
         SortedPart,
         merge_sorted_parts,

@@ -20,8 +20,8 @@ from support import SUPPORT
 from support.data import check_count_noise_as_planned, release_small
 
 from dppipeline.core.tasks import task_for
-from dppipeline.engines.shared.polars_tasks import aggregate_task
-from dppipeline.engines.shared.sampling import SamplingKeys, new_salt
+from dppipeline.engines.kernel.polars_tasks import aggregate_task
+from dppipeline.engines.kernel.sampling import SamplingKeys, new_salt
 from dppipeline.engines.spark.aggregate import bound_and_aggregate
 from dppipeline.engines.spark.bound import bounded_pairs
 from dppipeline.errors import InputError
@@ -177,7 +177,7 @@ def test_rejected_rows_are_quarantined_with_their_line(small_inputs, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # What a Spark run prints
 
-RUN_CLI = "import sys; from dppipeline.commands.cli import main; sys.exit(main(sys.argv[1:]))"
+RUN_CLI = "import sys; from dppipeline.cli.main import main; sys.exit(main(sys.argv[1:]))"
 
 
 @pytest.mark.parametrize("verbose", [False, True], ids=["default", "verbose"])
@@ -225,7 +225,7 @@ def skewed_rows(seed: int = 17) -> pd.DataFrame:
 def test_priorities_are_sparks_own_xxhash64(spark):
     """Spark computes the Linf priority in the JVM (xxhash64); the numpy implementation the
     local and Beam engines use gives the same longs."""
-    from dppipeline.engines.shared.sampling import row_priorities
+    from dppipeline.engines.kernel.sampling import row_priorities
     from dppipeline.engines.spark.bound import LINF_SECRET, sampling_secrets, with_secret
 
     rows = skewed_rows().head(500)

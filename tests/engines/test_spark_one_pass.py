@@ -15,11 +15,11 @@ import pytest
 from support.data import write_daily_parquet
 
 from dppipeline.core.tasks import task_for
-from dppipeline.engines.shared.sampling import new_salt
+from dppipeline.engines.kernel.sampling import new_salt
 from dppipeline.engines.spark.aggregate import bound_and_aggregate, to_aggregates_frame
 from dppipeline.engines.spark.bound import shuffled_by_unit
 from dppipeline.engines.spark.unit_partitions import bound_in_one_pass, bounds_in_one_pass
-from dppipeline.orchestration.runner import run_job
+from dppipeline.lifecycle.runner import run_job
 from dppipeline.spec.model import build_spec
 
 pytestmark = pytest.mark.usefixtures("spark")

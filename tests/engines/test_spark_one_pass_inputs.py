@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 from test_spark_one_pass import by_keys
 
 from dppipeline.core.tasks import public_key_set, task_for
-from dppipeline.engines.shared.sampling import new_salt
+from dppipeline.engines.kernel.sampling import new_salt
 from dppipeline.engines.spark.aggregate import bound_and_aggregate, to_aggregates_frame
 from dppipeline.engines.spark.bound import shuffled_by_unit
 from dppipeline.engines.spark.unit_partitions import bound_in_one_pass

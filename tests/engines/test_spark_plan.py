@@ -14,7 +14,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from dppipeline.core.tasks import task_for
-from dppipeline.engines.shared.sampling import new_salt
+from dppipeline.engines.kernel.sampling import new_salt
 from dppipeline.engines.spark import bound as spark_bound
 from dppipeline.engines.spark.aggregate import bound_and_aggregate
 from dppipeline.engines.spark.bound import keep_public, shuffled_by_unit, sql_literal

@@ -30,7 +30,7 @@ def release_small(
     """One release of `inputs` into `out/release` with loose bounds and public terminals
     0..59 (50 with data, 10 empty), recorded in `ledger` if given; returns (released rows
     sorted by key, manifest)."""
-    from dppipeline.orchestration.runner import run_job
+    from dppipeline.lifecycle.runner import run_job
     from dppipeline.spec.model import build_spec
 
     out.mkdir(parents=True, exist_ok=True)

@@ -149,7 +149,7 @@ def _drive(ledger: str, runs_file: str) -> None:
         del sys.modules["dp_accounting.pld"]
     from dppipeline.engines.local.engine import LocalEngine  # noqa: F401
     from dppipeline.errors import describe_failure
-    from dppipeline.orchestration.runner import run_job
+    from dppipeline.lifecycle.runner import run_job
     from dppipeline.spec.model import build_spec
 
     runs = json.loads(Path(runs_file).read_text())
@@ -202,7 +202,7 @@ def _numbers(backend: str, repeat: int, cli: bool) -> None:
     import tempfile
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from dppipeline.commands.generate import generate
+    from dppipeline.synthetic.transactions import generate
 
     base = Path(tempfile.mkdtemp(prefix="burst-"))
     small = {"customers": 200, "terminals": 50, "days": 3, "tx_per_day": 500}

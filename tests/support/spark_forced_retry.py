@@ -23,10 +23,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType
 
 from dppipeline.core.tasks import task_for
-from dppipeline.engines.shared.sampling import new_salt
+from dppipeline.engines.kernel.sampling import new_salt
 from dppipeline.engines.spark.aggregate import partition_aggregates
 from dppipeline.engines.spark.bound import bounded_pairs
-from dppipeline.engines.spark.session import get_spark
+from dppipeline.engines.spark.spark_session import get_spark
 from dppipeline.spec.model import build_spec
 
 L0, LINF = 3, 2

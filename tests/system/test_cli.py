@@ -449,7 +449,7 @@ _MECHANISM_ROW = re.compile(
 
 def test_plan_private_selection_without_input(tmp_path):
     from dppipeline.core.plan import privacy_units_needed
-    from dppipeline.orchestration.runner import make_plan
+    from dppipeline.lifecycle.runner import make_plan
     from dppipeline.spec.model import build_spec
 
     flags = ["--epsilon", "2", "--delta", "1e-5", *BOUNDS]
@@ -728,13 +728,13 @@ def test_no_space_left_is_one_line(tmp_path, small_inputs):
 BUG = """
 import sys
 sys.modules["apache_beam"] = None  # as `cli.main` does for plan: no warning from its import
-import dppipeline.commands.plan
-from dppipeline.commands import cli
+import dppipeline.reports.plan_text
+from dppipeline.cli import main as cli
 
 def render_plan(spec, plan, basic=None):  # a bug whose message quotes a data value
     raise KeyError("TX_AMOUNT=4242.42 of customer 1234567")
 
-dppipeline.commands.plan.render_plan = render_plan
+dppipeline.reports.plan_text.render_plan = render_plan
 sys.exit(cli.main(["plan", "--min-value", "0", "--max-value", "100",
                    "--max-partitions-contributed", "1", "--max-contributions-per-partition", "1"]))
 """
@@ -770,8 +770,8 @@ def test_a_bug_is_one_line_without_its_message(debug):
 SPARK_FAILURES = """
 import json, os, sys
 from pathlib import Path
-from dppipeline.commands import cli
-from dppipeline.engines.spark.session import get_spark
+from dppipeline.cli import main as cli
+from dppipeline.engines.spark.spark_session import get_spark
 
 spark = get_spark(app_name="t", master="local[1]", conf={"spark.ui.enabled": "false"})
 folder = Path(sys.argv[1])
@@ -869,7 +869,7 @@ def test_a_local_run_imports_only_what_it_uses(tmp_path, small_inputs, flags, ab
 _LIVE_POOL_AT_EXIT = """
 import concurrent.futures
 import threading
-from dppipeline.commands import cli
+from dppipeline.cli import main as cli
 pool = concurrent.futures.ThreadPoolExecutor(1)  # alive at exit, as a library's may be
 pool.submit(int).result()
 threading.Thread(target=lambda: None).start()  # a plain non-daemon thread too

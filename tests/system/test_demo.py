@@ -14,10 +14,10 @@ import pytest
 from scipy import stats
 from support import REPO
 
-from dppipeline.commands.cli import main
+from dppipeline.cli.main import main
 from dppipeline.core.discrete import discrete_laplace_variance
 from dppipeline.ledger import Ledger
-from dppipeline.orchestration.runner import make_plan, run_job
+from dppipeline.lifecycle.runner import make_plan, run_job
 from dppipeline.spec.loader import load_raw
 from dppipeline.spec.model import build_spec
 

@@ -24,9 +24,9 @@ import pyarrow.parquet as pq
 import pytest
 from support.cli import run_cli
 
-from dppipeline.commands.cli import main
+from dppipeline.cli.main import main
 from dppipeline.engines.beam.engine import BeamEngine
-from dppipeline.orchestration.runner import run_job
+from dppipeline.lifecycle.runner import run_job
 from dppipeline.spec.model import build_spec
 
 BOUNDS = ["--min-value", "0", "--max-value", "100", "--max-partitions-contributed", "1",
@@ -240,7 +240,7 @@ def test_a_missing_bucket_fails_before_reading_and_charges_nothing(
 BEAM_SIGTERM = """
 import os, signal, sys
 import apache_beam as beam
-from dppipeline.commands import cli
+from dppipeline.cli import main as cli
 from dppipeline.engines.beam import engine as beam_engine
 
 build = beam_engine.BeamEngine._build

@@ -30,9 +30,9 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dppipeline.commands import cli
-from dppipeline.commands.generate import generate
+from dppipeline.cli import main as cli
 from dppipeline.spec.loader import MAX_SPEC_BYTES
+from dppipeline.synthetic.transactions import generate
 
 FUZZ = settings(
     max_examples=int(os.environ.get("DPPIPELINE_FUZZ_EXAMPLES", "30")),

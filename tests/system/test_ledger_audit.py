@@ -26,12 +26,12 @@ from hypothesis import strategies as st
 from support.data import DAYS, SMALL, job_spec, quiet
 from support.files import read_tree, touch, write_release
 
-from dppipeline.commands.cli import main
+from dppipeline.cli.main import main
 from dppipeline.errors import DPPipelineError, OutputError
 from dppipeline.ledger import BudgetExceededError, BudgetPolicy, Ledger, ReleaseKey
 from dppipeline.ledger import schema as ledger_schema
-from dppipeline.orchestration.publication import heal, publish, retired_path, staging_path
-from dppipeline.orchestration.runner import check_budget, run_job
+from dppipeline.lifecycle.publication import heal, publish, retired_path, staging_path
+from dppipeline.lifecycle.runner import check_budget, run_job
 
 CAPPED = "tx/CUSTOMER_ID"
 RUN_A = "20260101T000000Z-aaaaaaaa"
@@ -190,9 +190,9 @@ def test_no_window_of_data_days_ever_holds_more_than_the_cap(tmp_path_factory, w
 
 STOPPER = """
 import signal, sys
-import dppipeline.orchestration.failpoints as failpoints
+import dppipeline.lifecycle.failpoints as failpoints
 failpoints._SIGNALS["stop"] = signal.SIGSTOP  # an action the tests need: the run stops itself
-from dppipeline.commands.cli import main
+from dppipeline.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -15,8 +15,8 @@ import pytest
 from support.data import SMALL
 from support.ledger_burst import CAP, OTHER, SCOPE, race
 
-from dppipeline.commands.generate import generate
 from dppipeline.storage.releases import published_run_id
+from dppipeline.synthetic.transactions import generate
 
 
 @pytest.mark.slow

@@ -50,9 +50,9 @@ JOB = ["--metrics", "count", "--min-value", "0", "--max-value", "100",
 DAY = dt.date(2026, 1, 1)
 STOPPER = """
 import signal, sys
-import dppipeline.orchestration.failpoints as failpoints
+import dppipeline.lifecycle.failpoints as failpoints
 failpoints._SIGNALS["stop"] = signal.SIGSTOP  # the run stops itself at a stage
-from dppipeline.commands.cli import main
+from dppipeline.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 

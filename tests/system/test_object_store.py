@@ -407,7 +407,7 @@ def test_spark_reaches_a_store_through_hadoops_filesystem_api(spark, small_input
     import uuid
 
     from dppipeline.errors import DPPipelineError
-    from dppipeline.orchestration.runner import run_job
+    from dppipeline.lifecycle.runner import run_job
     from dppipeline.spec.model import build_spec
 
     cluster = f"bank{uuid.uuid4().hex[:8]}"
@@ -451,7 +451,7 @@ def test_spark_without_the_schemes_connector_says_which_jars(s3, bucket, spark, 
     """This Spark has no hadoop-aws: `s3://` input fails before reading, in one line that
     names the scheme and the jars a cluster needs; nothing is written."""
     from dppipeline.errors import DPPipelineError
-    from dppipeline.orchestration.runner import run_job
+    from dppipeline.lifecycle.runner import run_job
     from dppipeline.spec.model import build_spec
 
     values = {"input.path": f"{bucket}/tx", "output": str(tmp_path / "out"),

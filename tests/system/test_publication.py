@@ -15,7 +15,7 @@ import pytest
 from support.files import read_tree, siblings, touch, write_release
 
 from dppipeline.errors import OutputError
-from dppipeline.orchestration.publication import (
+from dppipeline.lifecycle.publication import (
     MADE_BY,
     check_release_target,
     exchange,
@@ -158,7 +158,7 @@ def test_overwrite_refuses_anything_but_a_release(tmp_path, layout, words):
 
 HOLD = """
 import pathlib, sys, time
-from dppipeline.orchestration.publication import output_lock
+from dppipeline.lifecycle.publication import output_lock
 with output_lock(pathlib.Path(sys.argv[1])):
     print("locked", flush=True)
     sys.stdin.readline()

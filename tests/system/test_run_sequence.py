@@ -28,7 +28,6 @@ from support.data import DAYS, SMALL, job_spec
 from support.files import siblings, tree_bytes
 from support.ledger import PAST, expire, states
 
-from dppipeline.commands.check_release import check_release
 from dppipeline.engines.local.engine import LocalEngine
 from dppipeline.errors import InputError
 from dppipeline.ledger import (
@@ -39,8 +38,9 @@ from dppipeline.ledger import (
     ReservationLostError,
 )
 from dppipeline.ledger import schema as ledger_schema
-from dppipeline.orchestration.failpoints import FailpointError
-from dppipeline.orchestration.runner import run_job
+from dppipeline.lifecycle.failpoints import FailpointError
+from dppipeline.lifecycle.runner import run_job
+from dppipeline.reports.check_release import check_release
 from dppipeline.spec.hashing import canonical_spec
 from dppipeline.spec.model import JobSpec, build_spec
 from dppipeline.spec.sections import BoundsSpec
@@ -484,7 +484,7 @@ def test_budget_set_cap_show_and_history(tmp_path, small_inputs):
 RESERVE_AND_DIE = """
 import datetime as dt, sys
 from dppipeline.ledger import BudgetPolicy, Ledger
-from dppipeline.orchestration.runner import release_key, input_days
+from dppipeline.lifecycle.runner import release_key, input_days
 from dppipeline.spec.model import build_spec
 url, source = sys.argv[1:]
 spec = build_spec({}, {"input.path": source, "bounds.min_value": 0.0, "bounds.max_value": 100.0,
@@ -673,7 +673,7 @@ def test_a_crash_at_every_stage_is_safe_and_a_rerun_succeeds(
 def big_input(tmp_path) -> Path:
     """About a million rows (~40 MB of CSV): reading takes the local engine ~1 s, long enough
     to kill the run while it reads."""
-    from dppipeline.commands.generate import generate
+    from dppipeline.synthetic.transactions import generate
 
     return generate(
         tmp_path / "big", fmt="csv", customers=5000, terminals=500, days=10, tx_per_day=100_000,

@@ -281,9 +281,9 @@ import json, os, sys
 from pyspark.sql import SparkSession
 
 def where(_):
-    import dppipeline.core.release
+    import dppipeline.core.mechanisms
     yield {
-        "module": dppipeline.core.release.__file__,
+        "module": dppipeline.core.mechanisms.__file__,
         "executable": sys.executable,
         "prefix": sys.prefix,
         "cwd": os.getcwd(),

@@ -22,16 +22,16 @@ from dppipeline.engines.beam.elements import (
     CompactingCombineFn,
     ContributionBlock,
 )
-from dppipeline.engines.shared.bounding import (
+from dppipeline.engines.kernel.bounding import (
     aggregates_frame,
     stable_shard,
 )
-from dppipeline.engines.shared.polars_tasks import (
+from dppipeline.engines.kernel.polars_tasks import (
     bound_and_aggregate,
     distinct_arrays,
     task_rows,
 )
-from dppipeline.engines.shared.sampling import (
+from dppipeline.engines.kernel.sampling import (
     SamplingKeys,
     row_priorities,
     unit_kind_of,

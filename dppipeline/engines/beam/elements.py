@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from apache_beam.typehints import Any
 
-from dppipeline.engines.shared.bounding import (
+from dppipeline.engines.kernel.bounding import (
     bottom_k_per_group,
 )
 

@@ -71,17 +71,17 @@ from dppipeline.engines.beam.read import (
     input_parts,
     rejected_arrow_schema,
 )
-from dppipeline.engines.beam.release import (
+from dppipeline.engines.beam.shard_release import (
     AggregatePerPartition,
     ReleaseDP,
     WriteParquetFile,
     WriteRelease,
     parquet_name,
 )
-from dppipeline.engines.shared.polars_read import (
+from dppipeline.engines.kernel.polars_read import (
     first_rejected,
 )
-from dppipeline.engines.shared.release_file import RELEASE_FILE
+from dppipeline.engines.kernel.release_file import RELEASE_FILE
 from dppipeline.errors import InputError, OutputError, UsageError
 from dppipeline.inputs.contract import (
     RejectSummary,

@@ -25,9 +25,9 @@ import polars as pl
 import pyarrow as pa
 
 from dppipeline.engines.beam.read import RawBatch, ValidateBatch, ValidateTransactions
-from dppipeline.engines.beam.release import WriteParquetFile
-from dppipeline.engines.shared.polars_read import REASON, SOURCE, FileRows
-from dppipeline.engines.shared.polars_rules import DAY
+from dppipeline.engines.beam.shard_release import WriteParquetFile
+from dppipeline.engines.kernel.polars_read import REASON, SOURCE, FileRows
+from dppipeline.engines.kernel.polars_rules import DAY
 from dppipeline.errors import InputError
 from dppipeline.inputs.contract import (
     RejectedRow,

@@ -17,13 +17,13 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import Metrics
 
 from dppipeline.engines.beam.elements import METRICS_NAMESPACE
-from dppipeline.engines.shared.polars_read import (
+from dppipeline.engines.kernel.polars_read import (
     FileRows,
     csv_rows,
     rejected_schema,
     validate_batch,
 )
-from dppipeline.engines.shared.polars_rules import DAY
+from dppipeline.engines.kernel.polars_rules import DAY
 from dppipeline.errors import InputError
 from dppipeline.inputs.contract import (
     column_sources,

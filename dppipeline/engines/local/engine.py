@@ -21,14 +21,14 @@ from dppipeline.core.tasks import (
     read_schema,
 )
 from dppipeline.engines.base import EngineRun, ReleaseJob, release_to_datasets
-from dppipeline.engines.shared.polars_read import (
+from dppipeline.engines.kernel.polars_read import (
     ValidatedInput,
     file_names,
     read_validated,
     validate_frame,
 )
-from dppipeline.engines.shared.polars_tasks import TaskBounder
-from dppipeline.engines.shared.sampling import (
+from dppipeline.engines.kernel.polars_tasks import TaskBounder
+from dppipeline.engines.kernel.sampling import (
     SamplingKeys,
 )
 from dppipeline.inputs.contract import RejectedRow, RejectSummary, check_rejected_fraction

@@ -24,7 +24,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from dppipeline.core.release import (
+from dppipeline.core.mechanisms import (
     AGGREGATE_COLUMNS,
     CENTRED_SQUARES,
     VALUES,

@@ -29,7 +29,7 @@ import pandas as pd
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from dppipeline.core.release import (
+from dppipeline.core.mechanisms import (
     CENTRED_SQUARES,
 )
 from dppipeline.core.tasks import (
@@ -37,7 +37,7 @@ from dppipeline.core.tasks import (
     AggregationTask,
     KeyColumn,
 )
-from dppipeline.engines.shared.sampling import SamplingKeys
+from dppipeline.engines.kernel.sampling import SamplingKeys
 from dppipeline.engines.spark import read as spark_read
 from dppipeline.engines.spark.filter import to_spark
 

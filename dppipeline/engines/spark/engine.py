@@ -23,7 +23,7 @@ from dppipeline.core.tasks import (
     read_schema,
 )
 from dppipeline.engines.base import EngineRun, ReleaseJob, release_to_datasets
-from dppipeline.engines.shared.release_file import RELEASE_FILE, ReleaseWriter
+from dppipeline.engines.kernel.release_file import RELEASE_FILE, ReleaseWriter
 from dppipeline.engines.spark import read as spark_read
 from dppipeline.engines.spark.aggregate import (
     bound_and_aggregate,
@@ -33,7 +33,7 @@ from dppipeline.engines.spark.aggregate import (
 )
 from dppipeline.engines.spark.bound import shuffled_by_unit
 from dppipeline.engines.spark.hadoop_fs import hadoop_resolver
-from dppipeline.engines.spark.session import (
+from dppipeline.engines.spark.spark_session import (
     shuffle_partitions,
     start_spark_early,
     started_spark,

@@ -32,8 +32,8 @@ from pyspark.sql import functions as F
 
 from dppipeline.core.columns import CENTRED_SQUARES, VALUES, value_arrays
 from dppipeline.core.tasks import AggregationTask, KeyColumn, canonical_keys
-from dppipeline.engines.shared.polars_tasks import TaskBounder
-from dppipeline.engines.shared.sampling import SamplingKeys
+from dppipeline.engines.kernel.polars_tasks import TaskBounder
+from dppipeline.engines.kernel.sampling import SamplingKeys
 from dppipeline.engines.spark.types import to_spark_ddl
 
 TASK = "_task"

@@ -37,7 +37,7 @@ from dppipeline.core.extremes import EXTREME_METRICS, privacy_loss
 from dppipeline.core.plan import NOT_ADDITIVE, TREE_HEIGHT, JobPlan, MechanismBudget
 from dppipeline.ledger import BudgetExceededError, BudgetPolicy, Ledger, ReleaseKey
 from dppipeline.ledger import schema as ledger_schema
-from dppipeline.orchestration.runner import make_plan
+from dppipeline.lifecycle.runner import make_plan
 from dppipeline.spec.loader import load_raw
 from dppipeline.spec.model import build_spec
 

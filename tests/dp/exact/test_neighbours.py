@@ -41,10 +41,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from dppipeline import logs
-from dppipeline.commands import cli
-from dppipeline.commands.generate import generate
-from dppipeline.engines.shared import polars_tasks
+from dppipeline.cli import main as cli
+from dppipeline.engines.kernel import polars_tasks
 from dppipeline.errors import InputError
+from dppipeline.synthetic.transactions import generate
 
 ADVERSARY = 9_000_001  # CUSTOMER_ID of the added customer
 LONELY_TERMINAL = 7777  # a terminal only the adversary uses (public key of q_public)
@@ -527,7 +527,7 @@ def _plant(leak: str, monkeypatch) -> None:
     from dppipeline.core import manifest as manifest_module
     from dppipeline.engines import base
     from dppipeline.ledger import reservation
-    from dppipeline.orchestration import runner
+    from dppipeline.lifecycle import runner
 
     if leak in (
         "pre-selection count in a log line",

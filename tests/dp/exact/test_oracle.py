@@ -14,9 +14,9 @@ import polars as pl
 import pytest
 from support.data import terminal_truth
 
-from dppipeline.commands.generate import generate
-from dppipeline.orchestration.runner import run_job
+from dppipeline.lifecycle.runner import run_job
 from dppipeline.spec.model import build_spec
+from dppipeline.synthetic.transactions import generate
 
 METRICS = ("count", "sum", "mean", "privacy_id_count")
 MIN_VALUE, MAX_VALUE = 0.0, 150.0  # some amounts exceed 150: clipping is exercised

@@ -30,7 +30,7 @@ import pytest
 from support.data import with_ids_and_times, write_daily_parquet
 
 from dppipeline.errors import SpecError
-from dppipeline.orchestration.runner import make_plan, run_job
+from dppipeline.lifecycle.runner import make_plan, run_job
 from dppipeline.spec.model import build_spec, load_spec
 
 START = dt.datetime(2026, 1, 26)  # a Monday; the data spans two month boundaries
@@ -448,7 +448,7 @@ def test_the_bank_partner_config_plans_and_names_every_query():
     month_queries = ["total_per_month", "customers_per_month"]
     assert [list(g.queries) for g in plan.selections] == [month_queries]
     # the amount bands are public by their edges: the plan names no key file and no selection
-    from dppipeline.commands.plan import render_plan
+    from dppipeline.reports.plan_text import render_plan
 
     text = render_plan(spec, plan).split("query transactions_per_amount_band")[1]
     assert "partition selection: none (bucket keys: every bucket" in text
@@ -484,7 +484,7 @@ def test_a_bad_filter_names_the_query_and_position(tmp_path, filter_text, messag
 
 
 def test_cli_run_of_a_multi_query_job_writes_every_dataset(transactions, tmp_path, capsys):
-    from dppipeline.commands.cli import main
+    from dppipeline.cli.main import main
 
     root, _ = transactions
     config = tmp_path / "job.json"  # YAML is a superset of JSON
@@ -514,7 +514,7 @@ def test_cli_run_of_a_multi_query_job_writes_every_dataset(transactions, tmp_pat
 def test_spark_executor_release_of_a_multi_key_query(transactions, tmp_path, monkeypatch):
     """Above the driver limit the release runs in mapInArrow: composite date keys, empty
     public partitions (no kept values) and percentiles go through it, equal to the truth."""
-    from dppipeline.commands.check_release import check_release
+    from dppipeline.reports.check_release import check_release
 
     monkeypatch.setenv("DPPIPELINE_DRIVER_RELEASE_MAX_PARTITIONS", "10")
     root, rows = transactions
@@ -747,8 +747,8 @@ def test_selection_noise_present_under_tight_accounting(accounting):
     1e-6; neither always nor never."""
     from scipy.stats import norm
 
+    from dppipeline.core.mechanisms import select_with
     from dppipeline.core.plan import privacy_units_needed
-    from dppipeline.core.release import select_with
 
     plan = make_plan(selection_spec(".", "release", accounting, 1.0))
     draws = 4000

@@ -10,7 +10,7 @@ import pytest
 from support.data import release_small
 from support.engines import engine_named
 
-from dppipeline.orchestration.runner import make_plan
+from dppipeline.lifecycle.runner import make_plan
 from dppipeline.spec.model import build_spec
 
 

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dppipeline.core import extremes
-from dppipeline.orchestration.runner import make_plan, run_job
+from dppipeline.lifecycle.runner import make_plan, run_job
 from dppipeline.spec.model import build_spec
 
 ALL_METRICS = [
@@ -148,7 +148,7 @@ def test_queries_matching_no_row_release_what_the_spec_says(tiny_input, tmp_path
 
 
 def _release_schema(spec, plan, name):
-    from dppipeline.core.release import release_arrow_schema
+    from dppipeline.core.mechanisms import release_arrow_schema
     from dppipeline.core.tasks import key_columns
 
     query = next(q for q in spec.queries if q.name == name)

@@ -28,6 +28,7 @@ from dppipeline.core.accounting import (
     smallest_multiplier,
 )
 from dppipeline.core.extremes import EXTREME_METRICS, privacy_loss
+from dppipeline.core.mechanisms import release_partitions
 from dppipeline.core.plan import (
     NOT_ADDITIVE,
     TREE_HEIGHT,
@@ -38,8 +39,7 @@ from dppipeline.core.plan import (
     SelectionGroup,
 )
 from dppipeline.core.planner import plan_budget
-from dppipeline.core.release import release_partitions
-from dppipeline.orchestration.runner import make_plan
+from dppipeline.lifecycle.runner import make_plan
 from dppipeline.spec.loader import load_raw
 from dppipeline.spec.model import build_spec
 

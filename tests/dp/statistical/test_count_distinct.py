@@ -24,15 +24,15 @@ from scipy.stats import norm
 from support.data import START
 from support.engines import engine_named
 
-from dppipeline.commands.cli import main
+from dppipeline.cli.main import main
 from dppipeline.core.plan import AggregationParams
 from dppipeline.core.planner import plan_budget
 from dppipeline.core.tasks import AggregationTask, KeyColumn, check_query_columns
-from dppipeline.engines.shared.polars_read import ROW, SOURCE
-from dppipeline.engines.shared.polars_tasks import aggregate_task
-from dppipeline.engines.shared.sampling import SamplingKeys, new_salt
+from dppipeline.engines.kernel.polars_read import ROW, SOURCE
+from dppipeline.engines.kernel.polars_tasks import aggregate_task
+from dppipeline.engines.kernel.sampling import SamplingKeys, new_salt
 from dppipeline.errors import SpecError, UsageError
-from dppipeline.orchestration.runner import run_job
+from dppipeline.lifecycle.runner import run_job
 from dppipeline.spec.metrics import metric_column, parse_metric
 from dppipeline.spec.model import build_spec
 
@@ -378,7 +378,7 @@ def test_release_passes_check_release_and_shows_in_plan(small_inputs, tmp_path, 
 
 
 def test_nulls_are_not_values_and_each_partition_counts_its_own():
-    from dppipeline.engines.shared.bounding import distinct_values
+    from dppipeline.engines.kernel.bounding import distinct_values
 
     keys = np.array([0, 0, 1, 1, 1, 2])
     values = np.array([7, None, 7, 8, 8, None], dtype=object)
@@ -392,7 +392,7 @@ def test_evaluate_measures_bounding_and_noise_of_distinct_counts(small_inputs, t
     """`evaluate`: the raw truth is pandas' nunique; with L0 = Linf = 1 bounding drops rows, and
     a unique id's distinct count loses exactly what the count loses; the expected noise is
     count's."""
-    from dppipeline.commands.evaluate import evaluate
+    from dppipeline.analysis.evaluate import evaluate
 
     raw = {
         "metrics": ["count", DISTINCT_TX],

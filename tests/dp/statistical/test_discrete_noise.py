@@ -27,15 +27,15 @@ from scipy.stats import norm
 from support.data import release_small, terminal_truth
 from test_accounting import BANK, independent_others
 
-from dppipeline.commands.check_release import check_release
 from dppipeline.core import discrete
 from dppipeline.core.events import composed_epsilon, release_events
 from dppipeline.core.extremes import privacy_loss
 from dppipeline.core.intervals import half_width
+from dppipeline.core.mechanisms import noise_partitions
 from dppipeline.core.plan import NOT_ADDITIVE, AggregationParams, JobPlan
 from dppipeline.core.planner import plan_budget
-from dppipeline.core.release import noise_partitions
-from dppipeline.orchestration.runner import make_plan
+from dppipeline.lifecycle.runner import make_plan
+from dppipeline.reports.check_release import check_release
 from dppipeline.spec.loader import load_raw
 from dppipeline.spec.model import build_spec
 

@@ -28,11 +28,11 @@ import polars as pl
 import pytest
 from scipy.stats import beta
 
-from dppipeline.core.release import release_public
+from dppipeline.core.mechanisms import release_public
 from dppipeline.core.tasks import plan_tasks
-from dppipeline.engines.shared.polars_tasks import aggregate_task
-from dppipeline.engines.shared.sampling import SamplingKeys, new_salt
-from dppipeline.orchestration.runner import make_plan
+from dppipeline.engines.kernel.polars_tasks import aggregate_task
+from dppipeline.engines.kernel.sampling import SamplingKeys, new_salt
+from dppipeline.lifecycle.runner import make_plan
 from dppipeline.spec.model import build_spec
 
 DRAWS = 40_000
@@ -103,7 +103,7 @@ def bound_beam(rows: pd.DataFrame, task, folder) -> pd.DataFrame:
     from apache_beam.testing.util import assert_that
 
     from dppipeline.engines.beam.bound import BoundContributions
-    from dppipeline.engines.beam.release import AggregatePerPartition
+    from dppipeline.engines.beam.shard_release import AggregatePerPartition
 
     target = folder / f"beam-{len(rows)}.parquet"
 

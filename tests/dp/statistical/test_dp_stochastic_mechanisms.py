@@ -53,17 +53,17 @@ import pytest
 from scipy.stats import beta, norm
 
 from dppipeline.core import planner, release
-from dppipeline.core.plan import BudgetPlan, JobPlan, MechanismBudget
-from dppipeline.core.release import (
+from dppipeline.core.mechanisms import (
     centred_squares_term,
     release_public,
     release_selection_group,
 )
+from dppipeline.core.plan import BudgetPlan, JobPlan, MechanismBudget
 from dppipeline.core.tasks import AggregationTask, JobTasks, plan_tasks
-from dppipeline.engines.shared import polars_tasks
-from dppipeline.engines.shared.polars_tasks import aggregate_task
-from dppipeline.engines.shared.sampling import SamplingKeys, new_salt
-from dppipeline.orchestration.runner import make_plan
+from dppipeline.engines.kernel import polars_tasks
+from dppipeline.engines.kernel.polars_tasks import aggregate_task
+from dppipeline.engines.kernel.sampling import SamplingKeys, new_salt
+from dppipeline.lifecycle.runner import make_plan
 from dppipeline.spec.limits import MAX_DELTA
 from dppipeline.spec.metrics import metric_column
 from dppipeline.spec.model import build_spec

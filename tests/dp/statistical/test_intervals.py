@@ -18,10 +18,10 @@ import pytest
 from scipy import integrate, stats
 from support.data import release_small, terminal_truth
 
-from dppipeline.commands.generate import generate
 from dppipeline.core.intervals import half_width, metric_half_width, sum_half_width
 from dppipeline.core.plan import AggregationParams
 from dppipeline.core.planner import plan_budget
+from dppipeline.synthetic.transactions import generate
 
 Z = float(stats.norm.isf(0.5e-6))  # failure rate 1e-6, two-sided
 MIN_VALUE, MAX_VALUE = 0.0, 150.0
@@ -227,7 +227,7 @@ def regime_plan(noise: str, count_noise: str, l0_linf: int):
 def identical_partitions(rows: int, low_share: float = 0.25) -> tuple[pd.DataFrame, dict]:
     """PARTITIONS partitions of `rows` rows each, a quarter at 30 and the rest at 170: the
     exact aggregates and the exact metric values (the same for every partition)."""
-    from dppipeline.core.release import CENTRED_SQUARES
+    from dppipeline.core.mechanisms import CENTRED_SQUARES
 
     low = round(rows * low_share)
     values = np.array([30.0] * low + [170.0] * (rows - low))
@@ -266,7 +266,7 @@ def test_intervals_cover_95_percent_and_are_as_narrow_as_the_noise_allows(
     the Monte Carlo width of the same mechanism (the central 95% range of the released values
     themselves). Small: 5 x the count's 95% noise half-width rows (ratios mostly noise);
     large: 40 x."""
-    from dppipeline.core.release import noise_partitions
+    from dppipeline.core.mechanisms import noise_partitions
 
     plan = regime_plan(noise, count_noise, l0_linf)
     w_n = half_width(plan.mechanism("count"))
@@ -321,8 +321,8 @@ def test_evaluates_expected_noise_is_the_median_of_the_released_noise(noise, cou
     """`evaluate`'s "noise alone (expected)" figure (the median |noise| of count and sum) is
     the median |released - exact| of the same mechanism over PARTITIONS draws: within 4
     standard errors of a sample median (failure rate about 1e-4 per metric)."""
-    from dppipeline.commands.evaluate import noise_median_abs
-    from dppipeline.core.release import noise_partitions
+    from dppipeline.analysis.evaluate import noise_median_abs
+    from dppipeline.core.mechanisms import noise_partitions
 
     plan = regime_plan(noise, count_noise, l0_linf)
     exact, truth = identical_partitions(500)

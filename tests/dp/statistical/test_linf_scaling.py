@@ -32,10 +32,10 @@ from test_max_contributions import (
 )
 
 from dppipeline.core.tasks import plan_tasks
-from dppipeline.engines.shared.bounding import aggregate_per_partition, sample_contributions
-from dppipeline.engines.shared.sampling import SamplingKeys, new_salt, row_priorities
+from dppipeline.engines.kernel.bounding import aggregate_per_partition, sample_contributions
+from dppipeline.engines.kernel.sampling import SamplingKeys, new_salt, row_priorities
 from dppipeline.errors import SpecError
-from dppipeline.orchestration.runner import make_plan
+from dppipeline.lifecycle.runner import make_plan
 
 LINF = 3
 LOW, HIGH = 0.0, 100.0
@@ -101,7 +101,7 @@ def test_the_job_default_reaches_queries_tasks_and_the_manifest_field():
 
 def test_cli_flag(capsys):
     """The flag reaches the spec: `scale` with a percentile is the spec's one-line error."""
-    from dppipeline.commands.cli import main
+    from dppipeline.cli.main import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["plan", "--linf-bounding", "trim", "--public-partitions", "1..5"])
@@ -371,7 +371,7 @@ def far_task(scaled: bool):
 def test_one_unit_moves_the_centred_squares_by_at_most_their_sensitivity(engine, scaled, request):
     """The centred sum of squares the release noises, of a partition holding only one unit,
     is that unit's whole contribution: within r^2/2 x Linf (to 1e-6), sampled or scaled."""
-    from dppipeline.core.release import centred_squares_term
+    from dppipeline.core.mechanisms import centred_squares_term
 
     rows, task = one_heavy_unit(), far_task(scaled)
     if engine == "spark":

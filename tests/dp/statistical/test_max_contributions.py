@@ -25,13 +25,13 @@ from scipy.stats import norm
 from support.data import release_small, terminal_truth
 
 from dppipeline.core.events import mechanism_event
+from dppipeline.core.mechanisms import release_partitions
 from dppipeline.core.plan import AggregationParams, gaussian_delta
 from dppipeline.core.planner import plan_budget
-from dppipeline.core.release import release_partitions
 from dppipeline.core.tasks import plan_tasks
-from dppipeline.engines.shared.bounding import sample_contributions
-from dppipeline.engines.shared.polars_tasks import aggregate_task
-from dppipeline.engines.shared.sampling import (
+from dppipeline.engines.kernel.bounding import sample_contributions
+from dppipeline.engines.kernel.polars_tasks import aggregate_task
+from dppipeline.engines.kernel.sampling import (
     SamplingKeys,
     new_salt,
     pair_priorities,
@@ -39,7 +39,7 @@ from dppipeline.engines.shared.sampling import (
     row_priorities,
 )
 from dppipeline.errors import SpecError
-from dppipeline.orchestration.runner import make_plan
+from dppipeline.lifecycle.runner import make_plan
 from dppipeline.spec.model import build_spec
 
 FAILURE_RATE = 1e-6
@@ -115,7 +115,7 @@ def test_a_flag_of_one_kind_replaces_the_files_other_kind():
 
 
 def test_cli_flag_and_plan_output(tmp_path, capsys):
-    from dppipeline.commands.cli import main
+    from dppipeline.cli.main import main
 
     code = main(
         ["plan", "--max-contributions", "4", "--min-value", "0", "--max-value", "10",
@@ -426,7 +426,7 @@ def bound_beam(inputs: list[pd.DataFrame], task, folder) -> list[pd.DataFrame]:
     from apache_beam.testing.util import assert_that
 
     from dppipeline.engines.beam.bound import BoundContributions
-    from dppipeline.engines.beam.release import AggregatePerPartition
+    from dppipeline.engines.beam.shard_release import AggregatePerPartition
 
     targets = [folder / f"beam-{i}.parquet" for i in range(len(inputs))]
 

@@ -30,13 +30,13 @@ from hypothesis import strategies as st
 from scipy.stats import chi2
 from support.data import with_ids_and_times, write_daily_parquet
 
-from dppipeline.commands.generate import generate
 from dppipeline.core import extremes
 from dppipeline.core.events import release_events
 from dppipeline.core.plan import AggregationParams
 from dppipeline.core.planner import plan_budget
-from dppipeline.orchestration.runner import make_plan, run_job
+from dppipeline.lifecycle.runner import make_plan, run_job
 from dppipeline.spec.model import build_spec
+from dppipeline.synthetic.transactions import generate
 
 FAILURE_RATE = 1e-6
 START = dt.datetime(2026, 3, 2)

@@ -59,9 +59,9 @@ import pytest
 from scipy import optimize, stats
 
 from dppipeline.core.discrete import add_discrete_noise
+from dppipeline.core.mechanisms import noise_partitions
 from dppipeline.core.plan import AggregationParams, BudgetPlan
 from dppipeline.core.planner import plan_budget
-from dppipeline.core.release import noise_partitions
 
 FAILURE_RATE = 1e-6  # per test, split over its checks (Bonferroni)
 N_DRAWS = 100_000

@@ -121,10 +121,10 @@ def test_bound_is_tight_near_the_worst_case_and_the_old_statement_was_not(noise)
 def test_plan_manifest_and_report_state_the_bound():
     import datetime as dt
 
-    from dppipeline.commands.plan import _num, render_plan
-    from dppipeline.commands.report import _bound_text
     from dppipeline.core.manifest import build_manifest
-    from dppipeline.orchestration.runner import make_plan
+    from dppipeline.lifecycle.runner import make_plan
+    from dppipeline.reports.plan_text import _num, render_plan
+    from dppipeline.reports.release_report import _bound_text
     from dppipeline.spec.model import build_spec
 
     spec = build_spec(

@@ -24,7 +24,7 @@ from support import SUPPORT
 
 import dppipeline
 from dppipeline.ledger import Ledger
-from dppipeline.orchestration.runner import run_job
+from dppipeline.lifecycle.runner import run_job
 from dppipeline.spec.model import build_spec
 
 SCOPE = "parquet/CUSTOMER_ID"  # what `run_job` calls the scope of `small_inputs["parquet"]`
@@ -100,7 +100,7 @@ def test_import_is_cheap_and_names_resolve_on_use():
     ).stdout.splitlines()
     assert out[0] == "[]"
     assert out[1] == "['dppipeline.version']"
-    assert out[2] == "dppipeline.api.release BudgetExceededError"
+    assert out[2] == "dppipeline.api.frame_release BudgetExceededError"
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _ = dppipeline.nope
 
@@ -235,7 +235,7 @@ def test_a_pcollection_releases_in_the_callers_pipeline(small_inputs, cli_releas
     with TestPipeline() as pipeline:
         transform = ReleaseTransform(JOB, ledger=ledger, scope=SCOPE, seed=1, echo=print)
         released = pipeline | beam.Create(records) | "Release" >> transform
-        # charged when applied, before the pipeline runs (see dppipeline.api.beam)
+        # charged when applied, before the pipeline runs (see dppipeline.api.beam_transform)
         assert ledger_row(ledger) == cli_ledger
         assert transform.manifest is not None
         assert_that(released["terminal_stats"], same_as_cli)
@@ -269,7 +269,7 @@ def test_a_pcollection_with_too_many_bad_rows_fails_its_pipeline(tmp_path):
 def book_frame(tmp_path: Path) -> pd.DataFrame:
     """The book's one-file CSV (`generate --table book_transactions --single-file`) as the
     notebook reads it."""
-    from dppipeline.commands.generate import generate
+    from dppipeline.synthetic.transactions import generate
 
     summary = generate(
         tmp_path / "book", fmt="csv", customers=200, terminals=50, days=5, tx_per_day=300,

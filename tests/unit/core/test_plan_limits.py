@@ -15,7 +15,7 @@ from scipy.stats import norm
 from dppipeline.core.plan import AggregationParams, gaussian_delta, privacy_units_needed
 from dppipeline.core.planner import plan_budget
 from dppipeline.errors import SpecError, UsageError
-from dppipeline.orchestration.runner import make_plan
+from dppipeline.lifecycle.runner import make_plan
 from dppipeline.spec.model import build_spec
 
 

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 from scipy.stats import norm
 
+from dppipeline.core.mechanisms import add_empty_public_partitions, release_partitions
 from dppipeline.core.plan import AggregationParams
 from dppipeline.core.planner import plan_budget
-from dppipeline.core.release import add_empty_public_partitions, release_partitions
 
 KEY = "TERMINAL_ID"
 # Two-sided normal quantile for a per-test failure rate of 1e-6.

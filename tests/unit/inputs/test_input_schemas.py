@@ -21,13 +21,13 @@ import pytest
 from support import REPO as ROOT
 from support.cli import run_cli as cli
 
-from dppipeline.commands.generate import generate
 from dppipeline.core.extremes import candidates
 from dppipeline.errors import InputError, SpecError
-from dppipeline.orchestration.runner import run_job
+from dppipeline.lifecycle.runner import run_job
 from dppipeline.spec.hashing import spec_hash
 from dppipeline.spec.loader import load_raw
 from dppipeline.spec.model import build_spec
+from dppipeline.synthetic.transactions import generate
 
 START = dt.date(2026, 1, 1)
 DAYS = 6

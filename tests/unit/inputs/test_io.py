@@ -18,7 +18,7 @@ from dppipeline.inputs.files import (
     key_lines,
     select_days,
 )
-from dppipeline.orchestration.public_keys import read_key_file
+from dppipeline.lifecycle.public_keys import read_key_file
 
 D1, D2, D3 = dt.date(2026, 1, 1), dt.date(2026, 1, 2), dt.date(2026, 1, 3)
 

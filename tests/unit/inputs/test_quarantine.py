@@ -12,10 +12,10 @@ import pytest
 from support.data import with_one_bad_row
 from support.engines import engine_named
 
-from dppipeline.commands.cli import main
+from dppipeline.cli.main import main
 from dppipeline.engines.beam.engine import BeamEngine
 from dppipeline.errors import UsageError
-from dppipeline.orchestration.runner import run_job
+from dppipeline.lifecycle.runner import run_job
 from dppipeline.spec.model import build_spec
 
 PAIR = ["--max-partitions-contributed", "1", "--max-contributions-per-partition", "1"]

@@ -21,8 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.data import DAYS
 
-from dppipeline.engines.shared.polars_read import read_validated
-from dppipeline.engines.shared.polars_rules import broken, column_flag, parsed, parsed_name
+from dppipeline.engines.kernel.polars_read import read_validated
+from dppipeline.engines.kernel.polars_rules import broken, column_flag, parsed, parsed_name
 from dppipeline.errors import InputError
 from dppipeline.inputs.contract import (
     Check,
@@ -33,7 +33,7 @@ from dppipeline.inputs.contract import (
     rules_for,
 )
 from dppipeline.inputs.files import DailyPartition
-from dppipeline.orchestration.runner import run_job
+from dppipeline.lifecycle.runner import run_job
 from dppipeline.spec.model import build_spec
 from dppipeline.spec.schema import transactions_schema
 

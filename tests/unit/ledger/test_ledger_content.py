@@ -45,7 +45,7 @@ from dppipeline.ledger import (
     parse_ledger_url,
 )
 from dppipeline.ledger import schema as ledger_schema
-from dppipeline.orchestration.runner import check_budget, release_key, run_job
+from dppipeline.lifecycle.runner import check_budget, release_key, run_job
 
 TX = "tx/CUSTOMER_ID"
 
@@ -457,7 +457,7 @@ def test_the_same_csv_day_read_with_layout_files_is_refused(tmp_path, small_inpu
 
 
 def test_in_memory_rows_carry_no_content(tmp_path, tx):
-    from dppipeline.orchestration.runner import InputRows
+    from dppipeline.lifecycle.runner import InputRows
 
     folder, keys = tx
     spec = job_spec(folder, tmp_path / "a", keys)

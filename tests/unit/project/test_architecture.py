@@ -16,9 +16,9 @@ CORE_FILES = sorted(CORE.glob("*.py"))
 # this checks the files directly, lazy imports included).
 NEUTRAL_FILES = sorted(
     path
-    for folder in ("core", "spec", "inputs", "orchestration", "ledger")
+    for folder in ("core", "spec", "inputs", "lifecycle", "ledger")
     for path in (PACKAGE / folder).glob("*.py")
-) + [PACKAGE / "commands" / name for name in ("plan.py", "check_release.py")]
+) + [PACKAGE / "reports" / name for name in ("plan_text.py", "check_release.py")]
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -33,7 +33,7 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_core_files_found():
-    assert {p.name for p in CORE_FILES} >= {"plan.py", "planner.py", "release.py", "tasks.py"}
+    assert {p.name for p in CORE_FILES} >= {"plan.py", "planner.py", "mechanisms.py", "tasks.py"}
     assert len(NEUTRAL_FILES) > 30
 
 

@@ -69,7 +69,7 @@ def test_the_spec_reference_field_table_is_what_spec_doc_prints(capsys):
     """The job spec table of docs/reference/job-spec.md is generated (`dppipeline spec-doc
     --markdown`); edit the field docs in spec/model.py and paste the new table when this
     fails."""
-    from dppipeline.commands.cli import main
+    from dppipeline.cli.main import main
 
     assert main(["spec-doc", "--markdown"]) == 0
     table = capsys.readouterr().out.strip()

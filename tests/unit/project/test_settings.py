@@ -15,10 +15,10 @@ import pytest
 from support import REPO
 
 from dppipeline import settings
-from dppipeline.commands.cli import main
+from dppipeline.cli.main import main
 from dppipeline.errors import UsageError
 from dppipeline.ledger import Ledger
-from dppipeline.orchestration import failpoints
+from dppipeline.lifecycle import failpoints
 
 ROOT = REPO
 PACKAGE = ROOT / "dppipeline"

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from support import REPO
 
 import dppipeline.spec.filters as filters_module
-from dppipeline.engines.shared.polars_filter import to_polars
+from dppipeline.engines.kernel.polars_filter import to_polars
 from dppipeline.engines.spark.types import to_spark_ddl
 from dppipeline.errors import SpecError
 from dppipeline.spec.filters import (

@@ -645,7 +645,7 @@ def test_bounds_a_query_does_not_use_may_be_left_out():
     """L0 bounds partitions and Linf rows per partition: a global total needs no L0 (one
     partition), privacy_id_count alone no Linf (a unit counts once per partition), and
     max_contributions replaces both: each plans without them."""
-    from dppipeline.orchestration.runner import make_plan
+    from dppipeline.lifecycle.runner import make_plan
 
     total = changed(partition_key=DROP, bounds__max_partitions_contributed=DROP)
     total["queries"] = [{"name": "all", "partition_by": []}]
@@ -669,7 +669,7 @@ def test_bounds_a_query_does_not_use_may_be_left_out():
 def test_a_release_needs_the_contribution_bounds_it_uses(dropped, fragment):
     """No default suits every dataset: planning a release refuses a bound a query uses and
     does not state, naming the field (the spec itself loads: `tune` recommends bounds)."""
-    from dppipeline.orchestration.runner import make_plan
+    from dppipeline.lifecycle.runner import make_plan
 
     spec = build_spec(changed(**{f"bounds__{dropped}": DROP}))
     with pytest.raises(SpecError) as info:

@@ -118,7 +118,7 @@ def test_public_keys_can_be_listed_inline():
 def test_a_job_level_filter_applies_to_its_queries(small_inputs, tmp_path):
     """The shorthand's one query reads what the job's filter keeps; with queries, each reads
     what both filters keep. Exact at a huge epsilon against pandas."""
-    from dppipeline.orchestration.runner import run_job
+    from dppipeline.lifecycle.runner import run_job
 
     spec = build_spec(
         {

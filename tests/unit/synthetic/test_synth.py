@@ -13,8 +13,13 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from dppipeline.commands.generate import DEFAULT_RADIUS, GenerateSummary, build_population, generate
 from dppipeline.spec.schema import schema_dir, transactions_schema
+from dppipeline.synthetic.transactions import (
+    DEFAULT_RADIUS,
+    GenerateSummary,
+    build_population,
+    generate,
+)
 
 SMALL = {"customers": 300, "terminals": 80, "days": 3, "tx_per_day": 1500}
 START = datetime.date(2026, 1, 1)

@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 from support.data import release_small
 
-from dppipeline.commands.cli import main
-from dppipeline.commands.report import PREVIEW_ROWS, _cell, build_report, fmt
+from dppipeline.cli.main import main
 from dppipeline.errors import UsageError
 from dppipeline.ledger import Ledger
+from dppipeline.reports.release_report import PREVIEW_ROWS, _cell, build_report, fmt
 
 NUMBER = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?")
 STATIC = {"95"}  # "95% half-width": the interval level, a public parameter

@@ -8,8 +8,8 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dppipeline.commands.cli import main
-from dppipeline.orchestration.manifests import read_manifest
+from dppipeline.cli.main import main
+from dppipeline.lifecycle.manifests import read_manifest
 from dppipeline.storage.releases import MANIFEST_NAME
 
 

@@ -16,8 +16,8 @@ from typing import Any, Protocol
 from dppipeline.core.manifest import Manifest
 from dppipeline.errors import DPPipelineError, InputError, OutputError
 from dppipeline.ledger import LedgerRow
-from dppipeline.orchestration.manifests import read_manifest
-from dppipeline.orchestration.publication import (
+from dppipeline.lifecycle.manifests import read_manifest
+from dppipeline.lifecycle.publication import (
     check_release_target,
     fsync_tree,
     heal,
@@ -27,7 +27,7 @@ from dppipeline.orchestration.publication import (
     refuse_unsafe_target,
     remove_release,
 )
-from dppipeline.orchestration.store_publication import (
+from dppipeline.lifecycle.store_publication import (
     check_store_target,
     discard_staging,
     heal_store,

@@ -110,8 +110,8 @@ def release(
     spec = load_job(job, budget__scope=scope)
     spec = spec.model_copy(update={"output": None if output is None else str(output)})
     kind = frame_kind(data)
-    from dppipeline.orchestration.ledger_choice import choose_ledger  # noqa: PLC0415
-    from dppipeline.orchestration.runner import InputRows, release_rows  # noqa: PLC0415
+    from dppipeline.lifecycle.ledger_choice import choose_ledger  # noqa: PLC0415
+    from dppipeline.lifecycle.runner import InputRows, release_rows  # noqa: PLC0415
 
     chosen = choose_ledger(ledger, spec, "ledger=False")
 

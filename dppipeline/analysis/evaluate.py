@@ -28,7 +28,6 @@ import numpy as np
 import pandas as pd
 import polars as pl
 
-from dppipeline.commands.charts import pyplot
 from dppipeline.core.intervals import half_width, sum_half_width
 from dppipeline.core.plan import BudgetPlan
 from dppipeline.core.tasks import (
@@ -39,14 +38,15 @@ from dppipeline.core.tasks import (
     public_key_set,
     read_schema,
 )
-from dppipeline.engines.shared.polars_filter import to_polars
-from dppipeline.engines.shared.polars_read import read_validated
-from dppipeline.engines.shared.polars_tasks import aggregate_task, key_expr
-from dppipeline.engines.shared.sampling import SamplingKeys, new_salt
+from dppipeline.engines.kernel.polars_filter import to_polars
+from dppipeline.engines.kernel.polars_read import read_validated
+from dppipeline.engines.kernel.polars_tasks import aggregate_task, key_expr
+from dppipeline.engines.kernel.sampling import SamplingKeys, new_salt
 from dppipeline.errors import UsageError
 from dppipeline.inputs.files import DailyPartition
-from dppipeline.orchestration.public_keys import read_key_files
-from dppipeline.orchestration.runner import input_days, make_plan, run_job
+from dppipeline.lifecycle.public_keys import read_key_files
+from dppipeline.lifecycle.runner import input_days, make_plan, run_job
+from dppipeline.reports.charts import pyplot
 from dppipeline.spec.metrics import distinct_column_of, metric_column, percentile_of
 from dppipeline.spec.model import JobSpec, QuerySpec
 from dppipeline.storage.releases import MANIFEST_NAME

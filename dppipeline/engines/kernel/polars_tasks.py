@@ -15,7 +15,7 @@ from dppipeline.core.tasks import (
     KeyColumn,
     canonical_keys,
 )
-from dppipeline.engines.shared.bounding import (
+from dppipeline.engines.kernel.bounding import (
     BoundedAggregates,
     ContributionSample,
     aggregate_per_partition,
@@ -24,9 +24,9 @@ from dppipeline.engines.shared.bounding import (
     dense_codes,
     sample_contributions,
 )
-from dppipeline.engines.shared.polars_filter import to_polars
-from dppipeline.engines.shared.polars_read import ROW, SOURCE
-from dppipeline.engines.shared.sampling import (
+from dppipeline.engines.kernel.polars_filter import to_polars
+from dppipeline.engines.kernel.polars_read import ROW, SOURCE
+from dppipeline.engines.kernel.sampling import (
     SamplingKeys,
     pair_priorities,
     partition_seeds,

@@ -49,7 +49,7 @@ class ReleaseTransform(beam.PTransform[Any, dict[str, Any]]):
         label: str | None = None,
     ):
         super().__init__(label)
-        from dppipeline.orchestration.ledger_choice import choose_ledger  # noqa: PLC0415
+        from dppipeline.lifecycle.ledger_choice import choose_ledger  # noqa: PLC0415
 
         self.job = load_job(job, budget__scope=scope).model_copy(update={"output": None})
         self._ledger = choose_ledger(ledger, self.job, "ledger=False")
@@ -62,7 +62,7 @@ class ReleaseTransform(beam.PTransform[Any, dict[str, Any]]):
         import shutil  # noqa: PLC0415
 
         from dppipeline.engines.beam.engine import BeamEngine  # noqa: PLC0415
-        from dppipeline.orchestration.runner import InputRows, release_rows  # noqa: PLC0415
+        from dppipeline.lifecycle.runner import InputRows, release_rows  # noqa: PLC0415
 
         result = release_rows(
             self.job,

@@ -15,11 +15,11 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from dppipeline.core.manifest import QueryEntry
-from dppipeline.core.release import release_arrow_schema
+from dppipeline.core.mechanisms import release_arrow_schema
 from dppipeline.core.tasks import KeyColumn
 from dppipeline.errors import InputError
 from dppipeline.ledger import Ledger
-from dppipeline.orchestration.manifests import read_manifest
+from dppipeline.lifecycle.manifests import read_manifest
 from dppipeline.spec.partition_keys import TIME_BUCKETS
 from dppipeline.storage import Location, StorageError
 from dppipeline.storage.releases import POINTER_NAME, release_folder, release_pointer

@@ -66,17 +66,17 @@ from dppipeline.ledger import (
     Reservation,
     input_fingerprint,
 )
-from dppipeline.orchestration.failpoints import failpoint
-from dppipeline.orchestration.ledger_choice import refuse_unrecorded
-from dppipeline.orchestration.public_keys import read_key_files
-from dppipeline.orchestration.publication import (
+from dppipeline.lifecycle.failpoints import failpoint
+from dppipeline.lifecycle.ledger_choice import refuse_unrecorded
+from dppipeline.lifecycle.public_keys import read_key_files
+from dppipeline.lifecycle.publication import (
     fsync_tree,
 )
-from dppipeline.orchestration.signals import signals_deferred
-from dppipeline.orchestration.store_publication import (
+from dppipeline.lifecycle.signals import signals_deferred
+from dppipeline.lifecycle.store_publication import (
     write_store_manifest,
 )
-from dppipeline.orchestration.targets import FolderTarget, ReleaseTarget, StoreTarget, new_run_id
+from dppipeline.lifecycle.targets import FolderTarget, ReleaseTarget, StoreTarget, new_run_id
 from dppipeline.spec.model import JobSpec
 from dppipeline.spec.vocabulary import ENGINES
 from dppipeline.storage import Location, is_uri, remote_filesystems

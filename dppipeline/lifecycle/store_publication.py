@@ -40,8 +40,8 @@ from typing import Any
 
 from dppipeline.errors import OutputError
 from dppipeline.inputs.quarantine import state_dir
-from dppipeline.orchestration.failpoints import failpoint
-from dppipeline.orchestration.publication import RUN_ID, output_lock
+from dppipeline.lifecycle.failpoints import failpoint
+from dppipeline.lifecycle.publication import RUN_ID, output_lock
 from dppipeline.storage import Location, StorageError
 from dppipeline.storage.releases import MANIFEST_NAME, POINTER_NAME, RUNS_FOLDER, release_pointer
 

@@ -56,7 +56,7 @@ from typing import Any
 
 from dppipeline import settings
 from dppipeline.errors import OutputError
-from dppipeline.orchestration.failpoints import failpoint
+from dppipeline.lifecycle.failpoints import failpoint
 
 MANIFEST = "manifest.json"
 # Files a release folder may hold besides its datasets: the manifest, and the `_PUBLISHED`

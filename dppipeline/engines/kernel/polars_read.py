@@ -18,7 +18,7 @@ from pathlib import Path
 
 import polars as pl
 
-from dppipeline.engines.shared.polars_rules import BAD, DAY, flag_rows, parsed_name, reason
+from dppipeline.engines.kernel.polars_rules import BAD, DAY, flag_rows, parsed_name, reason
 from dppipeline.errors import InputError
 from dppipeline.inputs.contract import (
     RejectedRow,

@@ -19,11 +19,11 @@ import pytest
 import yaml
 from scipy import stats
 
-from dppipeline.commands.cli import main
-from dppipeline.commands.evaluate import selection_stats
-from dppipeline.commands.generate import generate
-from dppipeline.orchestration.runner import make_plan
+from dppipeline.analysis.evaluate import selection_stats
+from dppipeline.cli.main import main
+from dppipeline.lifecycle.runner import make_plan
 from dppipeline.spec.model import build_spec
+from dppipeline.synthetic.transactions import generate
 
 ALPHA = 1e-6  # failure rate of each statistical check (two-sided)
 PUBLIC_EPSILONS = (0.1, 1.0, 10.0)

@@ -13,8 +13,8 @@ import pytest
 from scipy import stats
 from support.data import write_daily_parquet
 
-from dppipeline.commands.cli import main
-from dppipeline.commands.tune import BIN_EDGES, bin_index, contribution_histograms, noisy, tune
+from dppipeline.analysis.tune import BIN_EDGES, bin_index, contribution_histograms, noisy, tune
+from dppipeline.cli.main import main
 from dppipeline.core.plan import MechanismBudget
 from dppipeline.ledger import Ledger
 from dppipeline.spec.model import build_spec
@@ -261,7 +261,7 @@ def test_a_zeroed_pair_histogram_is_no_signal():
     """Enough units, but every pair-size bin below its noise level (their mass spread thin):
     the rows-kept estimate would read 100%; tune says the noise hides it and names more
     epsilon, never less."""
-    from dppipeline.commands.tune import _hidden_by_noise
+    from dppipeline.analysis.tune import _hidden_by_noise
 
     bins = len(BIN_EDGES)
     h1 = [0.0] * bins

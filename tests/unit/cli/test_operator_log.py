@@ -9,7 +9,7 @@ import pytest
 from support import REPO
 
 from dppipeline import logs
-from dppipeline.commands import cli
+from dppipeline.cli import main as cli
 
 CONFIG = REPO / "jobs" / "configs" / "terminal_stats.yaml"
 
@@ -58,7 +58,7 @@ def test_progress_goes_to_stderr_and_quiet_silences_it(small_inputs, tmp_path, c
 
 def test_verbose_names_each_logger(small_inputs, tmp_path, capsys):
     assert run(small_inputs, tmp_path, "local", "-v") == 0
-    assert "INFO dppipeline.orchestration.runner: [local] read " in capsys.readouterr().err
+    assert "INFO dppipeline.lifecycle.runner: [local] read " in capsys.readouterr().err
 
 
 @pytest.mark.beam

@@ -17,12 +17,12 @@ from typing import Any
 
 import pandas as pd
 
-from dppipeline.commands.budget import spend_curve
-from dppipeline.commands.charts import day_axis, pyplot
 from dppipeline.core.manifest import Manifest, MetricEntry, QueryEntry
 from dppipeline.errors import UsageError
 from dppipeline.ledger import BudgetPolicy, Ledger, LedgerRow
-from dppipeline.orchestration.manifests import read_manifest
+from dppipeline.lifecycle.manifests import read_manifest
+from dppipeline.reports.budget_views import spend_curve
+from dppipeline.reports.charts import day_axis, pyplot
 from dppipeline.storage import Location
 from dppipeline.storage.releases import release_folder
 

@@ -32,7 +32,7 @@ from dppipeline.errors import (
     is_failure,
     one_line,
 )
-from dppipeline.orchestration.signals import Terminated, handle_sigterm, signal_behind
+from dppipeline.lifecycle.signals import Terminated, handle_sigterm, signal_behind
 from dppipeline.settings import default_ledger
 from dppipeline.spec.metrics import METRICS, PARAMETRISED_METRICS
 from dppipeline.spec.vocabulary import (
@@ -552,8 +552,8 @@ def _spec_from_args(args: argparse.Namespace, *, release: bool = True):
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from dppipeline.commands.generate import generate  # noqa: PLC0415
     from dppipeline.storage import display  # noqa: PLC0415
+    from dppipeline.synthetic.transactions import generate  # noqa: PLC0415
 
     try:
         summary = generate(
@@ -596,17 +596,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     _skip_pld_unless_used(args, spec)
     if args.engine == "spark" and not args.check_budget:
         # The JVM takes longer to start than everything up to the first read: start it first.
-        from dppipeline.engines.spark.session import start_spark_early  # noqa: PLC0415
+        from dppipeline.engines.spark.spark_session import start_spark_early  # noqa: PLC0415
 
         start_spark_early()
-    from dppipeline.orchestration.runner import check_budget, load_engine, run_job  # noqa: PLC0415
+    from dppipeline.lifecycle.runner import check_budget, load_engine, run_job  # noqa: PLC0415
 
     if args.check_budget:
         if args.no_ledger:
             raise UsageError("--check-budget needs a ledger (drop --no-ledger)")
         _print(check_budget(spec, args.ledger or default_ledger(), new_release=args.new_release))
         return 0
-    from dppipeline.orchestration.ledger_choice import choose_ledger  # noqa: PLC0415
+    from dppipeline.lifecycle.ledger_choice import choose_ledger  # noqa: PLC0415
 
     ledger = choose_ledger(False if args.no_ledger else args.ledger, spec, "--no-ledger")
     result = run_job(
@@ -632,7 +632,7 @@ def _print(line: str) -> None:
 
 
 def _cmd_budget(args: argparse.Namespace) -> int:
-    from dppipeline.commands import budget as budget_report  # noqa: PLC0415
+    from dppipeline.reports import budget_views as budget_report  # noqa: PLC0415
 
     policy = None
     if getattr(args, "config", None):
@@ -659,8 +659,8 @@ def _cmd_budget(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from dppipeline.commands.plan import render_plan  # noqa: PLC0415
-    from dppipeline.orchestration.runner import make_plan  # noqa: PLC0415
+    from dppipeline.lifecycle.runner import make_plan  # noqa: PLC0415
+    from dppipeline.reports.plan_text import render_plan  # noqa: PLC0415
 
     spec = _spec_from_args(args)
     _skip_pld_unless_used(args, spec)
@@ -671,7 +671,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_check_release(args: argparse.Namespace) -> int:
-    from dppipeline.commands.check_release import check_release  # noqa: PLC0415
+    from dppipeline.reports.check_release import check_release  # noqa: PLC0415
 
     ledger = None if args.no_ledger else (args.ledger or default_ledger())
     _print(check_release(args.release, ledger))
@@ -681,8 +681,8 @@ def _cmd_check_release(args: argparse.Namespace) -> int:
 def _cmd_tune(args: argparse.Namespace) -> int:
     from pathlib import Path  # noqa: PLC0415
 
-    from dppipeline.commands.tune import render, tune  # noqa: PLC0415
-    from dppipeline.orchestration.ledger_choice import choose_ledger  # noqa: PLC0415
+    from dppipeline.analysis.tune import render, tune  # noqa: PLC0415
+    from dppipeline.lifecycle.ledger_choice import choose_ledger  # noqa: PLC0415
 
     spec = _spec_from_args(args, release=False)
     ledger = choose_ledger(False if args.no_ledger else args.ledger, spec, "--no-ledger")
@@ -706,7 +706,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from pathlib import Path  # noqa: PLC0415
 
-    from dppipeline.commands.evaluate import (  # noqa: PLC0415
+    from dppipeline.analysis.evaluate import (  # noqa: PLC0415
         evaluate,
         parse_epsilons,
         refuse_unless_not_sensitive,
@@ -732,7 +732,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from dppipeline.commands.report import build_report  # noqa: PLC0415
+    from dppipeline.reports.release_report import build_report  # noqa: PLC0415
 
     ledger = None if args.no_ledger else (args.ledger or default_ledger())
     _print(build_report(args.release, ledger, args.output))

@@ -18,14 +18,14 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import Metrics
 from apache_beam.typehints import KV, Any
 
-from dppipeline.core.plan import JobPlan
-from dppipeline.core.release import (
+from dppipeline.core.mechanisms import (
     AGGREGATE_COLUMNS,
     AGGREGATE_DTYPES,
     CENTRED_SQUARES,
     VALUES,
     distinct_aggregate,
 )
+from dppipeline.core.plan import JobPlan
 from dppipeline.core.tasks import (
     AggregationTask,
     JobTasks,
@@ -35,11 +35,11 @@ from dppipeline.engines.base import ReleaseJob
 from dppipeline.engines.beam.bound import decode_keys, encode_key_frame, encoded_key
 from dppipeline.engines.beam.elements import METRICS_NAMESPACE, CompactingCombineFn
 from dppipeline.engines.beam.record import ReleaseRecord
-from dppipeline.engines.shared.bounding import (
+from dppipeline.engines.kernel.bounding import (
     DISTINCT_VALUES_PREFIX,
     stable_shard,
 )
-from dppipeline.engines.shared.release_file import (
+from dppipeline.engines.kernel.release_file import (
     RELEASE_FILE,
     ReleaseWriter,
     SortedPart,

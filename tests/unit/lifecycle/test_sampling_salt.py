@@ -9,7 +9,7 @@ import pytest
 from support.data import release_small
 
 from dppipeline.engines.base import ReleaseJob
-from dppipeline.engines.shared.sampling import SamplingKeys, new_salt
+from dppipeline.engines.kernel.sampling import SamplingKeys, new_salt
 
 
 def secret_texts(salt: bytes) -> list[bytes]:
@@ -25,7 +25,7 @@ def secret_texts(salt: bytes) -> list[bytes]:
 def test_salt_is_in_no_output_and_no_log_line(small_inputs, tmp_path, engine, monkeypatch):
     """A run with a known salt (derived from a test seed): no line it prints and no byte of
     any file it writes (release, manifest, quarantine) holds the salt or its secrets."""
-    from dppipeline.orchestration import runner
+    from dppipeline.lifecycle import runner
 
     lines: list[str] = []
     seed = 1234

@@ -12,10 +12,10 @@ import os
 import socket
 from pathlib import Path
 
-from dppipeline.commands.charts import day_axis, pyplot
 from dppipeline.errors import UsageError
 from dppipeline.ledger import CHARGED_STATES, BudgetPolicy, Ledger, LedgerRow, ScopeData
 from dppipeline.ledger.caps import over_cap, spend_of, worst_spend, worst_window
+from dppipeline.reports.charts import day_axis, pyplot
 from dppipeline.spec.limits import MAX_SCOPE_CHARS
 
 SPENDING = CHARGED_STATES  # what counts against a cap: reserved, reading, committed, failed

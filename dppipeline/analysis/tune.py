@@ -53,12 +53,12 @@ from pipeline_dp.aggregate_params import MechanismType
 
 from dppipeline.core.plan import MechanismBudget
 from dppipeline.core.tasks import plan_tasks, read_schema
-from dppipeline.engines.shared.polars_read import read_validated
-from dppipeline.engines.shared.polars_tasks import task_rows
+from dppipeline.engines.kernel.polars_read import read_validated
+from dppipeline.engines.kernel.polars_tasks import task_rows
 from dppipeline.errors import UsageError
 from dppipeline.ledger import Reservation
-from dppipeline.orchestration.public_keys import read_key_files
-from dppipeline.orchestration.runner import (
+from dppipeline.lifecycle.public_keys import read_key_files
+from dppipeline.lifecycle.runner import (
     budget_policy,
     input_days,
     ledger_line,
@@ -67,7 +67,7 @@ from dppipeline.orchestration.runner import (
     release_key,
     settle_expired,
 )
-from dppipeline.orchestration.signals import signals_deferred
+from dppipeline.lifecycle.signals import signals_deferred
 from dppipeline.spec.limits import MIN_EPSILON
 from dppipeline.spec.model import JobSpec, QuerySpec
 
