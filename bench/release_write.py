@@ -1,7 +1,7 @@
 """How the Spark engine gets a large release from the executors into its one file.
 
 The release on the executors (`engines.spark.aggregate.release_on_executors`) must end as one
-`part-00000.parquet` with rows in key order (`engines.shared.release_file`). Five ways,
+`part-00000.parquet` with rows in key order (`engines.kernel.release_file`). Five ways,
 each in its own process on Spark `local[2]` over N synthetic aggregates (one per partition,
 private selection at epsilon 1 that keeps them all: 1,000 customers each; shuffled first):
 

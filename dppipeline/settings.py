@@ -45,7 +45,7 @@ DEFAULT_SPARK_JAVA_OPTIONS = "-XX:+UseParallelGC"
 DEFAULT_SPARK_MASTER = "local[*]"
 DEFAULT_SPARK_LOG_LEVEL = "WARN"
 SPARK_LOG_LEVELS = ("ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN")
-# A run's stage boundaries where a failpoint may stop it (orchestration/failpoints.py says what
+# A run's stage boundaries where a failpoint may stop it (lifecycle/failpoints.py says what
 # each one is), and what it can do there.
 FAILPOINT_STAGES = (
     "reserved", "reading", "written", "staged", "uploading", "committed", "exchanged", "published",

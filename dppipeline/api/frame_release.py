@@ -1,6 +1,6 @@
 """`release(job, data)`: one DP release of in-memory data, by the CLI's rules and code.
 
-The run sequence is `orchestration.runner`'s (plan before any data, reserve, `reading`, the
+The run sequence is `lifecycle.runner`'s (plan before any data, reserve, `reading`, the
 engine, manifest, commit), entered through `release_rows`; validation, bounding, noise and
 selection are the engines'. The released rows come back as the kind of frame that went in.
 """

@@ -1,5 +1,5 @@
-"""The columns of the exact aggregate table every engine hands to `core.release`, and the form
-of its kept values: here, not in `core.release`, so that code running beside the data (Spark's
+"""The columns of the exact aggregate table every engine hands to `core.mechanisms`, and the form
+of its kept values: here, not in `core.mechanisms`, so that code running beside the data (Spark's
 Python workers, Beam's DoFns) imports no noise library to name them."""
 
 import numpy as np

@@ -6,7 +6,7 @@ the input, rejected rows and true values stay out: they go to the operator's con
 
 The manifest is a typed model (`Manifest`), built and parsed here, read and written by the
 layers that do I/O (`storage.releases` names the files; `report`, `check-release` and the
-runner read it back with `orchestration.manifests.read_manifest`), by attribute, never by
+runner read it back with `lifecycle.manifests.read_manifest`), by attribute, never by
 string key. Sections whose content is descriptive (the spec, the budget split, noise bounds)
 stay JSON mappings; a field a later version adds is kept when an older one reads it.
 """

@@ -2,7 +2,7 @@
 
 Made once, before any data is read, by the planner (`core.planner`). A plan (`BudgetPlan`,
 `JobPlan`) is a plain picklable value: engines ship it to their workers, which rebuild the
-secure PyDP mechanisms from it (`core.release`).
+secure PyDP mechanisms from it (`core.mechanisms`).
 
 Mechanisms, following pipeline-dp's own layout so that its DPEngine is a faithful oracle:
 

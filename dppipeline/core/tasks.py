@@ -4,7 +4,7 @@ Each query becomes one `AggregationTask` (filter, partition keys, clipping, boun
 aggregates). A group of private queries that share one partition selection needs bounded
 privacy-unit counts per key over the rows of any member: when the members read the same rows
 with the same L0 bound, the first member's own counts serve; otherwise the group gets a
-selection task of its own. Engines only ever compute exact aggregates per task; `core.release`
+selection task of its own. Engines only ever compute exact aggregates per task; `core.mechanisms`
 turns them into the release.
 
 Partition keys are input columns, time buckets of the job's time column, or numeric columns cut
@@ -14,7 +14,7 @@ as text. Engines hand back key columns in one canonical pandas form (int64, str,
 `datetime.date`), so results of every engine align and compare.
 
 Public key files reach this module as values the run read (`KeyFile`, read by
-`orchestration.public_keys`): core reads no file.
+`lifecycle.public_keys`): core reads no file.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The runner plans the budget, checks the target, discovers input and publishes atomically; an
 engine turns that into a released dataset written under the staging folder it is handed.
-Every engine calls the same `core.release` on exact, bounded per-partition aggregates.
+Every engine calls the same `core.mechanisms` on exact, bounded per-partition aggregates.
 """
 
 from __future__ import annotations

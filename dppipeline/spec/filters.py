@@ -6,7 +6,7 @@ a schema column with a literal, `in` lists, `between`, `and`/`or`/`not` and pare
 a filter; functions, arithmetic, casts, subqueries, `is`, parameters, several statements and
 comments are refused with the rule and a 1-based position. Columns and literal types are
 checked against the schema during the walk, so a parsed filter is known to be valid. The result
-is an immutable, engine-neutral AST; `engines/shared/polars_filter.py` and
+is an immutable, engine-neutral AST; `engines/kernel/polars_filter.py` and
 `engines/spark/filter.py` compile it, and `evaluate_row` is the plain-Python reference the
 compilers are tested against.
 

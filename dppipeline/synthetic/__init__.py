@@ -1,0 +1,1 @@
+"""Synthetic card transactions (`dppipeline generate`), the demo's and the tests' input."""

@@ -2,7 +2,7 @@
 (moto's server mode, `tests/support/s3_server.py`), the CLI run as a user runs it, in a subprocess
 that finds the server through AWS_ENDPOINT_URL and AWS_* credentials.
 
-A release on a store is published without rename (`orchestration/store_publication`): the run's
+A release on a store is published without rename (`lifecycle/store_publication`): the run's
 files go under `OUT/_runs/<run_id>/`, then one small object `OUT/RELEASE.json` names the run. The
 tests read it back the way the docs tell a partner to (pandas over pyarrow's S3 client),
 and kill runs at every stage boundary to check that no partial release is ever visible and

@@ -27,10 +27,10 @@ Bounding is exact whatever the bundles are:
   aggregates them.
 - Per-partition partial aggregates are routed to `partition_shards` shards by a stable hash of
   the key, summed by a combiner, aligned with the public partitions (a PCollection joined by
-  CoGroupByKey) and released by `core.release` in a DoFn: one batch per shard.
+  CoGroupByKey) and released by `core.mechanisms` in a DoFn: one batch per shard.
 - Each shard's released rows are sorted by key into a part under `_parts/` in the staging
   area; once every part is written, one DoFn merges them, a row group per part at a time,
-  into the dataset's one file (`engines.shared.release_file`: the name, row order and
+  into the dataset's one file (`engines.kernel.release_file`: the name, row order and
   metadata every engine writes), and the launcher removes `_parts/`.
 
 Public partitions also reach the first step as a side input, to drop unlisted rows before

@@ -1,5 +1,5 @@
-"""Per-partition sums, the DP release of each partition shard (`core.release`) and the
-release's Parquet file (one per dataset, rows in key order: `engines.shared.release_file`),
+"""Per-partition sums, the DP release of each partition shard (`core.mechanisms`) and the
+release's Parquet file (one per dataset, rows in key order: `engines.kernel.release_file`),
 written by exact name."""
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def _sum_frames(frames: list[pd.DataFrame], key: str) -> pd.DataFrame:
 
 
 def distinct_counts(aggregates: pd.DataFrame, task: AggregationTask) -> pd.DataFrame:
-    """Merged value sets -> the count_distinct aggregates `core.release` takes."""
+    """Merged value sets -> the count_distinct aggregates `core.mechanisms` takes."""
     for column in task.distinct:
         sets = aggregates.pop(DISTINCT_VALUES_PREFIX + column)
         aggregates[distinct_aggregate(column)] = np.fromiter(
@@ -114,7 +114,7 @@ def _empty_aggregates(task: AggregationTask) -> pd.DataFrame:
 
 class _ReleaseShard(beam.DoFn):
     """Every task's exact aggregates of one partition shard (and the public keys that fall in
-    it) -> each query's released rows, by `core.release`, as (shard, table) tagged by query
+    it) -> each query's released rows, by `core.mechanisms`, as (shard, table) tagged by query
     (the shard names the file the rows are written to)."""
 
     def __init__(
@@ -181,7 +181,7 @@ _EVERY_SHARD = "every-shard"
 class ReleaseDP(beam.PTransform):
     """{task name: exact aggregates per partition shard} -> {query: released Arrow tables}:
     one CoGroupByKey brings each shard's aggregates of every task, and the public keys that
-    fall in it, to one `core.release` call (selection + noise)."""
+    fall in it, to one `core.mechanisms` call (selection + noise)."""
 
     def __init__(self, job: ReleaseJob, partition_shards: int, record: str | None = None):
         super().__init__()
@@ -275,7 +275,7 @@ def _sorted_part(path: str) -> SortedPart:
 
 class _MergeRelease(beam.DoFn):
     """Every sorted part's name (one element, once all parts are written) -> the dataset's one
-    file, `<dataset>/part-00000.parquet` (`engines.shared.release_file`), rows merged in key
+    file, `<dataset>/part-00000.parquet` (`engines.kernel.release_file`), rows merged in key
     order, one row group per part in memory. No parts (nothing released): the file holds the
     schema and no rows. Rewritten whole when retried."""
 

@@ -325,7 +325,7 @@ def distinct_values(
 def aggregates_table(
     bounded: BoundedAggregates, keys: pd.DataFrame, *, distinct_sets: bool = False
 ) -> pd.DataFrame:
-    """The engine-neutral aggregate table `core.release` takes; `keys` row i is key code i.
+    """The engine-neutral aggregate table `core.mechanisms` takes; `keys` row i is key code i.
     `distinct_sets`: each count_distinct column as its value sets (`_distinct_values_C`),
     not their sizes (`count_distinct_C`)."""
     frame = keys.iloc[bounded.key_codes].reset_index(drop=True)

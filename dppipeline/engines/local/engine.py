@@ -3,7 +3,7 @@
 Polars reads and validates a batch of files at a time (multi-threaded); each query's task
 filters and derives its keys with Polars expressions, keeps of the batch only the rows
 bounding may keep (`pre_bound`), and numpy bounds and aggregates what all batches kept with
-sorts and bincounts (see `bounding.py`); the DP release is `core.release`, as on every engine.
+sorts and bincounts (see `bounding.py`); the DP release is `core.mechanisms`, as on every engine.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Aggregation and release on Spark: bounded pairs -> exact aggregates per partition -> the
-engine-neutral `core.release`.
+engine-neutral `core.mechanisms`.
 
 The one exchange after bounding carries the pair aggregates to their partition. The release
 runs:
@@ -11,7 +11,7 @@ runs:
   needs every member's aggregates together, on the driver). The released batches come back to
   the driver in key order, one task at a time, and the driver writes them.
 
-Either way the driver writes the dataset's one file with `engines.shared.release_file`: the
+Either way the driver writes the dataset's one file with `engines.kernel.release_file`: the
 same name, row order, row groups and metadata whichever path ran (the path follows the data).
 """
 

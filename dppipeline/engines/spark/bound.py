@@ -1,7 +1,7 @@
 """Contribution bounding on Spark: rows -> each privacy unit's bounded (unit, partition) pairs.
 
 No Python runs per row. Each row gets its Linf sampling priority in the JVM, xxhash64 of a
-per-run secret, its file and its row number (`engines.shared.sampling`; the secrets reach Spark
+per-run secret, its file and its row number (`engines.kernel.sampling`; the secrets reach Spark
 as a one-row broadcast table, never as a literal a plan or the UI would show). Linf: Spark's
 bottom-k aggregate (`min_by` with k) keeps each (privacy unit, partition) pair's Linf values of
 lowest (priority, value); L0: `row_number()` over each unit's pairs ordered by xxhash64(secret,
@@ -282,7 +282,7 @@ def sampled_pairs(rows: DataFrame, task: AggregationTask, unit: str) -> DataFram
         F.array_distinct(F.filter(F.transform(entries, _field(c)), _not_null)).alias(c)
         for c in distinct
     ]
-    if task.sum_squares:  # deviations from the bounds' midpoint (core.release: no cancellation)
+    if task.sum_squares:  # deviations from the bounds' midpoint (core.mechanisms: no cancellation)
         m = F.lit(task.midpoint)
         pair_aggregates.append(
             F.aggregate(values, F.lit(0.0), lambda total, x: total + (x - m) * (x - m)).alias(

@@ -74,7 +74,7 @@ def bound_in_one_pass(
     rows: DataFrame, tasks: Sequence[AggregationTask], unit: str, salt: bytes
 ) -> dict[str, pd.DataFrame]:
     """Rows from `shuffled_by_unit` -> each task's exact bounded aggregates per partition, in
-    the form `core.release` takes, from one Spark job."""
+    the form `core.mechanisms` takes, from one Spark job."""
     schema = partial_schema(tasks)
 
     def bound_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -232,7 +232,7 @@ def mean_variance_ranges(
     manifest: dict, query: str, values: pd.Series
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """{mean, variance, stddev: (low, high)} per partition of kept `values` (a Series of
-    arrays): each formula of `core.release.noise_partitions`, evaluated over the boxes in
+    arrays): each formula of `core.mechanisms.noise_partitions`, evaluated over the boxes in
     which the noisy count, centred sum and centred sum of squares lie."""
     low, high = LOOSE["min_value"], LOOSE["max_value"]
     mid, r2 = (low + high) / 2, ((high - low) / 2) ** 2
@@ -671,7 +671,7 @@ def test_every_selection_keeps_the_keys_with_enough_customers(
 
 
 HALF_RANGE = (LOOSE["max_value"] - LOOSE["min_value"]) / 2
-CLAMPED = {  # the post-processed ratios and their clamps (core.release.noise_partitions)
+CLAMPED = {  # the post-processed ratios and their clamps (core.mechanisms.noise_partitions)
     "mean": [LOOSE["min_value"], LOOSE["max_value"]],
     "variance": [0.0, HALF_RANGE**2],
     "stddev": [0.0, HALF_RANGE],

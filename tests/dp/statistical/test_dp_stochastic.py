@@ -3,7 +3,7 @@
 Two neighbouring inputs differ in one privacy unit, a customer who contributes far more than
 the bounds allow (5 rows worth 150, clipped to 100, at each of 3 public terminals; L0 = 2,
 Linf = 3). Each input is bounded once by the real engine code (every engine gives the same
-exact aggregates; checked here), then released many times through `core.release` with PyDP's
+exact aggregates; checked here), then released many times through `core.mechanisms` with PyDP's
 noise, as in production. For events E of the outputs (the noisy counts, sums, or both, of
 every partition where the two inputs differ, beyond a threshold, in either direction),
 Clopper-Pearson intervals on P[M(D) in E] and P[M(D') in E] give a lower bound on the privacy
@@ -163,7 +163,7 @@ def test_every_engine_bounds_the_target_to_its_sensitivity(engine, bounded, requ
 
 
 def releases(exact: pd.DataFrame, plan, draws: int) -> pd.DataFrame:
-    """`draws` independent releases of the 3 public partitions through core.release: the
+    """`draws` independent releases of the 3 public partitions through core.mechanisms: the
     exact aggregates repeated under a draw index (each row gets its own PyDP noise)."""
     keys = pd.DataFrame(list(product(range(draws), [1, 2, 3])), columns=["draw", KEY])
     repeated = keys.merge(exact.astype({KEY: "int64"}), on=KEY, how="left")

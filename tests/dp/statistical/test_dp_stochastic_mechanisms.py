@@ -2,7 +2,7 @@
 
 Same method as `test_dp_stochastic.py`: two neighbouring inputs, D' and D = D' plus one
 adversarial customer, are bounded once by the local engine's real code (`aggregate_task`), then
-released many times through `core.release`, as in production. Each release call draws
+released many times through `core.mechanisms`, as in production. Each release call draws
 independent noise (and selection) per partition, so the bounded aggregates of the partitions the
 adversary reaches are replicated under many partition keys (key = draw x STRIDE + terminal):
 one key group per draw, every draw independent. For events E of the output (one released
@@ -154,7 +154,7 @@ def neighbours(rest: list[Row], target: list[Row], seed: int = 5) -> tuple[pl.Da
     keep their identities (file, row), hence their sampling priorities under the fixed salt, so
     D and D' differ by the target's bounded contribution alone. (In one shared file the rows
     after the target's would be renumbered and other customers re-sampled: the same law over
-    salts, `engines.shared.bounding`, but not the same sample under one.)"""
+    salts, `engines.kernel.bounding`, but not the same sample under one.)"""
     order = np.random.default_rng(seed).permutation(len(rest))
     files = ["day.parquet", "target.parquet"]
     parts = []
@@ -418,7 +418,7 @@ def stds_of(plan: BudgetPlan, name: str, c: Coordinates) -> np.ndarray:
 
 
 def halve_noise(monkeypatch: pytest.MonkeyPatch, names: Iterable[str]) -> None:
-    """`core.release` draws half the noise for the named mechanisms while the plan still
+    """`core.mechanisms` draws half the noise for the named mechanisms while the plan still
     states its budget: std / 2 for PyDP's noise, scale / 2 for OpenDP's discrete noise."""
     names = set(names)
     noised = release._noised

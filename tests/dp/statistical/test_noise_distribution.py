@@ -4,7 +4,7 @@ Samplers, each through the code path releases use:
 - OpenDP's discrete Laplace (scale t, P(x) ~ exp(-|x| / t)) and discrete Gaussian (sigma,
   P(x) ~ exp(-x^2 / (2 sigma^2))) through `core.discrete.add_discrete_noise`, at scales
   3, 5, 10, 200 (the default job's count noise), 1e4 and the non-round 5.3, 17.7, 333.3;
-- PyDP's continuous Laplace and Gaussian as `core.release.noise_partitions` adds them
+- PyDP's continuous Laplace and Gaussian as `core.mechanisms.noise_partitions` adds them
   (`MechanismBudget.build_additive().add_noise`), under basic and tight (pld) accounting.
 
 The exact law is computed here by summing the mass (discrete) or from scipy's CDF of the scale

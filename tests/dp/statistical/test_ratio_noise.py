@@ -2,7 +2,7 @@
 
 `plan`, the manifest and the report state, for a partition of n rows, a bound on the standard
 deviation of the released mean and variance, worst case over the data (`core.intervals`). Here
-20,000 partitions of the same n rows are released through `core.release` (PyDP noise, as in
+20,000 partitions of the same n rows are released through `core.mechanisms` (PyDP noise, as in
 production) and the standard deviation of the released values is measured:
 
 - it never exceeds the stated bound, for several data shapes and partition sizes (tolerance
