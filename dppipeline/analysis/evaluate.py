@@ -36,12 +36,13 @@ from dppipeline.core.tasks import (
     covered_days,
     job_task,
     public_key_set,
-    read_schema,
 )
-from dppipeline.engines.kernel.polars_filter import to_polars
-from dppipeline.engines.kernel.polars_read import read_validated
-from dppipeline.engines.kernel.polars_tasks import aggregate_task, key_expr
-from dppipeline.engines.kernel.sampling import SamplingKeys, new_salt
+from dppipeline.engines.in_process import (
+    bounded_aggregates,
+    filtered_rows,
+    key_columns,
+    validated_rows,
+)
 from dppipeline.errors import UsageError
 from dppipeline.inputs.files import DailyPartition
 from dppipeline.lifecycle.public_keys import read_key_files
@@ -125,9 +126,7 @@ def check_arguments(spec: JobSpec, output: Path, epsilons: Sequence[float], repe
 def read_rows(spec: JobSpec, days: Sequence[DailyPartition]) -> pl.DataFrame:
     """The rows every engine keeps: read and validated by the same rules, so the truth is
     computed over exactly what the released values were computed from."""
-    tasks = [job_task(spec, q) for q in spec.queries]
-    schema = read_schema(spec, tasks)
-    return read_validated(list(days), spec.input.format, schema).rows
+    return validated_rows(spec, days, [job_task(spec, q) for q in spec.queries])
 
 
 def true_values(
@@ -136,8 +135,7 @@ def true_values(
     """Per partition with rows, the raw truth of every metric the query releases: the query's
     filter and keys only (`task`, its engine task), no contribution bounding and no clipping
     (what a non-private group-by would say), keyed like the release."""
-    if task.filter is not None:
-        rows = rows.filter(to_polars(task.filter))
+    rows = filtered_rows(rows, task)
     aggregates = [
         pl.len().cast(pl.Float64).alias("count"),
         pl.col(unit).n_unique().cast(pl.Float64).alias("privacy_id_count"),
@@ -163,7 +161,7 @@ def true_values(
             aggregates.append(
                 pl.col(column).drop_nulls().n_unique().cast(pl.Float64).alias(metric_column(metric))
             )
-    keys = [key_expr(k) for k in task.keys]
+    keys = key_columns(task)
     if keys:
         truth = rows.group_by(keys).agg(aggregates).to_pandas()
     else:
@@ -231,8 +229,7 @@ def bounded_values(
     """One sample of the exact aggregates after contribution bounding and clipping, with no
     noise: what the noise is added to. Same code as the local engine (unlisted public keys
     dropped before bounding, as it does)."""
-    keys = SamplingKeys.from_salt(new_salt(0))
-    exact = aggregate_task(rows, replace(task, public_keys=public), unit, keys)
+    exact = bounded_aggregates(rows, replace(task, public_keys=public), unit, seed=0)
     exact = exact.astype({"count": "float64", "sum": "float64", "privacy_id_count": "float64"})
     exact["mean"] = (exact["sum"] / exact["count"]).where(exact["count"] > 0)
     return exact

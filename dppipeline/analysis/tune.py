@@ -52,9 +52,8 @@ from pipeline_dp import dp_computations
 from pipeline_dp.aggregate_params import MechanismType
 
 from dppipeline.core.plan import MechanismBudget
-from dppipeline.core.tasks import plan_tasks, read_schema
-from dppipeline.engines.kernel.polars_read import read_validated
-from dppipeline.engines.kernel.polars_tasks import task_rows
+from dppipeline.core.tasks import plan_tasks
+from dppipeline.engines.in_process import task_rows, validated_rows
 from dppipeline.errors import UsageError
 from dppipeline.ledger import Reservation
 from dppipeline.lifecycle.public_keys import read_key_files
@@ -382,8 +381,7 @@ def _measure(spec, query, task, days, *, eps, partitions, progress) -> Tuning:
     # The raw value (no clipping: the quantiles choose the clipping bounds); the rows the run
     # bounds: filter applied, unlisted public keys dropped.
     raw = replace(task, clip=(-math.inf, math.inf))
-    schema = read_schema(spec, [raw])
-    rows = read_validated(days, spec.input.format, schema).rows
+    rows = validated_rows(spec, days, [raw])
     frame = task_rows(rows, raw, unit)
     keys = task.key_names or ["_all"]
     if not task.key_names:

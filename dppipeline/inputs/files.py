@@ -170,7 +170,7 @@ def with_detected_layout(spec: JobSpec) -> JobSpec:
     layout (a folder of `YYYY-MM-DD.csv` files needs no `--format csv`), or with layout
     `files` from the files' suffixes. A detected csv is recorded as if given, so the release
     key is the one `--format csv` gives; parquet stays the unset default. Light on purpose:
-    the CLI calls it before pipeline-dp is imported (see `cli._skip_pld_unless_used`)."""
+    the CLI calls it before pipeline-dp is imported (see `cli.main._skip_pld_unless_used`)."""
     if spec.input.path is None or "format" in spec.input.model_fields_set:
         return spec
     if spec.input.layout == "files":

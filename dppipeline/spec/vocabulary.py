@@ -1,7 +1,7 @@
 """The spec's closed word lists: every choice a field (or the command line) offers.
 
 One place for the words, so that the fields' rules (`sections.py`, `model.py`) and the CLI's
-`choices` (`commands/cli.py`) cannot disagree. Plain tuples and a Literal, nothing imported:
+`choices` (`cli/parser.py`) cannot disagree. Plain tuples and a Literal, nothing imported:
 the CLI builds its parser from them without loading pydantic or pyarrow. Each list's first
 word is the default (of its field, or of the CLI flag).
 """

@@ -149,3 +149,48 @@ def test_core_imports_only_spec_and_errors(graph):
         if imported.startswith("dppipeline") and not imported.startswith(CORE_MAY_IMPORT)
     }
     assert not upward, f"core imports {sorted(upward)}"
+
+
+# The features above the lifecycle (commands, analysis, reports, synthetic data) reach the
+# engines only through their public surface: engines/base.py, the registry and
+# engines/in_process.py (import-linter holds the same contract; this reads the graph itself).
+FEATURES = ("dppipeline.cli", "dppipeline.analysis", "dppipeline.reports", "dppipeline.synthetic")
+ENGINE_INTERNALS = tuple(
+    f"dppipeline.engines.{name}" for name in ("kernel", "local", "spark", "beam")
+)
+# The one exception, named in pyproject.toml: `run --engine spark` starts the JVM first.
+ENGINE_INTERNALS_ALLOWED = {("dppipeline.cli.main", "dppipeline.engines.spark.spark_session")}
+
+
+def engine_internals_imported(graph: grimp.ImportGraph) -> set[tuple[str, str]]:
+    """(feature module, engine module) for every direct import of an engine's internals."""
+
+    def within(module: str, packages: tuple[str, ...]) -> bool:
+        return any(module == p or module.startswith(p + ".") for p in packages)
+
+    return {
+        (module, imported)
+        for module in graph.modules
+        if within(module, FEATURES)
+        for imported in graph.find_modules_directly_imported_by(module)
+        if within(imported, ENGINE_INTERNALS)
+    } - ENGINE_INTERNALS_ALLOWED
+
+
+def test_the_engine_internals_check_finds_a_planted_import():
+    planted = grimp.ImportGraph()
+    for importer, imported in [
+        ("dppipeline.analysis.tune", "dppipeline.engines.in_process"),
+        ("dppipeline.analysis.evaluate", "dppipeline.engines.kernel.sampling"),
+        ("dppipeline.cli.main", "dppipeline.engines.spark.spark_session"),
+        ("dppipeline.lifecycle.runner", "dppipeline.engines.local.engine"),
+    ]:
+        planted.add_import(importer=importer, imported=imported)
+    assert engine_internals_imported(planted) == {
+        ("dppipeline.analysis.evaluate", "dppipeline.engines.kernel.sampling")
+    }
+
+
+def test_features_import_no_engine_internals(graph):
+    found = sorted(engine_internals_imported(graph))
+    assert not found, f"features import engine internals: {found}"

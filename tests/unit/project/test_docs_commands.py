@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from support import REPO
 
-from dppipeline.cli.main import build_parser
+from dppipeline.cli.parser import build_parser
 
 ROOT = REPO
 DOCS = ROOT / "docs"
