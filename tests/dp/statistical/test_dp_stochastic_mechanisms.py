@@ -52,7 +52,7 @@ import polars as pl
 import pytest
 from scipy.stats import beta, norm
 
-from dppipeline.core import planner, release
+from dppipeline.core import mechanisms, planner
 from dppipeline.core.mechanisms import (
     centred_squares_term,
     release_public,
@@ -421,7 +421,7 @@ def halve_noise(monkeypatch: pytest.MonkeyPatch, names: Iterable[str]) -> None:
     """`core.mechanisms` draws half the noise for the named mechanisms while the plan still
     states its budget: std / 2 for PyDP's noise, scale / 2 for OpenDP's discrete noise."""
     names = set(names)
-    noised = release._noised
+    noised = mechanisms._noised
 
     def planted(plan: BudgetPlan, name: str, exact: np.ndarray) -> np.ndarray:
         if name not in names:
@@ -439,7 +439,7 @@ def halve_noise(monkeypatch: pytest.MonkeyPatch, names: Iterable[str]) -> None:
         mechanisms = tuple(half if x.name == name else x for x in plan.mechanisms)
         return noised(dataclasses.replace(plan, mechanisms=mechanisms), name, exact)
 
-    monkeypatch.setattr(release, "_noised", planted)
+    monkeypatch.setattr(mechanisms, "_noised", planted)
 
 
 def loosen_bounding(monkeypatch: pytest.MonkeyPatch, **limits: int | None) -> None:
@@ -920,7 +920,7 @@ def test_deterministic_selection_is_caught(monkeypatch):
     def planted(privacy_id_count, selection, pre_threshold):
         return np.asarray(privacy_id_count) >= k
 
-    monkeypatch.setattr(release, "select_with", planted)
+    monkeypatch.setattr(mechanisms, "select_with", planted)
     measured = run_selection(job, "kth", SELECTION_DRAWS["kth"] // 4)
     assert all(violated(m) for m in measured.values()), measured
 

@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 from scipy.stats import kurtosis, norm
 
-from dppipeline.core import release
+from dppipeline.core import mechanisms
 from dppipeline.core.intervals import (
     mean_stddev_bound,
     ratio_stddev_times_rows,
@@ -74,7 +74,7 @@ def released_std(plan, values: np.ndarray) -> dict[str, tuple[float, float]]:
             "centred_squares": float(((values - plan.params.midpoint) ** 2).sum()),
         }
     )
-    out = release.noise_partitions(exact, ["key"], plan)
+    out = mechanisms.noise_partitions(exact, ["key"], plan)
     result = {}
     for metric in ("mean", "variance"):
         draws = out[metric].to_numpy()

@@ -6,7 +6,7 @@ rate (1e-6 per assertion unless said otherwise); none is a hand-tuned constant.
 - pipeline-dp 0.3.1's own VARIANCE under-calibrates its sum-of-squares noise for ranges
   around zero; a test documents it (and fails once pipeline-dp fixes it).
 - Our `centred_sum_of_squares` is calibrated to the largest change one row makes to the very
-  value `release.noise_partitions` noises (checked through the real code path).
+  value `mechanisms.noise_partitions` noises (checked through the real code path).
 - Released variance: mean and spread over many partitions match first-order error
   propagation from the three mechanisms' planned stds (and exclude a 2x under-calibration).
 - Percentiles: exact at a huge epsilon, inside the bounds, more accurate as epsilon grows,
@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import binom, mannwhitneyu, norm
 
-from dppipeline.core import release
+from dppipeline.core import mechanisms
 from dppipeline.core.plan import BRANCHING_FACTOR, TREE_HEIGHT, AggregationParams
 from dppipeline.core.planner import plan_budget
 
@@ -205,7 +205,7 @@ def noised_squares_term(plan, rows: list[np.ndarray]) -> np.ndarray:
             "centred_squares": [float(np.sum(np.square(v - mid))) for v in rows],
         }
     )
-    return release.centred_squares_term(exact, plan.params)
+    return mechanisms.centred_squares_term(exact, plan.params)
 
 
 @pytest.mark.parametrize("bounds", RANGES)
@@ -277,7 +277,7 @@ def test_squares_noise_draws_match_the_claimed_std(noise, bounds, l0, linf):
     n = 20_000
     plan = plan_budget(params(noise=noise, bounds=bounds, l0=l0, linf=linf), 1.0, 1e-6)
     sigma = plan.mechanism("centred_sum_of_squares").noise_stddev
-    draws = release._noised(plan, "centred_sum_of_squares", np.zeros(n))
+    draws = mechanisms._noised(plan, "centred_sum_of_squares", np.zeros(n))
     ratio = float(np.var(draws)) / sigma**2
     tolerance = variance_ratio_tolerance(n, KURTOSIS[noise])
     assert abs(ratio - 1) <= tolerance, (ratio, tolerance)
@@ -341,7 +341,7 @@ def test_released_variance_mean_and_spread_match_propagated_noise(noise):
     assert min(truth, r2 - truth) > 100 * sd  # clamping negligible (Laplace tail e^-141)
 
     exact = variance_aggregates(values, k, plan.params.midpoint)
-    released = release.noise_partitions(exact, [KEY], plan)["variance"]
+    released = mechanisms.noise_partitions(exact, [KEY], plan)["variance"]
     released = released.to_numpy()
     assert np.all((released > 0) & (released < r2))
 
@@ -377,7 +377,7 @@ def percentile_release(values_per_partition, epsilon, bounds=(-10.0, 10.0), ps=P
             "values": list(values_per_partition),
         }
     )
-    return release.noise_partitions(exact, [KEY], plan)
+    return mechanisms.noise_partitions(exact, [KEY], plan)
 
 
 def true_band(values: np.ndarray, rank: float, bounds) -> tuple[float, float]:
