@@ -761,7 +761,7 @@ def test_a_bug_is_one_line_without_its_message(debug):
     line = check_one_line_failure(result, 70)
     assert re.fullmatch(
         r"dppipeline plan: error: internal error \(a bug\): KeyError at "
-        r"dppipeline\.commands\.cli:\d+; set DPPIPELINE_DEBUG=1 for the traceback",
+        r"dppipeline\.cli\.main:\d+; set DPPIPELINE_DEBUG=1 for the traceback",
         line,
     ), line
     assert "4242" not in result.stderr
