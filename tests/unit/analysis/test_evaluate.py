@@ -19,9 +19,10 @@ import pytest
 import yaml
 from scipy import stats
 
-from dppipeline.analysis.evaluate import selection_stats
+from dppipeline.analysis.evaluate import read_rows, selection_stats, true_values
 from dppipeline.cli.main import main
-from dppipeline.lifecycle.runner import make_plan
+from dppipeline.core.tasks import job_task
+from dppipeline.lifecycle.runner import input_days, make_plan
 from dppipeline.spec.model import build_spec
 from dppipeline.synthetic.transactions import generate
 
@@ -317,3 +318,31 @@ def test_bad_epsilons_are_a_usage_error(synthetic, tmp_path, capsys):
     assert main(argv) == 2
     assert "--epsilons" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_truth_is_the_group_by_of_the_rows_the_filter_keeps(synthetic):
+    """Exact: evaluate's true values (read through `engines.in_process`) are a plain group-by
+    of the input rows its query's filter keeps, per terminal: count, sum and distinct
+    customers, computed here from the Parquet files by Polars alone."""
+    _, data, rows = synthetic
+    spec = build_spec({**public_spec(data), "filter": "TX_AMOUNT >= 50"})
+    query = spec.queries[0]
+    truth = true_values(
+        read_rows(spec, input_days(spec)), job_task(spec, query), query, spec.privacy_unit
+    ).sort_values("TERMINAL_ID")
+    kept = rows.filter(pl.col("TX_AMOUNT") >= 50)
+    assert 0 < kept.height < rows.height  # the filter drops some rows and keeps some
+    expected = (
+        kept.group_by("TERMINAL_ID")
+        .agg(
+            pl.len().alias("count"),
+            pl.col("TX_AMOUNT").sum().alias("sum"),
+            pl.col("CUSTOMER_ID").n_unique().alias("privacy_id_count"),
+        )
+        .sort("TERMINAL_ID")
+        .to_pandas()
+    )
+    assert truth["TERMINAL_ID"].tolist() == expected["TERMINAL_ID"].tolist()
+    assert truth["count"].tolist() == expected["count"].astype(float).tolist()
+    assert truth["privacy_id_count"].tolist() == expected["privacy_id_count"].astype(float).tolist()
+    np.testing.assert_allclose(truth["sum"], expected["sum"], rtol=1e-12)
