@@ -599,7 +599,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from dppipeline.engines.spark.session import start_spark_early  # noqa: PLC0415
 
         start_spark_early()
-    from dppipeline.orchestration.runner import check_budget, load_engine, run_job  # noqa: PLC0415
+    from dppipeline.engines.registry import load_engine  # noqa: PLC0415
+    from dppipeline.orchestration.runner import check_budget, run_job  # noqa: PLC0415
 
     if args.check_budget:
         if args.no_ledger:
