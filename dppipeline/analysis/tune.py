@@ -35,8 +35,8 @@ before the first byte is read, and such a refusal spends nothing.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
+import functools
 import hashlib
 import json
 import math
@@ -56,6 +56,7 @@ from dppipeline.core.tasks import plan_tasks
 from dppipeline.engines.in_process import task_rows, validated_rows
 from dppipeline.errors import UsageError
 from dppipeline.ledger import Reservation
+from dppipeline.lifecycle.charge import charged
 from dppipeline.lifecycle.public_keys import read_key_files
 from dppipeline.lifecycle.runner import (
     budget_policy,
@@ -66,7 +67,6 @@ from dppipeline.lifecycle.runner import (
     release_key,
     settle_expired,
 )
-from dppipeline.lifecycle.signals import signals_deferred
 from dppipeline.spec.limits import MIN_EPSILON
 from dppipeline.spec.model import JobSpec, QuerySpec
 
@@ -275,7 +275,7 @@ def tune(
     if target is not None:
         refuse_to_replace(target)  # before anything is reserved or read
     book = open_ledger(ledger) if ledger else None
-    spend: Reservation | contextlib.nullcontext = contextlib.nullcontext()
+    spend: Reservation | None = None
     key = None
     if book is not None:
         request = json.dumps([spec.spec_hash(), name, eps]).encode()
@@ -285,31 +285,49 @@ def tune(
             book, key, run_id=run_id, job=f"tune:{spec.name}", epsilon=eps, delta=0.0,
             output=str(target.resolve()) if target else "-", policy=budget_policy(spec),
         )  # fmt: skip
-    # The same charge rules as a release: reserved, reading before the first byte, committed
-    # before the statistics are written where the user sees them.
-    partial = None if target is None else target.with_name(f".{target.name}.{run_id}.tmp")
+    # The charge sequence of a release (`lifecycle.charge`): reserved, reading before the
+    # first byte, committed before the statistics are written where the user sees them.
     if target is not None:
         target.parent.mkdir(parents=True, exist_ok=True)
-    with spend:
-        try:
-            if isinstance(spend, Reservation):
-                spend.reading()
-            result = _measure(
-                spec, query, task, days, eps=eps, partitions=partitions, progress=progress,
-            )  # fmt: skip
-            if partial is not None:
-                partial.write_text(json.dumps(result.to_json(), indent=1) + "\n")
-            with signals_deferred():
-                if isinstance(spend, Reservation):
-                    spend.commit()
-                if partial is not None and target is not None:
-                    partial.replace(target)
-        finally:
-            if partial is not None:
-                partial.unlink(missing_ok=True)
+    measure = functools.partial(
+        _measure, spec, query, task, days, eps=eps, partitions=partitions, progress=progress
+    )
+    result = charged(spend, _TuneFile(measure, target, run_id))
     if book is not None and key is not None:
         progress(ledger_line(book, f"committed {run_id}: epsilon={eps:g} in scope {key.scope!r}"))
     return result, target
+
+
+class _TuneFile:
+    """Tune's statistics as the charge sequence drives them: measured, written to a hidden
+    file beside `target`, renamed onto it once committed (no file at all without `target`)."""
+
+    def __init__(self, measure: Callable[[], Tuning], target: Path | None, run_id: str):
+        self._measure, self._target = measure, target
+        self._partial = None if target is None else target.with_name(f".{target.name}.{run_id}.tmp")
+
+    def prepare(self) -> None:
+        return None
+
+    def stage(self) -> Tuning:
+        result = self._measure()
+        if self._partial is not None:
+            self._partial.write_text(json.dumps(result.to_json(), indent=1) + "\n")
+        return result
+
+    def seal(self) -> None:
+        return None
+
+    def publish(self) -> None:
+        if self._partial is not None and self._target is not None:
+            try:
+                self._partial.replace(self._target)
+            finally:
+                self.discard()
+
+    def discard(self) -> None:
+        if self._partial is not None:
+            self._partial.unlink(missing_ok=True)
 
 
 # A recommendation needs the privacy units the histograms count to stand out of their noise:

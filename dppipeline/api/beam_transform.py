@@ -61,13 +61,13 @@ class ReleaseTransform(beam.PTransform[Any, dict[str, Any]]):
     def expand(self, rows: Any) -> dict[str, Any]:
         import shutil  # noqa: PLC0415
 
-        from dppipeline.engines.beam.engine import BeamEngine  # noqa: PLC0415
+        from dppipeline.engines.registry import load_engine  # noqa: PLC0415
         from dppipeline.lifecycle.runner import InputRows, release_rows  # noqa: PLC0415
 
         result = release_rows(
             self.job,
             InputRows(rows, self._dataset_id),
-            BeamEngine(),
+            load_engine("beam"),
             quarantine=self._quarantine,
             seed=self._seed,
             echo=self._echo,

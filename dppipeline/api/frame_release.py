@@ -138,10 +138,8 @@ def release(
 
 def _engine_for(data: Any, kind: FrameKind) -> tuple[Any, Any]:
     """(engine, rows as it reads them): Spark in the DataFrame's session, else local."""
+    from dppipeline.engines.registry import load_engine  # noqa: PLC0415
+
     if kind == "spark":
-        from dppipeline.engines.spark.engine import SparkEngine  # noqa: PLC0415
-
-        return SparkEngine(data.sparkSession), data
-    from dppipeline.engines.local.engine import LocalEngine  # noqa: PLC0415
-
-    return LocalEngine(), as_polars(data, kind)
+        return load_engine("spark", session=data.sparkSession), data
+    return load_engine("local"), as_polars(data, kind)

@@ -70,12 +70,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         with_flag("--quarantine", Location.of, args.quarantine)  # before the spec is read
     spec = spec_from_args(args)
     _skip_pld_unless_used(args, spec)
-    if args.engine == "spark" and not args.check_budget:
-        # The JVM takes longer to start than everything up to the first read: start it first.
-        from dppipeline.engines.spark.spark_session import start_spark_early  # noqa: PLC0415
+    from dppipeline.engines.registry import load_engine, start_early  # noqa: PLC0415
 
-        start_spark_early()
-    from dppipeline.lifecycle.runner import check_budget, load_engine, run_job  # noqa: PLC0415
+    if not args.check_budget:
+        start_early(args.engine)  # Spark's JVM, before the run's heavy imports
+    from dppipeline.lifecycle.runner import check_budget, run_job  # noqa: PLC0415
 
     if args.check_budget:
         if args.no_ledger:

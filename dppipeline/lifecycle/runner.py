@@ -28,7 +28,7 @@ import logging
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +40,7 @@ from dppipeline.core.plan import AggregationParams, JobPlan
 from dppipeline.core.planner import plan_job
 from dppipeline.core.tasks import check_query_columns, plan_tasks
 from dppipeline.engines.base import Engine, ReleaseJob
+from dppipeline.engines.registry import load_engine
 from dppipeline.errors import InputError, OutputError, UsageError
 from dppipeline.inputs.files import (
     DailyPartition,
@@ -66,19 +67,18 @@ from dppipeline.ledger import (
     Reservation,
     input_fingerprint,
 )
+from dppipeline.lifecycle.charge import charged
 from dppipeline.lifecycle.failpoints import failpoint
 from dppipeline.lifecycle.ledger_choice import refuse_unrecorded
 from dppipeline.lifecycle.public_keys import read_key_files
 from dppipeline.lifecycle.publication import (
     fsync_tree,
 )
-from dppipeline.lifecycle.signals import signals_deferred
 from dppipeline.lifecycle.store_publication import (
     write_store_manifest,
 )
 from dppipeline.lifecycle.targets import FolderTarget, ReleaseTarget, StoreTarget, new_run_id
 from dppipeline.spec.model import JobSpec
-from dppipeline.spec.vocabulary import ENGINES
 from dppipeline.storage import Location, is_uri, remote_filesystems
 from dppipeline.storage.releases import MANIFEST_NAME
 
@@ -167,26 +167,6 @@ def _quarantine_folders(
     if output is None:
         return root.resolve() / run_id, None
     return run_folder(root, run_id, output), None
-
-
-def load_engine(name: str, options: Sequence[str] = ()) -> Engine:
-    """Engines import their heavy dependencies (pyspark, apache_beam) only when chosen.
-    `options`: the engine's own command-line options (Beam pipeline options)."""
-    if name not in ENGINES:
-        raise UsageError(f"--engine: must be one of {', '.join(ENGINES)}; got {name!r}")
-    if options and name != "beam":
-        raise UsageError(f"unrecognized arguments: {' '.join(options)}")
-    if name == "local":
-        from dppipeline.engines.local.engine import LocalEngine  # noqa: PLC0415
-
-        return LocalEngine()
-    if name == "spark":
-        from dppipeline.engines.spark.engine import SparkEngine  # noqa: PLC0415
-
-        return SparkEngine()
-    from dppipeline.engines.beam.engine import BeamEngine  # noqa: PLC0415
-
-    return BeamEngine(options)
 
 
 def default_scope(spec: JobSpec) -> str:
@@ -578,9 +558,9 @@ class MemoryTarget:
 
 def _reservation(
     book: Ledger | None, key: ReleaseKey | None, job: ReleaseJob, run_id: str, output: str
-) -> Reservation | _Unrecorded:
+) -> Reservation | None:
     if book is None:
-        return _Unrecorded()
+        return None
     assert key is not None
     eps_total, delta_total = job.plan.total_spent()
     return Reservation(
@@ -597,9 +577,9 @@ def _reservation(
 
 
 def _reserved_line(
-    spend: Reservation | _Unrecorded, job: ReleaseJob, run_id: str, say: Callable[[str], None]
-) -> None:
-    if isinstance(spend, Reservation):
+    job: ReleaseJob, run_id: str, say: Callable[[str], None]
+) -> Callable[[Reservation], None]:
+    def reserved(spend: Reservation) -> None:
         assert spend.policy is not None
         book, key = spend.ledger, spend.key
         eps_total, delta_total = job.plan.total_spent()
@@ -611,21 +591,7 @@ def _reserved_line(
             )
         )
 
-
-class _Unrecorded:
-    """The reservation of a run without a ledger: every step is a no-op."""
-
-    def __enter__(self) -> _Unrecorded:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def reading(self) -> None:
-        return None
-
-    def commit(self) -> None:
-        return None
+    return reserved
 
 
 def _release(
@@ -640,34 +606,62 @@ def _release(
     spec_hash: str,
     say: Callable[[str], None],
 ) -> tuple[Manifest, Mapping[str, object] | None]:
-    """Steps 2 to 6 of the run sequence; returns the published manifest (and what an
-    in-memory engine handed back)."""
+    """Steps 2 to 6 of the run sequence (`charge.charged`); returns the published manifest
+    (and what an in-memory engine handed back)."""
+    staged = _StagedRelease(
+        job, engine_impl, target, run_id=run_id, overwrite=overwrite, spec_hash=spec_hash,
+        book=book, say=say,
+    )  # fmt: skip
     spend = _reservation(book, key, job, run_id, target.recorded_as)
-    with spend:
-        _reserved_line(spend, job, run_id, say)
-        failpoint("reserved")
-        staging = target.staging(run_id, getattr(engine_impl, "writes_to_stores", False))
-        committed = False
-        try:
-            spend.reading()
-            failpoint("reading")
-            manifest, datasets = _stage(
-                job, engine_impl, staging, run_id=run_id, spec_hash=spec_hash, book=book, say=say
-            )
-            failpoint("staged")
-            files = target.staged_files(staging, run_id)
-            target.last_look(overwrite)  # still revocable
-            with signals_deferred():
-                spend.commit()
-                committed = True
-                failpoint("committed")
-                target.publish(staging, run_id, files)
-                failpoint("published")
-        except BaseException:
-            if not committed:
-                target.discard(staging)
-            raise
-    return manifest, datasets
+    return charged(spend, staged, reserved=_reserved_line(job, run_id, say))
+
+
+class _StagedRelease:
+    """A release as the charge sequence drives it: staged by the engine in the target's
+    staging folder (manifest last), published by the target."""
+
+    def __init__(
+        self,
+        job: ReleaseJob,
+        engine_impl: Engine,
+        target: ReleaseTarget,
+        *,
+        run_id: str,
+        overwrite: bool,
+        spec_hash: str,
+        book: Ledger | None,
+        say: Callable[[str], None],
+    ):
+        self.job, self.engine, self.target = job, engine_impl, target
+        self.run_id, self.overwrite, self.spec_hash = run_id, overwrite, spec_hash
+        self.book, self.say = book, say
+        self.staging: Path | Location | None = None
+        self.files: list[str] = []
+
+    def prepare(self) -> None:
+        self.staging = self.target.staging(
+            self.run_id, getattr(self.engine, "writes_to_stores", False)
+        )
+
+    def stage(self) -> tuple[Manifest, Mapping[str, object] | None]:
+        assert self.staging is not None
+        return _stage(
+            self.job, self.engine, self.staging, run_id=self.run_id, spec_hash=self.spec_hash,
+            book=self.book, say=self.say,
+        )  # fmt: skip
+
+    def seal(self) -> None:
+        assert self.staging is not None
+        self.files = self.target.staged_files(self.staging, self.run_id)
+        self.target.last_look(self.overwrite)  # still revocable
+
+    def publish(self) -> None:
+        assert self.staging is not None
+        self.target.publish(self.staging, self.run_id, self.files)
+
+    def discard(self) -> None:
+        assert self.staging is not None
+        self.target.discard(self.staging)
 
 
 def _stage(
