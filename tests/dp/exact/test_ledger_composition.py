@@ -36,7 +36,7 @@ from dppipeline.core.events import (
 from dppipeline.core.extremes import EXTREME_METRICS, privacy_loss
 from dppipeline.core.plan import NOT_ADDITIVE, TREE_HEIGHT, JobPlan, MechanismBudget
 from dppipeline.ledger import BudgetExceededError, BudgetPolicy, Ledger, ReleaseKey
-from dppipeline.ledger import schema as ledger_schema
+from dppipeline.ledger import tables as ledger_tables
 from dppipeline.orchestration.runner import make_plan
 from dppipeline.spec.loader import load_raw
 from dppipeline.spec.model import build_spec
@@ -407,7 +407,7 @@ def test_releases_recorded_without_events_count_by_their_own_budget(ledger_url):
             night_key(night), run_id=f"old-{night}", job="old", epsilon=1.0, delta=0.0,
             output="/nowhere", policy=policy,
         )  # fmt: skip
-    table = ledger_schema.releases
+    table = ledger_tables.releases
     with ledger._engine.begin() as conn:
         conn.execute(table.update().where(table.c.run_id == "old-0").values(events=None))
         conn.execute(table.update().where(table.c.run_id == "old-1").values(events="{broken"))
@@ -445,7 +445,7 @@ def test_the_schema_upgrade_adds_events_and_keeps_old_rows(tmp_path):
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     engine = sa.create_engine(url)
     with engine.begin() as conn:
-        ledger_schema.migrate(conn, "test", ledger_schema.stamp(dt.datetime.now(dt.UTC)), 2)
+        ledger_tables.migrate(conn, "test", ledger_tables.stamp(dt.datetime.now(dt.UTC)), 2)
         columns = {c["name"] for c in sa.inspect(conn).get_columns("releases")}
         assert "events" not in columns
         conn.execute(
@@ -459,7 +459,7 @@ def test_the_schema_upgrade_adds_events_and_keeps_old_rows(tmp_path):
         )
     engine.dispose()
     ledger = Ledger(url)
-    assert ledger.schema_version == ledger_schema.SCHEMA_VERSION  # through v3 and later
+    assert ledger.schema_version == ledger_tables.SCHEMA_VERSION  # through v3 and later
     (row,) = ledger.rows()
     assert row.events is None and row.epsilon == 1.5
     with pytest.raises(BudgetExceededError, match=r"0\.5 left of 2"):
