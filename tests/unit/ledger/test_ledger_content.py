@@ -318,7 +318,9 @@ def test_two_scopes_racing_for_the_same_files_queue_on_postgresql(postgres):
     def hold() -> None:
         with Ledger(url) as holder, holder._engine.connect() as conn, conn.begin():
             holder._lock_scope(conn, TX, "2026-01-01T00:00:00.000000+00:00", "holder")
-            ledger_content.refuse_content_of_other_scopes(conn, key(TX, "x", content("f1")), lock=True)
+            ledger_content.refuse_content_of_other_scopes(
+                conn, key(TX, "x", content("f1")), lock=True
+            )
             holding.set()
             release.wait(60)
 
