@@ -30,6 +30,7 @@ from dppipeline.errors import UsageError
 from dppipeline.ledger import (
     SCHEMA_VERSION,
     BudgetExceededError,
+    BudgetHeldError,
     BudgetPolicy,
     Ledger,
     LedgerError,
@@ -269,6 +270,27 @@ def test_epsilon_cap_refuses_and_says_what_is_left(ledger_url):
     reserve(ledger, "run-small", epsilon=0.5, policy=policy)  # exactly what is left still fits
     with pytest.raises(BudgetExceededError, match=re.escape("0 left of 2.5")):
         reserve(ledger, "run-tiny", epsilon=0.01, policy=policy)
+
+
+def test_a_reservation_decides_on_the_states_rows_have_now(ledger_url):
+    """A refusal is `held` (exit 75) only while a live run that read nothing holds the budget:
+    once that run has read and committed, the same refusal is final (exit 3). Whatever the
+    ledger remembers of rows it read before (run "a" was read while reserved), it decides on
+    their states now."""
+    ledger = Ledger(ledger_url)
+    policy = BudgetPolicy(cap_epsilon=1.0)
+    reserve(ledger, "a", epsilon=0.5, policy=policy)
+    reserve(ledger, "b", epsilon=0.3, policy=policy)
+    ledger.mark_reading("b")  # "b" holds nothing back: its budget stays spent
+    with pytest.raises(BudgetHeldError, match="held by run a "):
+        reserve(ledger, "c", epsilon=0.5, policy=policy)  # 1.3 > 1; 0.8 without "a"
+    ledger.mark_reading("a")
+    ledger.commit("a")
+    with pytest.raises(BudgetExceededError) as refused:
+        reserve(ledger, "c", epsilon=0.5, policy=policy)
+    assert not isinstance(refused.value, BudgetHeldError)
+    assert refused.value.exit_code == 3
+    reserve(ledger, "c", epsilon=0.2, policy=policy)  # exactly what is left
 
 
 def test_delta_cap_refuses_and_says_what_is_left(ledger_url):
