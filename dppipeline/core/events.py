@@ -29,6 +29,8 @@ The stored form is JSON: `{"format": 1, "events": [{"kind": "gaussian", "noise_m
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
 from collections import Counter
@@ -239,7 +241,7 @@ def composed_epsilon(events: Iterable[PrivacyEvent], delta: float, scale: float)
     try:
         total: PrivacyLossDistribution | None = None
         for event in events:
-            pld = _pld(event, interval)
+            pld = _pld(dataclasses.replace(event, count=1), interval)
             if event.count > 1:
                 pld = pld.self_compose(event.count)
             total = pld if total is None else total.compose(pld)
@@ -250,7 +252,11 @@ def composed_epsilon(events: Iterable[PrivacyEvent], delta: float, scale: float)
     return epsilon if math.isfinite(epsilon) else None
 
 
+@functools.lru_cache(maxsize=64)
 def _pld(event: PrivacyEvent, interval: float) -> PrivacyLossDistribution:
+    """One `event` mechanism's PLD (its count is left to the caller). Cached: every admission
+    of a scope composes the same few mechanisms again, with new counts; dp_accounting's PLDs
+    are not changed by composing them, so a cached one gives the same bits."""
     from dp_accounting.pld import common  # noqa: PLC0415 (see the imports above)
     from dp_accounting.pld import privacy_loss_distribution as pld  # noqa: PLC0415
 

@@ -17,20 +17,15 @@ would let anyone average the two releases. The ledger makes both impossible:
   the same data, copied, linked, renamed or named by another scope, is refused there;
 - SQLite is the embedded default (one host); PostgreSQL is one ledger for every host.
 
-Modules: `location` (URLs), `schema` (tables, migrations), `caps`, `keys`, `lease`, `book` (the
-Ledger), `reservation` (one run's spend by the charge rules).
+Modules: `url` (where a ledger is), `tables` (its SQL tables and migrations), `records` (rows
+as values), `connection` (the database: transactions, waits, trust), `caps` (what a cap
+admits: sums or composition), `keys`, `lease`, `scope_rows`, `admission`, `reserving`,
+`content`, `transitions`, `repair`, `views`; `book` (the Ledger, the facade over them) and
+`reservation` (one run's spend by the charge rules).
 """
 
 from dppipeline.errors import BudgetHeldError
-from dppipeline.ledger.book import (
-    CapChange,
-    Ledger,
-    LedgerError,
-    LedgerRow,
-    ReservationLostError,
-    ScopeData,
-    StoredCap,
-)
+from dppipeline.ledger.book import Ledger
 from dppipeline.ledger.caps import (
     CAP_TOLERANCE,
     CHARGED_STATES,
@@ -40,9 +35,17 @@ from dppipeline.ledger.caps import (
 )
 from dppipeline.ledger.keys import InputContent, ReleaseKey, input_fingerprint
 from dppipeline.ledger.lease import host_id
-from dppipeline.ledger.location import LedgerLocation, parse_ledger_url
+from dppipeline.ledger.records import (
+    CapChange,
+    LedgerError,
+    LedgerRow,
+    ReservationLostError,
+    ScopeData,
+    StoredCap,
+)
 from dppipeline.ledger.reservation import Reservation
-from dppipeline.ledger.schema import SCHEMA_VERSION, STATES
+from dppipeline.ledger.tables import SCHEMA_VERSION, STATES
+from dppipeline.ledger.url import LedgerLocation, parse_ledger_url
 from dppipeline.settings import lease_seconds, ledger_timeout, renew_seconds
 
 __all__ = [

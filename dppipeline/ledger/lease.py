@@ -22,6 +22,7 @@ Settings (environment, read and checked by dppipeline.settings; tests shorten th
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import logging
 import os
@@ -32,6 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dppipeline import settings
+from dppipeline.ledger.records import LedgerRow, parse_time
+from dppipeline.ledger.tables import stamp
 
 log = logging.getLogger(__name__)
 _PROCESS_TOKEN = uuid.uuid4().hex[:12]
@@ -77,6 +80,22 @@ def process_gone(process: str | None) -> bool:
         return False
     state, start = status
     return state in ("Z", "X") or start != parts[3]
+
+
+def why_dead(row: LedgerRow, now: dt.datetime) -> str | None:
+    """Why a live row's run is known to be gone (for its note), or None while it may live:
+    its lease ran out, or its process is provably dead on this host."""
+    who = f"host {row.host_id or row.host}"
+    if row.lease_expires_at is None or parse_time(row.lease_expires_at) <= now:
+        return f"lease of {who} expired"
+    if process_gone(row.process):
+        return f"process {row.pid} of {who} ended"
+    return None
+
+
+def expiry(now: dt.datetime) -> str:
+    """When a lease taken or renewed at `now` runs out (`DPPIPELINE_LEASE_SECONDS`)."""
+    return stamp(now + dt.timedelta(seconds=settings.lease_seconds()))
 
 
 @functools.cache

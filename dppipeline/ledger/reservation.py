@@ -19,10 +19,11 @@ from collections.abc import Sequence
 from types import TracebackType
 
 from dppipeline.core.events import PrivacyEvent
-from dppipeline.ledger.book import Ledger, LedgerError, ReservationLostError
+from dppipeline.ledger.book import Ledger
 from dppipeline.ledger.caps import BudgetPolicy
 from dppipeline.ledger.keys import ReleaseKey
 from dppipeline.ledger.lease import Heartbeat
+from dppipeline.ledger.records import LedgerError, ReservationLostError
 from dppipeline.settings import renew_seconds
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ The run sequence (every crash point is safe; see `publication.py` for the folder
    crashed runs left beside the output (`publication.heal`); return an already committed
    release with the same key.
 2. reserve the budget (`reserved`; a lease renewed by a heartbeat thread): decided outside the
-   ledger's lock, recorded under it (`ledger.book`); refused with exit 3 when the cap is spent,
+   ledger's lock, recorded under it (`ledger.reserving`); refused with exit 3 when the cap is spent,
    75 when live reservations of other runs hold what is missing.
 3. `reading`, immediately before the engine reads the first byte: from here on the budget is
    charged whatever happens (`failed` if the run does not commit).

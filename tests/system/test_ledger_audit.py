@@ -29,7 +29,7 @@ from support.files import read_tree, touch, write_release
 from dppipeline.cli.main import main
 from dppipeline.errors import DPPipelineError, OutputError
 from dppipeline.ledger import BudgetExceededError, BudgetPolicy, Ledger, ReleaseKey
-from dppipeline.ledger import schema as ledger_schema
+from dppipeline.ledger import tables as ledger_tables
 from dppipeline.lifecycle.publication import heal, publish, retired_path, staging_path
 from dppipeline.lifecycle.runner import check_budget, run_job
 
@@ -229,7 +229,7 @@ def test_a_run_stopped_past_its_lease_never_gets_a_refund(tmp_path, tx, stage, s
         wait_stopped(proc)
         ledger = Ledger(url)
         (row,) = ledger.rows()
-        table = ledger_schema.releases
+        table = ledger_tables.releases
         with ledger._engine.begin() as conn:  # its lease runs out while it is stopped
             conn.execute(table.update().values(lease_expires_at=PAST))
         other = job_spec(folder, tmp_path / "b", keys, **{"budget.epsilon": 0.5})

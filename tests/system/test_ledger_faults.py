@@ -41,7 +41,7 @@ from dppipeline.ledger import (
     ReleaseKey,
     Reservation,
 )
-from dppipeline.ledger import schema as ledger_schema
+from dppipeline.ledger import tables as ledger_tables
 from dppipeline.ledger.lease import this_process
 
 SCOPE = "faults/CUSTOMER_ID"
@@ -305,7 +305,7 @@ def test_only_a_provably_dead_process_is_settled_before_its_lease(tmp_path):
     }
     for run_id in processes:
         reserve(ledger, run_id)
-    table = ledger_schema.releases
+    table = ledger_tables.releases
     with ledger._engine.begin() as conn:
         for run_id, process in processes.items():
             conn.execute(table.update().where(table.c.run_id == run_id).values(process=process))

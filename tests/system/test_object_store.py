@@ -21,7 +21,7 @@ import pytest
 from support.cli import run_cli
 
 from dppipeline.ledger import CHARGED_STATES, Ledger
-from dppipeline.ledger import schema as ledger_schema
+from dppipeline.ledger import tables as ledger_tables
 from dppipeline.storage.releases import POINTER_NAME, RUNS_FOLDER
 
 BOUNDS = ["--min-value", "0", "--max-value", "150", "--max-partitions-contributed", "50",
@@ -52,7 +52,7 @@ def run_folders(s3, uri: str) -> list[str]:
 
 def expire(ledger: Ledger, run_id: str) -> None:
     """The crashed run's lease runs out (as time would make it, without waiting)."""
-    table = ledger_schema.releases
+    table = ledger_tables.releases
     with ledger._engine.begin() as conn:
         conn.execute(table.update().where(table.c.run_id == run_id).values(lease_expires_at=PAST))
 

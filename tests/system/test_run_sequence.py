@@ -37,7 +37,7 @@ from dppipeline.ledger import (
     Ledger,
     ReservationLostError,
 )
-from dppipeline.ledger import schema as ledger_schema
+from dppipeline.ledger import tables as ledger_tables
 from dppipeline.lifecycle.failpoints import FailpointError
 from dppipeline.lifecycle.runner import run_job
 from dppipeline.reports.check_release import check_release
@@ -513,7 +513,7 @@ def test_check_budget_settles_a_dead_reservation_first(tmp_path, small_inputs):
     live = run_cli(*args)  # its process is gone: settled at once, and it read: charged
     assert live.returncode == 3
     ledger = Ledger(url)
-    table = ledger_schema.releases
+    table = ledger_tables.releases
     with ledger._engine.begin() as conn:  # it never read after all: time passes
         conn.execute(table.update().values(state="reserved", lease_expires_at=PAST))
     settled = run_cli(*args)
@@ -721,7 +721,7 @@ def test_sigkill_while_reading_stays_charged_and_the_next_run_repairs(tmp_path, 
     (killed,) = ledger.rows()
     assert killed.state == "reading"  # charged: it was reading
     assert killed.output == str(output.resolve())
-    table = ledger_schema.releases
+    table = ledger_tables.releases
     with ledger._engine.begin() as conn:  # as if it ran on another host: only its lease tells
         conn.execute(table.update().values(process="another-boot-id/4026531836/4242/1"))
 

@@ -30,13 +30,14 @@ from dppipeline.core.events import (
     approx_dp,
     composed_epsilon,
     from_json,
+    merged,
     release_events,
     to_json,
 )
 from dppipeline.core.extremes import EXTREME_METRICS, privacy_loss
 from dppipeline.core.plan import NOT_ADDITIVE, TREE_HEIGHT, JobPlan, MechanismBudget
 from dppipeline.ledger import BudgetExceededError, BudgetPolicy, Ledger, ReleaseKey
-from dppipeline.ledger import schema as ledger_schema
+from dppipeline.ledger import tables as ledger_tables
 from dppipeline.lifecycle.runner import make_plan
 from dppipeline.spec.loader import load_raw
 from dppipeline.spec.model import build_spec
@@ -407,7 +408,7 @@ def test_releases_recorded_without_events_count_by_their_own_budget(ledger_url):
             night_key(night), run_id=f"old-{night}", job="old", epsilon=1.0, delta=0.0,
             output="/nowhere", policy=policy,
         )  # fmt: skip
-    table = ledger_schema.releases
+    table = ledger_tables.releases
     with ledger._engine.begin() as conn:
         conn.execute(table.update().where(table.c.run_id == "old-0").values(events=None))
         conn.execute(table.update().where(table.c.run_id == "old-1").values(events="{broken"))
@@ -445,7 +446,7 @@ def test_the_schema_upgrade_adds_events_and_keeps_old_rows(tmp_path):
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     engine = sa.create_engine(url)
     with engine.begin() as conn:
-        ledger_schema.migrate(conn, "test", ledger_schema.stamp(dt.datetime.now(dt.UTC)), 2)
+        ledger_tables.migrate(conn, "test", ledger_tables.stamp(dt.datetime.now(dt.UTC)), 2)
         columns = {c["name"] for c in sa.inspect(conn).get_columns("releases")}
         assert "events" not in columns
         conn.execute(
@@ -459,7 +460,7 @@ def test_the_schema_upgrade_adds_events_and_keeps_old_rows(tmp_path):
         )
     engine.dispose()
     ledger = Ledger(url)
-    assert ledger.schema_version == ledger_schema.SCHEMA_VERSION  # through v3 and later
+    assert ledger.schema_version == ledger_tables.SCHEMA_VERSION  # through v3 and later
     (row,) = ledger.rows()
     assert row.events is None and row.epsilon == 1.5
     with pytest.raises(BudgetExceededError, match=r"0\.5 left of 2"):
@@ -467,3 +468,87 @@ def test_the_schema_upgrade_adds_events_and_keeps_old_rows(tmp_path):
             night_key(5), run_id="new", job="new", epsilon=1.0, delta=0.0, output="/x",
             policy=BudgetPolicy(cap_epsilon=2.0),
         )  # fmt: skip
+
+
+# ------------------------------------------------- the caches change no bit of a composition
+
+# Mixed lists: every kind, the same mechanism split over several events and counts, in an
+# order `merged` changes. Their compositions share mechanisms, so cached PLDs are reused.
+MIXED = [
+    (PrivacyEvent("gaussian", noise_multiplier=3.0, count=4), approx_dp(0.1, 1e-8)),
+    (
+        PrivacyEvent("laplace", noise_multiplier=20.0),
+        PrivacyEvent("gaussian", noise_multiplier=3.0),
+        PrivacyEvent("discrete_laplace", noise_scale=40.0, l0=1, linf=2, count=3),
+        PrivacyEvent("gaussian", noise_multiplier=3.0, count=7),
+    ),
+    (
+        PrivacyEvent("discrete_gaussian", noise_scale=30.0, l0=2, linf=1),
+        approx_dp(0.05, 0.0, count=6),
+        PrivacyEvent("laplace", noise_multiplier=20.0, count=9),
+        approx_dp(0.1, 1e-8, count=2),
+    ),
+    (PrivacyEvent("gaussian", noise_multiplier=51.3, count=1784),),
+]
+
+
+def reference_epsilon(events, delta: float, scale: float) -> float | None:
+    """`composed_epsilon` as it was before its caches: a fresh PLD of each merged mechanism
+    (the uncached builder), self-composed by its count, composed in merged order."""
+    from dppipeline.core import events as core_events
+
+    build = core_events._pld.__wrapped__
+    interval = core_events.PLD_DISCRETIZATION * min(1.0, scale)
+    total = None
+    for event in merged(events):
+        one = build(event, interval)
+        one = one.self_compose(event.count) if event.count > 1 else one
+        total = one if total is None else total.compose(one)
+    epsilon = float(total.get_epsilon_for_delta(delta))
+    return epsilon if math.isfinite(epsilon) else None
+
+
+def test_cached_composition_is_bit_for_bit_the_uncached_one():
+    """Each mixed list, composed twice in two orders (the second time from cached PLDs that
+    earlier compositions used), states exactly the epsilon of a composition from fresh PLDs:
+    the ledger's decisions cannot change by caching."""
+    cases = [
+        (events, delta, scale) for events in MIXED for delta, scale in ((1e-6, 2.5), (1e-5, 0.5))
+    ]
+    expected = [reference_epsilon(*case) for case in cases]
+    assert all(e is not None for e in expected)
+    for order in (cases, cases[::-1]):
+        for case in order:
+            assert composed_epsilon(*case) == expected[cases.index(case)]
+    # one release's events split over several rows compose as one list
+    both = (*MIXED[0], *MIXED[1])
+    assert composed_epsilon(both, 1e-6, 2.5) == reference_epsilon(both, 1e-6, 2.5)
+
+
+def test_a_scope_composes_every_charged_release_and_no_other(ledger_url):
+    """The scope's composed spend is the uncached composition of the events of exactly its
+    charged releases, after each change: a reservation, a commit, a failure (still charged),
+    an abort (not charged). A release left out, or a spend remembered from before a change,
+    fails here."""
+    ledger = Ledger(ledger_url)
+    policy = BudgetPolicy(cap_epsilon=CAP, cap_delta=1e-5)
+
+    def expected() -> float | None:
+        charged = [r for r in ledger.rows(SCOPE) if r.charged]
+        return reference_epsilon([e for r in charged for e in r.events], 1e-5, CAP)
+
+    steps = ["commit", "fail", "abort", "commit", "reserved"]
+    for night, (events, step) in enumerate(zip(MIXED[:3] * 2, steps, strict=False)):
+        run_id = f"n{night}"
+        ledger.reserve(
+            night_key(night), run_id=run_id, job="j", epsilon=0.2, delta=1e-8,
+            output="/nowhere", policy=policy, events=events,
+        )  # fmt: skip
+        assert ledger.composed(SCOPE, policy).composed == expected()
+        if step in ("commit", "fail"):
+            ledger.mark_reading(run_id)
+        if step != "reserved":
+            getattr(ledger, step)(run_id)
+        assert ledger.composed(SCOPE, policy).composed == expected()
+    states = [r.state for r in ledger.rows(SCOPE)]
+    assert states == ["committed", "failed", "aborted", "committed", "reserved"]

@@ -30,6 +30,7 @@ from dppipeline.errors import UsageError
 from dppipeline.ledger import (
     SCHEMA_VERSION,
     BudgetExceededError,
+    BudgetHeldError,
     BudgetPolicy,
     Ledger,
     LedgerError,
@@ -39,7 +40,7 @@ from dppipeline.ledger import (
     input_fingerprint,
     parse_ledger_url,
 )
-from dppipeline.ledger import schema as ledger_schema
+from dppipeline.ledger import tables as ledger_tables
 
 SCOPE = "shop/CUSTOMER_ID"
 
@@ -271,6 +272,27 @@ def test_epsilon_cap_refuses_and_says_what_is_left(ledger_url):
         reserve(ledger, "run-tiny", epsilon=0.01, policy=policy)
 
 
+def test_a_reservation_decides_on_the_states_rows_have_now(ledger_url):
+    """A refusal is `held` (exit 75) only while a live run that read nothing holds the budget:
+    once that run has read and committed, the same refusal is final (exit 3). Whatever the
+    ledger remembers of rows it read before (run "a" was read while reserved), it decides on
+    their states now."""
+    ledger = Ledger(ledger_url)
+    policy = BudgetPolicy(cap_epsilon=1.0)
+    reserve(ledger, "a", epsilon=0.5, policy=policy)
+    reserve(ledger, "b", epsilon=0.3, policy=policy)
+    ledger.mark_reading("b")  # "b" holds nothing back: its budget stays spent
+    with pytest.raises(BudgetHeldError, match="held by run a "):
+        reserve(ledger, "c", epsilon=0.5, policy=policy)  # 1.3 > 1; 0.8 without "a"
+    ledger.mark_reading("a")
+    ledger.commit("a")
+    with pytest.raises(BudgetExceededError) as refused:
+        reserve(ledger, "c", epsilon=0.5, policy=policy)
+    assert not isinstance(refused.value, BudgetHeldError)
+    assert refused.value.exit_code == 3
+    reserve(ledger, "c", epsilon=0.2, policy=policy)  # exactly what is left
+
+
 def test_delta_cap_refuses_and_says_what_is_left(ledger_url):
     ledger = Ledger(ledger_url)
     policy = BudgetPolicy(cap_delta=2.5e-6)
@@ -461,7 +483,7 @@ def reserve_in_dead_process(url: str, run_id: str, output: Path, *, reading: boo
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    table = ledger_schema.releases
+    table = ledger_tables.releases
     with Ledger(url) as ledger, ledger._engine.begin() as conn:
         conn.execute(
             table.update()
@@ -551,7 +573,7 @@ def test_a_live_run_keeps_its_reservation_whatever_its_pid_says(ledger_url, tmp_
             assert holder.poll() is None, holder.communicate()
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        table = ledger_schema.releases
+        table = ledger_tables.releases
         dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                                   capture_output=True, text=True, check=True).stdout  # fmt: skip
         for pid, host in ((int(dead_pid), "same-hostname"), (1, "other-host"), (None, None)):
@@ -785,7 +807,7 @@ def test_a_new_ledger_is_migrated_to_the_current_version(ledger_url):
     ledger = Ledger(ledger_url)
     assert ledger.schema_version == SCHEMA_VERSION
     with ledger._engine.connect() as conn:
-        recorded = conn.execute(sa.select(ledger_schema.versions.c.version)).scalars().all()
+        recorded = conn.execute(sa.select(ledger_tables.versions.c.version)).scalars().all()
     assert recorded == list(range(1, SCHEMA_VERSION + 1))
     assert set(table_shapes(ledger)) == {
         "charged_files",
@@ -808,13 +830,13 @@ def test_a_version_1_ledger_is_upgraded_with_its_rows(ledger_url, tmp_path):
         path = Path(ledger_url.removeprefix("sqlite:///"))
         with sqlite3.connect(path) as db:
             db.execute("PRAGMA journal_mode=WAL")
-            db.executescript(ledger_schema.V1_SQLITE_DDL)
+            db.executescript(ledger_tables.V1_SQLITE_DDL)
             db.execute("PRAGMA user_version = 1")
         insert_v1 = sqlite3.connect(path)
     else:
         engine = sa.create_engine(parse_ledger_url(ledger_url).url)
         with engine.begin() as conn:
-            ledger_schema.migrate(conn, "test", "2026-01-01T00:00:00+00:00", target=1)
+            ledger_tables.migrate(conn, "test", "2026-01-01T00:00:00+00:00", target=1)
         insert_v1 = None
     rows = [
         (1, "old-committed", "committed", 1.0),
@@ -867,7 +889,7 @@ def test_a_newer_schema_is_refused(ledger_url, tmp_path):
     ledger = Ledger(ledger_url)
     with ledger._engine.begin() as conn:
         conn.execute(
-            ledger_schema.versions.insert().values(
+            ledger_tables.versions.insert().values(
                 version=SCHEMA_VERSION + 1, applied_at="2030-01-01", description="future"
             )
         )

@@ -44,7 +44,7 @@ from dppipeline.ledger import (
     ReleaseKey,
     parse_ledger_url,
 )
-from dppipeline.ledger import schema as ledger_schema
+from dppipeline.ledger import tables as ledger_tables
 from dppipeline.lifecycle.runner import check_budget, release_key, run_job
 
 TX = "tx/CUSTOMER_ID"
@@ -69,7 +69,7 @@ def contents(root: Path | str, fmt: str = "parquet") -> list[str | None]:
 def charged(url: str) -> list[tuple[str, str, str | None, str]]:
     """(scope, privacy unit, day, file) of every recorded file, in insertion order."""
     engine = sa.create_engine(parse_ledger_url(url).url)
-    c, r = ledger_schema.charged_files, ledger_schema.releases
+    c, r = ledger_tables.charged_files, ledger_tables.releases
     query = (
         sa.select(r.c.scope, c.c.privacy_unit, c.c.day, c.c.file)
         .join_from(c, r, r.c.run_id == c.c.run_id)
@@ -309,7 +309,7 @@ def test_two_scopes_racing_for_the_same_files_queue_on_postgresql(postgres):
     """While one reservation's transaction holds the privacy unit's content lock (between
     its lookup and its insert), another scope's reservation of files for that unit waits,
     boundedly; a reservation for another privacy unit does not."""
-    from dppipeline.ledger import book
+    from dppipeline.ledger import content as ledger_content
 
     url = postgres.new_database()
     Ledger(url).close()
@@ -318,7 +318,9 @@ def test_two_scopes_racing_for_the_same_files_queue_on_postgresql(postgres):
     def hold() -> None:
         with Ledger(url) as holder, holder._engine.connect() as conn, conn.begin():
             holder._lock_scope(conn, TX, "2026-01-01T00:00:00.000000+00:00", "holder")
-            book._refuse_content_of_other_scopes(conn, key(TX, "x", content("f1")), lock=True)
+            ledger_content.refuse_content_of_other_scopes(
+                conn, key(TX, "x", content("f1")), lock=True
+            )
             holding.set()
             release.wait(60)
 
@@ -342,7 +344,7 @@ def test_a_version_3_ledger_is_upgraded_with_its_rows(ledger_url):
     anyone), and new reservations record and compare files."""
     engine = sa.create_engine(parse_ledger_url(ledger_url).url)
     with engine.begin() as conn:
-        ledger_schema.migrate(conn, "test", "2026-01-01T00:00:00+00:00", target=3)
+        ledger_tables.migrate(conn, "test", "2026-01-01T00:00:00+00:00", target=3)
         conn.execute(
             sa.text(
                 "INSERT INTO releases (run_id, scope, job, spec_hash, input_fingerprint, "
@@ -364,7 +366,7 @@ def test_a_version_3_ledger_is_upgraded_with_its_rows(ledger_url):
     with pytest.raises(BudgetExceededError, match="scope 'card/CUSTOMER_ID' \\(run new"):
         reserve(ledger, "again", TX, content("f1"))
     with ledger._engine.connect() as conn:
-        recorded = conn.execute(sa.select(ledger_schema.versions.c.version)).scalars().all()
+        recorded = conn.execute(sa.select(ledger_tables.versions.c.version)).scalars().all()
     assert recorded == list(range(1, SCHEMA_VERSION + 1))
     if ledger_url.startswith("sqlite"):
         path = parse_ledger_url(ledger_url).path

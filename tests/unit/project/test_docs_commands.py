@@ -443,12 +443,12 @@ def test_the_cli_reference_names_every_command_and_flag():
 
 
 def test_the_ledger_reference_names_every_table_and_column():
-    from dppipeline.ledger import schema
+    from dppipeline.ledger import tables
 
     text = (DOCS / "reference" / "ledger.md").read_text()
     names = [
         name
-        for table in schema.metadata.tables.values()
+        for table in tables.metadata.tables.values()
         for name in [table.name, *(f"{table.name}.{c.name}" for c in table.columns)]
     ]
     missing = [name for name in names if f"`{name.split('.')[-1]}`" not in text]
