@@ -18,7 +18,7 @@ from dppipeline.commands.generate import generate
 
 CONFIG = REPO / "jobs" / "configs" / "terminal_stats.yaml"
 # What a local Laplace run with public partitions does not need (and what each costs a process).
-HEAVY = ("apache_beam", "pyspark", "sqlalchemy", "scipy", "dp_accounting", "pipeline_dp")
+HEAVY = ("apache_beam", "pyspark", "sqlalchemy", "scipy", "dp_accounting", "pipeline_dp", "sqlglot")
 PROBE = """
 import json, sys
 from dppipeline.commands.cli import _command
@@ -67,3 +67,12 @@ def test_gaussian_plan_imports_pipeline_dp():
     """The probe sees what a plan that needs pipeline-dp imports (Gaussian calibration)."""
     heavy = imported_heavy("plan", "--config", CONFIG, "--noise", "gaussian")
     assert "pipeline_dp" in heavy
+
+
+def test_plan_with_a_filter_imports_sqlglot(tmp_path):
+    """The probe sees sqlglot where the job has a filter to parse."""
+    public = REPO / "schemas" / "public_terminals.csv"
+    text = CONFIG.read_text().replace("../../schemas/public_terminals.csv", str(public))
+    config = tmp_path / "job.yaml"
+    config.write_text(text + 'filter: "TX_AMOUNT >= 0"\n')
+    assert "sqlglot" in imported_heavy("plan", "--config", config)
