@@ -1,9 +1,9 @@
 """The planner: splits a job's budget across its mechanisms and checks each against PyDP.
 
 Computed once, before any data is read, by pipeline-dp's NaiveBudgetAccountant's arithmetic
-(`NaiveSplit`: basic composition), or by one pool composed tightly (`core.accounting`); the result is a `JobPlan`
-(`core.plan`, which describes the mechanisms). Every mechanism is built and checked here, so a
-plan that PyDP cannot carry out is refused before the ledger is charged.
+(`NaiveSplit`: basic composition), or by one pool composed tightly (`core.accounting`); the
+result is a `JobPlan` (`core.plan`, which describes the mechanisms). Every mechanism is built
+and checked here, so a plan that PyDP cannot carry out is refused before the ledger is charged.
 
 A job of several queries (`plan_job`) splits its one budget across every query's mechanisms
 and one selection per group of queries that share partition keys and selection settings.
@@ -152,10 +152,10 @@ def plan_job(
     accounting: str = "basic",
 ) -> JobPlan:
     """Splits (epsilon, delta) across all queries' mechanisms and selections with one
-    `NaiveSplit` (pipeline-dp's NaiveBudgetAccountant). A query's metric mechanisms share its `budget_weight`
-    equally, so queries get budget in proportion to their weights; a selection weighs as
-    much as one mechanism of the heaviest query using it (for one query: all mechanisms and
-    its selection get equal shares, as pipeline-dp's own DPEngine splits).
+    `NaiveSplit` (pipeline-dp's NaiveBudgetAccountant). A query's metric mechanisms share
+    its `budget_weight` equally, so queries get budget in proportion to their weights; a
+    selection weighs as much as one mechanism of the heaviest query using it (for one query:
+    all mechanisms and its selection get equal shares, as pipeline-dp's own DPEngine splits).
 
     `queries`: (name, params, weight). With `prefix_names`, mechanisms are named
     `<query>.<mechanism>` for the accountant (a single-query job keeps the plain names).
