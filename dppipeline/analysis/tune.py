@@ -46,10 +46,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import pipeline_dp
 import polars as pl
-from pipeline_dp import dp_computations
-from pipeline_dp.aggregate_params import MechanismType
 
 from dppipeline.core.plan import MechanismBudget
 from dppipeline.core.tasks import plan_tasks
@@ -198,6 +195,8 @@ def noisy(mechanism: MechanismBudget, exact: np.ndarray, *, tails: bool = False)
     (the value histogram, whose tails decide the clipping bounds) every bin below the level
     that an empty bin's noise passes with probability EMPTY_BIN_RISK over the histogram is
     set to 0 (seen without it: clipping bounds of [-20000, 1e6] for amounts in [0, 200])."""
+    from pipeline_dp import dp_computations  # noqa: PLC0415 (1.3 s of start-up: tune only)
+
     additive = dp_computations.create_additive_mechanism(
         mechanism.build_spec(), dp_computations.Sensitivities(l0=1, linf=1.0)
     )
@@ -404,6 +403,9 @@ def _measure(spec, query, task, days, *, eps, partitions, progress) -> Tuning:
     keys = task.key_names or ["_all"]
     if not task.key_names:
         frame = frame.with_columns(pl.lit(0).alias("_all"))
+    import pipeline_dp  # noqa: PLC0415 (1.3 s of start-up: tune only)
+    from pipeline_dp.aggregate_params import MechanismType  # noqa: PLC0415
+
     accountant = pipeline_dp.NaiveBudgetAccountant(total_epsilon=eps, total_delta=0.0)
     specs = [
         accountant.request_budget(MechanismType.LAPLACE, name=n)

@@ -33,6 +33,7 @@ from dppipeline.cli.parser import (
 from dppipeline.errors import UsageError, describe_failure, is_failure
 from dppipeline.lifecycle.signals import Terminated, handle_sigterm, signal_behind
 from dppipeline.settings import default_ledger
+from dppipeline.spec.metrics import percentile_of
 
 if TYPE_CHECKING:
     from dppipeline.spec.model import JobSpec
@@ -251,8 +252,6 @@ def _skip_unused_pipeline_dp_imports(args: argparse.Namespace) -> None:
     if args.command in ("run", "plan") and getattr(args, "engine", "local") != "beam":
         sys.modules.setdefault("apache_beam", None)  # type: ignore[arg-type]
     args.skip_pld = args.command in ("run", "plan")
-    if args.command in ("run", "plan"):
-        _lazy_module("scipy.stats")
 
 
 def _lazy_module(name: str) -> None:
@@ -276,18 +275,30 @@ def _lazy_module(name: str) -> None:
 
 
 def _skip_pld_unless_used(args: argparse.Namespace, spec: JobSpec) -> None:
-    """After the spec is read: pipeline-dp imported without dp_accounting's PLD code, which
-    basic accounting does not need (0.5 s of start-up); unblocked right after, for a ledger
-    that composes a scope's releases."""
+    """After the spec is read: pipeline-dp imported, where the plan uses it (`_uses_pipeline_dp`),
+    without dp_accounting's PLD code, which basic accounting does not need (0.5 s of
+    start-up); unblocked right after, for a ledger that composes a scope's releases."""
     if not getattr(args, "skip_pld", False) or spec.accounting != "basic":
         return
     if "dp_accounting.pld" in sys.modules or "pipeline_dp" in sys.modules:
         return
+    if not _uses_pipeline_dp(spec):
+        return
+    _lazy_module("scipy.stats")
     sys.modules["dp_accounting.pld"] = None  # type: ignore[assignment]
     try:
         import pipeline_dp  # noqa: F401, PLC0415
     finally:
         del sys.modules["dp_accounting.pld"]
+
+
+def _uses_pipeline_dp(spec: JobSpec) -> bool:
+    """Whether a basic-accounting plan calls pipeline-dp: Gaussian noise, a private partition
+    selection or percentiles (a Laplace job with public partitions needs only PyDP, OpenDP)."""
+    return spec.noise != "laplace" or any(
+        not query.is_public or any(percentile_of(m) is not None for m in query.metrics)
+        for query in spec.queries
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,8 +17,6 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-from pipeline_dp import dp_computations
-from pydp.algorithms.quantile_tree import QuantileTree
 
 from dppipeline.core.columns import (
     AGGREGATE_COLUMNS,
@@ -170,6 +168,9 @@ def _percentiles(plan: BudgetPlan, values: Sequence[np.ndarray]) -> np.ndarray:
     percentile(100) is the 99.5th percentile (and, measured, lands near the upper bound on
     skewed data): `max` (`core.extremes`) is the DP maximum.
     """
+    from pipeline_dp import dp_computations  # noqa: PLC0415 (percentiles only: 1.3 s of start-up)
+    from pydp.algorithms.quantile_tree import QuantileTree  # noqa: PLC0415
+
     params = plan.params
     spec = plan.mechanism("percentile").build_spec()
     quantiles = [p / 100 for p in params.percentiles]

@@ -38,27 +38,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import pipeline_dp
-from pipeline_dp import budget_accounting, dp_computations
-from pipeline_dp import partition_selection as pdp_partition_selection
-from pipeline_dp.aggregate_params import MechanismType
-from pydp.algorithms.partition_selection import PartitionSelectionStrategy
+from typing import TYPE_CHECKING
 
 from dppipeline.core.columns import DISTINCT_PREFIX
 from dppipeline.core.extremes import EXTREME_METRICS
 from dppipeline.spec.metrics import VARIANCE_METRICS, distinct_columns, metric_column, percentile_of
 from dppipeline.spec.model import QuerySpec
 
-NOISE_TYPES = {
-    "laplace": MechanismType.LAPLACE,
-    "gaussian": MechanismType.GAUSSIAN,
-}
-_SELECTION_STRATEGIES = {
-    "truncated_geometric": pipeline_dp.PartitionSelectionStrategy.TRUNCATED_GEOMETRIC,
-    "laplace_thresholding": pipeline_dp.PartitionSelectionStrategy.LAPLACE_THRESHOLDING,
-    "gaussian_thresholding": pipeline_dp.PartitionSelectionStrategy.GAUSSIAN_THRESHOLDING,
-}
+if TYPE_CHECKING:  # pipeline-dp is imported where a mechanism needs it (1.3 s of start-up)
+    from pipeline_dp import budget_accounting, dp_computations
+    from pydp.algorithms.numerical_mechanisms import LaplaceMechanism as PyDPLaplace
+    from pydp.algorithms.partition_selection import PartitionSelectionStrategy
 
 
 # PyDP's QuantileTree, with pipeline-dp's shape: 16^4 = 65,536 leaves over [min, max].
@@ -212,7 +202,11 @@ class MechanismBudget:
     def build_spec(self) -> budget_accounting.MechanismSpec:
         """pipeline-dp's description of this noise mechanism, its budget set: for a pooled
         percentile the (epsilon, delta) PyDP's quantile tree turns into its multiplier."""
-        spec = budget_accounting.MechanismSpec(NOISE_TYPES[self.kind], name=self.name)
+        from pipeline_dp import budget_accounting  # noqa: PLC0415 (see the imports above)
+        from pipeline_dp.aggregate_params import MechanismType  # noqa: PLC0415
+
+        kind = {"laplace": MechanismType.LAPLACE, "gaussian": MechanismType.GAUSSIAN}[self.kind]
+        spec = budget_accounting.MechanismSpec(kind, name=self.name)
         spec.set_eps_delta(*self.calibration())
         return spec
 
@@ -235,8 +229,14 @@ class MechanismBudget:
             return gaussian_epsilon_below(mu, self.delta), self.delta
         return 1 / mu, 0.0
 
-    def build_additive(self) -> dp_computations.AdditiveMechanism:
-        """The secure PyDP mechanism (Laplace or Gaussian) this budget describes."""
+    def build_additive(self) -> dp_computations.AdditiveMechanism | LaplaceNoise:
+        """The secure PyDP mechanism (Laplace or Gaussian) this budget describes. Laplace:
+        PyDP's mechanism built with pipeline-dp's arithmetic (`LaplaceNoise`), so that a
+        Laplace release does not import pipeline-dp; Gaussian: pipeline-dp's calibration."""
+        if self.kind == "laplace":
+            return LaplaceNoise.of(self)
+        from pipeline_dp import dp_computations  # noqa: PLC0415 (see the imports above)
+
         if self.noise_multiplier is not None:
             if self.kind == "gaussian":
                 return dp_computations.GaussianMechanism.create_from_std_deviation(
@@ -255,9 +255,13 @@ class MechanismBudget:
 
     def build_selection(self, pre_threshold: int | None) -> PartitionSelectionStrategy:
         """The PyDP partition selection strategy this budget describes."""
+        import pipeline_dp  # noqa: PLC0415 (see the imports above)
+        from pipeline_dp import partition_selection  # noqa: PLC0415
+
         epsilon, delta = self.calibration()
-        return pdp_partition_selection.create_partition_selection_strategy(
-            _SELECTION_STRATEGIES[self.kind], epsilon, delta, self.l0_sensitivity, pre_threshold
+        strategy = pipeline_dp.PartitionSelectionStrategy[self.kind.upper()]
+        return partition_selection.create_partition_selection_strategy(
+            strategy, epsilon, delta, self.l0_sensitivity, pre_threshold
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -277,6 +281,44 @@ class MechanismBudget:
             **tight,
             **scale,
         }
+
+
+class LaplaceNoise:
+    """PyDP's Laplace mechanism exactly as pipeline-dp 0.3.1 builds and calls it
+    (`dp_computations.create_additive_mechanism`, `LaplaceMechanism`, `add_noise`): the same
+    PyDP object from the same (epsilon, L1), so the same noise and std, without importing
+    pipeline-dp (apache_beam and scipy with it). tests/dp/exact/test_pipeline_dp_arithmetic.py holds
+    the two equal."""
+
+    def __init__(self, mechanism: PyDPLaplace) -> None:
+        self._mechanism = mechanism
+
+    @classmethod
+    def of(cls, budget: MechanismBudget) -> LaplaceNoise:
+        """pipeline-dp's arithmetic: basic shares from (epsilon, L1), with its check that L0
+        and Linf (or L1 and L2) are positive; pooled ones from the std sqrt(2) m L1 (scale
+        b = std / sqrt(2), epsilon 1 / b)."""
+        from pydp.algorithms.numerical_mechanisms import LaplaceMechanism  # noqa: PLC0415
+
+        l1 = budget.l1_sensitivity
+        if budget.noise_multiplier is not None:
+            b = math.sqrt(2) * budget.noise_multiplier / math.sqrt(2)
+            return cls(LaplaceMechanism(epsilon=1 / b, sensitivity=l1))
+        given = (
+            (budget.l0_sensitivity, budget.linf_sensitivity)
+            if budget.l1 is None and budget.l2 is None
+            else (budget.l1_sensitivity, budget.l2_sensitivity)
+        )
+        if any(value <= 0 for value in given):
+            raise ValueError(f"sensitivities must be positive, got {given}")
+        return cls(LaplaceMechanism(epsilon=budget.calibration()[0], sensitivity=l1))
+
+    @property
+    def std(self) -> float:
+        return float(self._mechanism.diversity * math.sqrt(2))
+
+    def add_noise(self, value: float) -> float:
+        return float(self._mechanism.add_noise(1.0 * value))
 
 
 @dataclass(frozen=True)

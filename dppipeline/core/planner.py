@@ -1,9 +1,9 @@
 """The planner: splits a job's budget across its mechanisms and checks each against PyDP.
 
-Computed once, before any data is read, by pipeline-dp's NaiveBudgetAccountant (basic
-composition), or by one pool composed tightly (`core.accounting`); the result is a `JobPlan`
-(`core.plan`, which describes the mechanisms). Every mechanism is built and checked here, so a
-plan that PyDP cannot carry out is refused before the ledger is charged.
+Computed once, before any data is read, by pipeline-dp's NaiveBudgetAccountant's arithmetic
+(`NaiveSplit`: basic composition), or by one pool composed tightly (`core.accounting`); the
+result is a `JobPlan` (`core.plan`, which describes the mechanisms). Every mechanism is built
+and checked here, so a plan that PyDP cannot carry out is refused before the ledger is charged.
 
 A job of several queries (`plan_job`) splits its one budget across every query's mechanisms
 and one selection per group of queries that share partition keys and selection settings.
@@ -15,18 +15,12 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import pipeline_dp
-from pipeline_dp import budget_accounting, dp_computations
-from pipeline_dp.aggregate_params import MechanismType
-from pydp.algorithms.quantile_tree import QuantileTree
-
 from dppipeline.core import discrete
 from dppipeline.core.accounting import Member, certified_multiplier, discrete_pool_fits
 from dppipeline.core.columns import DISTINCT_PREFIX
 from dppipeline.core.extremes import EXPONENTIAL, EXTREME_METRICS, gumbel_scale, margin
 from dppipeline.core.plan import (
     BRANCHING_FACTOR,
-    NOISE_TYPES,
     NOT_ADDITIVE,
     TREE_HEIGHT,
     AggregationParams,
@@ -44,11 +38,66 @@ from dppipeline.errors import SpecError, UsageError
 from dppipeline.spec.limits import MIN_EPSILON
 from dppipeline.spec.metrics import VARIANCE_METRICS
 
-_SELECTION_TYPES = {
-    "truncated_geometric": MechanismType.TRUNCATED_GEOMETRIC,
-    "laplace_thresholding": MechanismType.LAPLACE_THRESHOLDING,
-    "gaussian_thresholding": MechanismType.GAUSSIAN_THRESHOLDING,
-}
+
+@dataclass
+class Share:
+    """One mechanism's request to `NaiveSplit`: its weight, whether it takes part of delta
+    (all but Laplace, as pipeline-dp's `MechanismSpec.use_delta`), and its share once split."""
+
+    kind: str  # laplace | gaussian | a partition selection strategy
+    weight: float
+    name: str
+    eps: float = 0
+    delta: float = 0
+
+    @property
+    def uses_delta(self) -> bool:
+        return self.kind != "laplace"
+
+
+class NaiveSplit:
+    """pipeline-dp 0.3.1's `NaiveBudgetAccountant` (basic composition), the same arithmetic in
+    the same order, its refusals included: pipeline-dp itself costs 1.3 s of start-up, which
+    a Laplace run never needs. tests/dp/exact/test_pipeline_dp_arithmetic.py holds the two equal."""
+
+    def __init__(self, total_epsilon: float, total_delta: float) -> None:
+        if total_epsilon <= 0:
+            raise ValueError(f"BudgetAccountant: epsilon must be positive, not {total_epsilon}.")
+        if total_delta < 0:
+            raise ValueError(f"BudgetAccountant: delta must be non-negative, not {total_delta}.")
+        if total_delta >= 1:
+            raise ValueError(f"BudgetAccountant: delta must be less than 1, not {total_delta}.")
+        self._total_epsilon = total_epsilon
+        self._total_delta = total_delta
+        self._shares: list[Share] = []
+
+    def request_budget(self, kind: str, weight: float = 1, name: str = "") -> Share:
+        if kind == "gaussian" and self._total_delta == 0:
+            raise ValueError(
+                "The Gaussian mechanism requires that the pipeline delta is greater than 0"
+            )
+        if kind not in ("laplace", "gaussian") and self._total_delta == 0:
+            raise ValueError(
+                "The private partition selections requires that the pipeline delta is "
+                "greater than 0"
+            )
+        share = Share(kind, weight, name)
+        self._shares.append(share)
+        return share
+
+    def compute_budgets(self) -> None:
+        total_weight_eps: float = 0
+        total_weight_delta: float = 0
+        for share in self._shares:
+            total_weight_eps += share.weight * 1
+            if share.uses_delta:
+                total_weight_delta += share.weight * 1
+        for share in self._shares:
+            share.eps = share.delta = 0
+            if total_weight_eps:
+                share.eps = self._total_epsilon * share.weight / total_weight_eps
+            if share.uses_delta and total_weight_delta:
+                share.delta = self._total_delta * share.weight / total_weight_delta
 
 
 def _metric_mechanisms(params: AggregationParams) -> list[tuple[str, float]]:
@@ -103,10 +152,10 @@ def plan_job(
     accounting: str = "basic",
 ) -> JobPlan:
     """Splits (epsilon, delta) across all queries' mechanisms and selections with one
-    pipeline-dp NaiveBudgetAccountant. A query's metric mechanisms share its `budget_weight`
-    equally, so queries get budget in proportion to their weights; a selection weighs as
-    much as one mechanism of the heaviest query using it (for one query: all mechanisms and
-    its selection get equal shares, as pipeline-dp's own DPEngine splits).
+    `NaiveSplit` (pipeline-dp's NaiveBudgetAccountant). A query's metric mechanisms share
+    its `budget_weight` equally, so queries get budget in proportion to their weights; a
+    selection weighs as much as one mechanism of the heaviest query using it (for one query:
+    all mechanisms and its selection get equal shares, as pipeline-dp's own DPEngine splits).
 
     `queries`: (name, params, weight). With `prefix_names`, mechanisms are named
     `<query>.<mechanism>` for the accountant (a single-query job keeps the plain names).
@@ -142,7 +191,7 @@ class _MetricShare:
     mechanism: str
     kind: str
     linf: float
-    spec: budget_accounting.MechanismSpec
+    spec: Share
 
 
 @dataclass(frozen=True)
@@ -154,7 +203,7 @@ class _SelectionShare:
     pre_threshold: int | None
     members: tuple[str, ...]
     weight: float  # as much as one mechanism of its heaviest member
-    spec: budget_accounting.MechanismSpec
+    spec: Share
 
 
 @dataclass(frozen=True)
@@ -184,7 +233,7 @@ class _Shares:
         ]
         return pool
 
-    def accountant_specs(self) -> list[budget_accounting.MechanismSpec]:
+    def accountant_specs(self) -> list[Share]:
         """The accountant's basic shares, whose sum is the pool's budget."""
         specs = [share.spec for shares in self.metrics.values() for share in shares]
         return specs + [selection.spec for selection in self.selections.values()]
@@ -236,7 +285,7 @@ def _request_shares(
 ) -> _Shares:
     """Asks one accountant for every query's metric mechanisms, then one selection per group
     of private queries (`_selection_groups`), and computes the shares."""
-    accountant = pipeline_dp.NaiveBudgetAccountant(total_epsilon=epsilon, total_delta=delta)
+    accountant = NaiveSplit(total_epsilon=epsilon, total_delta=delta)
 
     def label(owner: str, mechanism: str) -> str:
         return f"{owner}.{mechanism}" if prefix_names else mechanism
@@ -252,7 +301,7 @@ def _request_shares(
                 _kind(params, mechanism),
                 linf,
                 accountant.request_budget(
-                    NOISE_TYPES[_requested_type(params, mechanism, tight)],
+                    _requested_type(params, mechanism, tight),
                     weight=unit_weight[name],
                     name=label(name, mechanism),
                 ),
@@ -266,7 +315,7 @@ def _request_shares(
             group_name = f"{group_name}#{len(selections) + 1}"
         weight = max(unit_weight[m] for m in members)
         spec = accountant.request_budget(
-            _SELECTION_TYPES[strategy],
+            strategy,
             weight=weight,
             name=label("partition_selection", group_name) if prefix_names else group_name,
         )
@@ -351,7 +400,7 @@ def _pool_member(
 
 
 def _pool_multiplier(
-    accounting: str, pool: list[Member], shares: list[budget_accounting.MechanismSpec]
+    accounting: str, pool: list[Member], shares: list[Share]
 ) -> tuple[float | None, str | None]:
     """(m, the accountant that proved it): the base noise multiplier of the pool, whose
     mechanisms, with multipliers m / weight, compose to at most the sum of their basic
@@ -411,7 +460,7 @@ def _metric_budget(
     name: str,
     kind: str,
     linf: float,
-    spec: budget_accounting.MechanismSpec,
+    spec: Share,
     *,
     where: _Where,
     multiplier: float | None = None,
@@ -648,6 +697,9 @@ def _check_percentile(params: AggregationParams, budget: MechanismBudget, where:
             f"{params.max_partitions_contributed:,}",
         )
     assert params.min_value is not None and params.max_value is not None
+    from pipeline_dp import dp_computations  # noqa: PLC0415 (percentiles only: 1.3 s of start-up)
+    from pydp.algorithms.quantile_tree import QuantileTree  # noqa: PLC0415
+
     try:
         tree = QuantileTree(params.min_value, params.max_value, TREE_HEIGHT, BRANCHING_FACTOR)
         found = dp_computations.compute_dp_quantiles(

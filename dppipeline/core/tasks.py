@@ -39,7 +39,6 @@ from dppipeline.spec.filters import (
     FilterExpr,
     any_of,
     columns,
-    parse_filter,
     to_text,
 )
 from dppipeline.spec.metrics import VARIANCE_METRICS, distinct_columns, percentile_of
@@ -281,6 +280,8 @@ def _parsed_filter(
         Compare(key.input_column, ">=", _edge_value(key, schema)) for key in keys if key.edges
     ]
     if query.filter is not None:
+        from dppipeline.spec.filter_parser import parse_filter  # noqa: PLC0415 (sqlglot)
+
         parts.append(parse_filter(query.filter, schema, where=f"queries.{query.name}.filter"))
     if not parts:
         return None

@@ -24,29 +24,73 @@ admits: sums or composition), `keys`, `lease`, `scope_rows`, `admission`, `reser
 `reservation` (one run's spend by the charge rules).
 """
 
-from dppipeline.errors import BudgetHeldError
-from dppipeline.ledger.book import Ledger
-from dppipeline.ledger.caps import (
-    CAP_TOLERANCE,
-    CHARGED_STATES,
-    BudgetExceededError,
-    BudgetPolicy,
-    left_of,
-)
-from dppipeline.ledger.keys import InputContent, ReleaseKey, input_fingerprint
-from dppipeline.ledger.lease import host_id
-from dppipeline.ledger.records import (
-    CapChange,
-    LedgerError,
-    LedgerRow,
-    ReservationLostError,
-    ScopeData,
-    StoredCap,
-)
-from dppipeline.ledger.reservation import Reservation
-from dppipeline.ledger.tables import SCHEMA_VERSION, STATES
-from dppipeline.ledger.url import LedgerLocation, parse_ledger_url
-from dppipeline.settings import lease_seconds, ledger_timeout, renew_seconds
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dppipeline.errors import BudgetHeldError
+    from dppipeline.ledger.book import Ledger
+    from dppipeline.ledger.caps import (
+        CAP_TOLERANCE,
+        CHARGED_STATES,
+        BudgetExceededError,
+        BudgetPolicy,
+        left_of,
+    )
+    from dppipeline.ledger.keys import InputContent, ReleaseKey, input_fingerprint
+    from dppipeline.ledger.lease import host_id
+    from dppipeline.ledger.records import (
+        CapChange,
+        LedgerError,
+        LedgerRow,
+        ReservationLostError,
+        ScopeData,
+        StoredCap,
+    )
+    from dppipeline.ledger.reservation import Reservation
+    from dppipeline.ledger.tables import SCHEMA_VERSION, STATES
+    from dppipeline.ledger.url import LedgerLocation, parse_ledger_url
+    from dppipeline.settings import lease_seconds, ledger_timeout, renew_seconds
+
+# Where each name lives: imported on first use, so that a run without a ledger, which needs
+# only `caps` and `keys`, does not import SQLAlchemy (`book`, `url`, `tables`: 0.4 s).
+_HOMES = {
+    "dppipeline.errors": ("BudgetHeldError",),
+    "dppipeline.ledger.book": ("Ledger",),
+    "dppipeline.ledger.caps": (
+        "CAP_TOLERANCE",
+        "CHARGED_STATES",
+        "BudgetExceededError",
+        "BudgetPolicy",
+        "left_of",
+    ),
+    "dppipeline.ledger.keys": ("InputContent", "ReleaseKey", "input_fingerprint"),
+    "dppipeline.ledger.lease": ("host_id",),
+    "dppipeline.ledger.records": (
+        "CapChange",
+        "LedgerError",
+        "LedgerRow",
+        "ReservationLostError",
+        "ScopeData",
+        "StoredCap",
+    ),
+    "dppipeline.ledger.reservation": ("Reservation",),
+    "dppipeline.ledger.tables": ("SCHEMA_VERSION", "STATES"),
+    "dppipeline.ledger.url": ("LedgerLocation", "parse_ledger_url"),
+    "dppipeline.settings": ("lease_seconds", "ledger_timeout", "renew_seconds"),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    import importlib  # noqa: PLC0415
+
+    home = _HOME_OF.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CAP_TOLERANCE",

@@ -25,11 +25,13 @@ Without a ledger (`--no-ledger`, `ledger=False`) the same steps run and nothing 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from dppipeline.ledger import Reservation
 from dppipeline.lifecycle.failpoints import failpoint
 from dppipeline.lifecycle.signals import signals_deferred
+
+if TYPE_CHECKING:  # SQLAlchemy: imported only for a run with a ledger
+    from dppipeline.ledger import Reservation
 
 Staged_co = TypeVar("Staged_co", covariant=True)
 
@@ -64,7 +66,7 @@ def charged(
     made. `spend`: the reservation to make (not yet entered), None for a run without a ledger;
     `reserved`: called once the budget is reserved (the runner's `[ledger] reserved` line)."""
     with spend if spend is not None else _Unrecorded() as reservation:
-        if reserved is not None and isinstance(reservation, Reservation):
+        if reserved is not None and not isinstance(reservation, _Unrecorded):
             reserved(reservation)
         failpoint("reserved")
         output.prepare()

@@ -14,17 +14,19 @@ Airflow tasks (which run the CLI) all resolve it here:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from dppipeline.errors import UsageError
-from dppipeline.ledger import Ledger
 from dppipeline.settings import default_ledger
 from dppipeline.spec.model import JobSpec
+
+if TYPE_CHECKING:  # SQLAlchemy: imported only for a run with a ledger
+    from dppipeline.ledger import Ledger
 
 # Budget fields that only a ledger can enforce.
 LEDGER_FIELDS = ("scope", "cap_epsilon", "cap_delta", "window_days")
 
-LedgerChoice = Ledger | str | Path | Literal[False] | None
+LedgerChoice: TypeAlias = "Ledger | str | Path | Literal[False] | None"
 
 
 def ledger_only_fields(spec: JobSpec) -> list[str]:

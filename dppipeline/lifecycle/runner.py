@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dppipeline.core.events import release_events
 from dppipeline.core.manifest import Manifest, build_manifest
@@ -58,15 +58,7 @@ from dppipeline.inputs.quarantine import (
     state_dir,
 )
 from dppipeline.inputs.quarantine import default_root as quarantine_root
-from dppipeline.ledger import (
-    BudgetPolicy,
-    InputContent,
-    Ledger,
-    LedgerRow,
-    ReleaseKey,
-    Reservation,
-    input_fingerprint,
-)
+from dppipeline.ledger import BudgetPolicy, InputContent, ReleaseKey, input_fingerprint
 from dppipeline.lifecycle.charge import charged
 from dppipeline.lifecycle.failpoints import failpoint
 from dppipeline.lifecycle.ledger_choice import refuse_unrecorded
@@ -81,6 +73,9 @@ from dppipeline.lifecycle.targets import FolderTarget, ReleaseTarget, StoreTarge
 from dppipeline.spec.model import JobSpec
 from dppipeline.storage import Location, is_uri, remote_filesystems
 from dppipeline.storage.releases import MANIFEST_NAME
+
+if TYPE_CHECKING:  # SQLAlchemy: imported only for a run with a ledger
+    from dppipeline.ledger import Ledger, LedgerRow, Reservation
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +243,11 @@ def release_key(
 
 
 def open_ledger(ledger: Ledger | str | Path | None) -> Ledger | None:
-    return Ledger(ledger) if isinstance(ledger, str | Path) else ledger
+    if not isinstance(ledger, str | Path):
+        return ledger
+    from dppipeline.ledger import Ledger  # noqa: PLC0415 (SQLAlchemy: a ledger's runs only)
+
+    return Ledger(ledger)
 
 
 def ledger_line(book: Ledger, text: str) -> str:
@@ -562,6 +561,8 @@ def _reservation(
     if book is None:
         return None
     assert key is not None
+    from dppipeline.ledger import Reservation  # noqa: PLC0415 (SQLAlchemy: a ledger's runs only)
+
     eps_total, delta_total = job.plan.total_spent()
     return Reservation(
         book,

@@ -11,11 +11,10 @@ import uuid
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dppipeline.core.manifest import Manifest
 from dppipeline.errors import DPPipelineError, InputError, OutputError
-from dppipeline.ledger import LedgerRow
 from dppipeline.lifecycle.manifests import read_manifest
 from dppipeline.lifecycle.publication import (
     check_release_target,
@@ -40,6 +39,9 @@ from dppipeline.lifecycle.store_publication import (
 )
 from dppipeline.storage import Location, StorageError
 from dppipeline.storage.releases import RUNS_FOLDER, published_run_id
+
+if TYPE_CHECKING:  # SQLAlchemy: imported only for a run with a ledger
+    from dppipeline.ledger import LedgerRow
 
 Fate = Callable[[str, dict | None], str]
 

@@ -368,14 +368,14 @@ class JobSpec(Section):
 
     def _query_columns_exist(self, schema: Schema, query: QuerySpec) -> None:
         """`_columns_exist` for the columns one query names: keys, value, filter, metrics."""
-        from dppipeline.spec.filters import parse_filter  # noqa: PLC0415 (sqlglot, pyarrow)
-
         where = self.query_path(query)
         for entry in query.partition_by:
             self._check_key(schema, entry, f"{where}partition_by")
         if query.needs_value_bounds:
             _check_column(schema, query.value, f"{where}value", ("int64", "float64"))
         if query.filter is not None:
+            from dppipeline.spec.filter_parser import parse_filter  # noqa: PLC0415 (sqlglot)
+
             parse_filter(query.filter, schema, where=f"{where}filter")
         for column in distinct_columns(query.metrics):
             if column == self.privacy_unit:  # distinct units: privacy_id_count (sensitivity 1)

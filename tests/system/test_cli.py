@@ -823,31 +823,48 @@ def test_spark_java_errors_are_one_line(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+_LAPLACE_SKIPS = ("apache_beam", "dp_accounting.pld", "pyspark", "pipeline_dp", "scipy")
+
+
 @pytest.mark.parametrize(
-    ("flags", "absent", "stats"),
+    ("flags", "absent", "present", "stats"),
     [
-        ((), ("apache_beam", "dp_accounting.pld", "pyspark"), "lazy"),
-        (("--format", "csv"), ("apache_beam", "dp_accounting.pld", "pyspark"), "lazy"),
-        (("--accounting", "zcdp", "--delta", "1e-6"), ("apache_beam", "pyspark"), "loaded"),
-        (("--noise", "gaussian", "--delta", "1e-6"), ("apache_beam", "pyspark"), "lazy"),
+        ((), (*_LAPLACE_SKIPS, "sqlalchemy"), (), "absent"),
+        (("--format", "csv"), (*_LAPLACE_SKIPS, "sqlalchemy"), (), "absent"),
+        (
+            ("--accounting", "zcdp", "--delta", "1e-6"),
+            ("apache_beam", "pyspark", "pipeline_dp"),
+            ("dp_accounting.pld",),
+            "loaded",
+        ),
+        (
+            ("--noise", "gaussian", "--delta", "1e-6"),
+            ("apache_beam", "pyspark", "dp_accounting.pld"),
+            ("pipeline_dp",),
+            "lazy",
+        ),
     ],
     ids=["detected-layout", "named-format", "zcdp", "gaussian"],
 )
-def test_a_local_run_imports_only_what_it_uses(tmp_path, small_inputs, flags, absent, stats):
+def test_a_local_run_imports_only_what_it_uses(
+    tmp_path, small_inputs, flags, absent, present, stats
+):
     """A local run's process never loads Beam or Spark, nor dp_accounting's PLD code unless
     the job's accounting composes with it: together 1.3 s of start-up. Layout detection once
     imported pipeline-dp before the spec was known, which brought the PLD code back (0.8 s).
-    scipy.stats (0.45 s), which pipeline-dp imports for a function no run calls, loads when
-    first used: a zCDP run's accounting uses it (and releases); other runs never execute it.
-    (`cli.main` marks what it skips as absent: `sys.modules[name] is None`.)"""
+    A Laplace run loads no pipeline-dp, scipy or (without a ledger) SQLAlchemy at all. For a
+    Gaussian run, scipy.stats (0.45 s), which pipeline-dp imports for a function no run calls,
+    loads when first used: a zCDP run's accounting uses it (and releases); other runs never
+    execute it. (`cli.main` marks what it skips as absent: `sys.modules[name] is None`.)"""
     folder = small_inputs["csv"] if "csv" in flags else small_inputs["parquet"]
     probe = (
         "import atexit, runpy, sys\n"
-        "names = ('apache_beam', 'dp_accounting.pld', 'pyspark', 'pipeline_dp')\n"
+        "names = ('apache_beam', 'dp_accounting.pld', 'pyspark', 'pipeline_dp', 'scipy',"
+        " 'sqlalchemy')\n"
         "atexit.register(lambda: print('LOADED', *[n for n in names if sys.modules.get(n)],"
         " file=sys.stderr))\n"
-        "atexit.register(lambda: print('STATS', type(sys.modules['scipy.stats']) is"
-        " type(sys), file=sys.stderr))\n"
+        "atexit.register(lambda: print('STATS', 'absent' if 'scipy.stats' not in sys.modules"
+        " else type(sys.modules['scipy.stats']) is type(sys), file=sys.stderr))\n"
         "runpy.run_module('dppipeline', run_name='__main__')\n"
     )
     done = subprocess.run(
@@ -859,10 +876,11 @@ def test_a_local_run_imports_only_what_it_uses(tmp_path, small_inputs, flags, ab
     assert done.returncode == 0, done.stderr
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("LOADED")]
     loaded = set(line.split()[1:])
-    assert "pipeline_dp" in loaded  # the probe sees what a run loads
+    assert set(present) <= loaded, loaded  # the probe sees what a run loads
     assert not loaded & set(absent), loaded
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("STATS")]
-    assert line == f"STATS {stats == 'loaded'}", line  # executed, or still a LazyLoader's
+    expected = "absent" if stats == "absent" else str(stats == "loaded")
+    assert line == f"STATS {expected}", line  # never imported, executed, or a LazyLoader's
     assert (tmp_path / "out" / QUERY).exists()
 
 

@@ -51,9 +51,10 @@ def test_core_draws_no_insecure_randomness(path):
     assert "np.random" not in text and "numpy.random" not in text
 
 
-def test_filter_language_needs_no_dataframe_library():
+@pytest.mark.parametrize("name", ["filters.py", "filter_parser.py"])
+def test_filter_language_needs_no_dataframe_library(name):
     """Filters are parsed and checked where no engine is installed (e.g. an Airflow worker)."""
-    imported = {m.split(".")[0] for m in imported_modules(PACKAGE / "spec" / "filters.py")}
+    imported = {m.split(".")[0] for m in imported_modules(PACKAGE / "spec" / name)}
     assert not imported & {"polars", "pandas", "pyspark", "apache_beam", "numpy"}
 
 
