@@ -9,6 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pandas as pd
+import pytest
 import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -85,6 +86,7 @@ def test_bounding_invariants(rows, l0, linf, seed):
     assert sorted(sample.pair_key_codes.tolist()) == sorted(k for _, k in per_pair)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(rows=rows_strategy, l0=st.integers(1, 4), linf=st.integers(1, 4))
 def test_aggregates_are_sums_over_kept_rows(rows, l0, linf):

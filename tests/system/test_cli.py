@@ -257,6 +257,7 @@ ERROR_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("argv", "files", "exit_code", "words"), ERROR_CASES)
 def test_error_is_one_line_and_leaves_no_output(
     tmp_path, small_inputs, argv, files, exit_code, words
@@ -351,6 +352,7 @@ def check_manifest(manifest: dict) -> None:
     assert metrics["mean"]["noise_stddev"] is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
 def test_run_publishes_release_and_manifest(releases, fmt):
     output, result = releases[fmt]
@@ -376,6 +378,7 @@ def test_run_publishes_release_and_manifest(releases, fmt):
     assert sorted(p.name for p in output.parent.iterdir()) == ["release"]
 
 
+@pytest.mark.slow
 def test_existing_release_refused_then_overwritten(tmp_path, releases, small_inputs):
     source, first = releases["parquet"]
     assert first.returncode == 0, first.stderr
@@ -687,6 +690,7 @@ def _file_size_limit(limit: int):
     return apply
 
 
+@pytest.mark.slow
 def test_disk_full_is_one_line(tmp_path, small_inputs):
     """The disk fills up while the release is written. RLIMIT_FSIZE makes the kernel refuse
     any write past 1 MB in the child process (EFBIG, as ENOSPC would on a full disk): the
@@ -702,6 +706,7 @@ def test_disk_full_is_one_line(tmp_path, small_inputs):
     assert not set(ledger_states(ledger)) & {*LIVE_STATES, "committed"}
 
 
+@pytest.mark.slow
 def test_no_space_left_is_one_line(tmp_path, small_inputs):
     """The same on a real full file system: a 256 kB tmpfs mounted in a user and mount
     namespace (`unshare`, no root needed where unprivileged namespaces are allowed)."""
@@ -740,6 +745,7 @@ sys.exit(cli.main(["plan", "--min-value", "0", "--max-value", "100",
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("debug", [False, True])
 def test_a_bug_is_one_line_without_its_message(debug):
     env = {k: v for k, v in os.environ.items() if k != "DPPIPELINE_DEBUG"}
@@ -826,6 +832,7 @@ def test_spark_java_errors_are_one_line(tmp_path):
 _LAPLACE_SKIPS = ("apache_beam", "dp_accounting.pld", "pyspark", "pipeline_dp", "scipy")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flags", "absent", "present", "stats"),
     [
@@ -921,6 +928,7 @@ def test_tune_refuses_an_infinite_epsilon_and_records_nothing(small_inputs, tmp_
     assert not ledger.exists() or Ledger(ledger).rows() == []
 
 
+@pytest.mark.slow
 def test_plan_warns_when_the_pre_threshold_exceeds_what_the_noise_needs():
     result = run_cli(
         "plan", *BOUNDS, "--metrics", "count", "--pre-threshold", "40",

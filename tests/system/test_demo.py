@@ -121,6 +121,7 @@ def clamp_probability(n: int, centred: float, t: float, b: float, r: float) -> f
     return float(pmf @ at_bound + (1 - pmf.sum()))
 
 
+@pytest.mark.slow
 def test_the_demo_release_clamps_few_means(demo_days, tmp_path):
     """Statistical tier. The demo job on the demo's data, twice with the same sampling
     (seed): at a huge epsilon (the exact bounded counts and means) and at the job's own.
@@ -149,6 +150,7 @@ def test_the_demo_release_clamps_few_means(demo_days, tmp_path):
     assert not np.allclose(noisy["mean"], exact["mean"])
 
 
+@pytest.mark.slow
 def test_demo_job_clamped_share_before_the_fix_would_fail(demo_days, tmp_path):
     """The check above can fail: the demo job as it was (epsilon 1, L0 = Linf = 10) gives a
     chance of a clamped mean far above 5% (measured: 38% of the means clamped)."""

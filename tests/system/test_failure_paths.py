@@ -196,6 +196,7 @@ def test_an_unwritable_quarantine_fails_before_reading_and_charges_nothing(tmp_p
     assert list(quarantine.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_an_output_under_a_read_only_folder_charges_nothing(tmp_path, small_inputs):
     parent = tmp_path / "read-only"
     parent.mkdir()
@@ -394,6 +395,7 @@ def with_long_note(source: Path, target: Path, length: int) -> Path:
     return target
 
 
+@pytest.mark.slow
 def test_a_quoted_csv_field_longer_than_131072_characters_is_read(tmp_path, small_inputs):
     """Python's csv module refuses a field over 131,072 characters by default: a valid file
     was reported as a 'malformed quoted field' (and the run charged). Now the records are the

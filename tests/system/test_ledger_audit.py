@@ -148,6 +148,7 @@ def test_the_same_data_under_another_scope_is_held_to_its_cap(tmp_path, tx, how)
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 @settings(
     max_examples=40,
     deadline=None,
@@ -205,6 +206,7 @@ def wait_stopped(proc: subprocess.Popen) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("stage", "settled", "code"),
     [("reserved", "aborted", 1), ("staged", "failed", 1)],

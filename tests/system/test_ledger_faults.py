@@ -146,6 +146,7 @@ def test_a_damaged_sqlite_ledger_is_refused_not_undercounted(tmp_path, small_inp
 # --------------------------------------------------------------------------- 3. read-only
 
 
+@pytest.mark.slow
 def test_the_ledger_works_again_after_a_read_only_incident(tmp_path):
     """Case 3: a run that opened the ledger while its file was read-only left `-shm` read-only
     (SQLite gives it the file's mode); once the file was writable again, every write still
@@ -207,6 +208,7 @@ def test_a_read_only_ledger_is_one_line_from_a_private_checkout(tmp_path):
 # --------------------------------------------------------------------------- 4. dead or alive
 
 
+@pytest.mark.slow
 def test_a_run_killed_after_reserving_is_settled_at_once(tmp_path, small_inputs):
     """Case 4: cap 1; a run killed right after reserving. Its immediate rerun exited 3,
     "exhausted: epsilon 1 needed, 0 left of 1", until the lease (120 s) ran out. Its process
@@ -261,6 +263,7 @@ def live_holder(url: str, folder: Path) -> Iterator[subprocess.Popen[str]]:
         proc.wait(timeout=60)
 
 
+@pytest.mark.slow
 def test_a_budget_held_by_a_live_run_is_a_temporary_refusal(tmp_path, small_inputs):
     """Case 4, the other half: while a live run holds the budget and has read nothing, the
     refusal names it and its lease's end, exit 75 (retry then), for `run` and for `run

@@ -278,6 +278,7 @@ def test_a_run_that_fails_after_reading_stays_charged(tmp_path, own_input):
     assert engine.runs == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["no-rows", "too-many-rejects"])
 def test_data_dependent_failures_stay_charged(tmp_path, small_inputs, case):
     source = tmp_path / "tx"
@@ -379,6 +380,7 @@ def test_nothing_after_the_commit_changes_the_outcome(tmp_path, own_input, error
     assert len(Ledger(url).rows()) == 1
 
 
+@pytest.mark.slow
 def test_a_closed_pipe_keeps_the_release_committed(tmp_path, small_inputs):
     """`dppipeline run ... 2>&1 | head -n 3`, as an operator types it."""
     url = url_of(tmp_path / "state" / "ledger.sqlite")
@@ -399,6 +401,7 @@ def test_a_closed_pipe_keeps_the_release_committed(tmp_path, small_inputs):
     assert published_run_id(out) == row.run_id
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("action", "code"), [("int", 130), ("term", 143)])
 def test_a_signal_during_publication_waits_for_it(tmp_path, small_inputs, action, code):
     """SIGINT or SIGTERM between the commit and the end of publication: the release is
@@ -591,6 +594,7 @@ def old_release(tmp_path_factory, small_inputs) -> Path:
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("stage", "action", "swap", "replacing", "backend"),
     CELLS,
@@ -681,6 +685,7 @@ def big_input(tmp_path) -> Path:
     ).output  # fmt: skip
 
 
+@pytest.mark.slow
 def test_sigkill_while_reading_stays_charged_and_the_next_run_repairs(tmp_path, big_input):
     """A real SIGKILL at an arbitrary moment of the read (no failpoint), of a run whose death
     cannot be proven here (recorded as another host's; one of this host is settled at once:

@@ -420,6 +420,7 @@ def test_releases_recorded_without_events_count_by_their_own_budget(ledger_url):
         )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_budget_show_prints_the_summed_and_the_composed_spend(ledger_url):
     plan = nightly_plan()
     ledger = Ledger(ledger_url)

@@ -592,6 +592,7 @@ PLANTS = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("leak", PLANTS)
 def test_the_harness_catches_a_planted_leak(tmp_path, capfd, monkeypatch, leak):
     """The harness is only as good as what it notices: each leak, put back on purpose, makes

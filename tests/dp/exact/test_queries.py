@@ -678,6 +678,7 @@ CLAMPED = {  # the post-processed ratios and their clamps (core.mechanisms.noise
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("accounting", ["pld", "zcdp"])
 def test_noise_present_under_tight_accounting(transactions, tmp_path, accounting):
     """At epsilon 1 two releases of the job differ in every released metric of every

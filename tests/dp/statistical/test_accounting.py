@@ -326,6 +326,7 @@ def test_exact_tier_and_noise_present(small_inputs, tmp_path, accounting, engine
     assert not np.allclose(first["count"], exact["count"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("epsilon", [0.0003, 0.01, 1.0, 100.0])
 def test_tight_accounting_never_adds_noise_over_basic(epsilon):
     """The auditor's case: at small epsilon dp_accounting's default Rényi orders floor epsilon

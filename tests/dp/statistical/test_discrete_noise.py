@@ -210,6 +210,7 @@ def test_the_noise_comes_from_opendp_not_numpy(monkeypatch):
 # -------------------------------------------------------------------- statistical tier
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("noise", "epsilon", "delta"),
     [("laplace", 1.0, 0.0), ("laplace", 0.3, 0.0), ("gaussian", 2.0, 1e-3), ("gaussian", 6.0, 0.1)],
@@ -323,6 +324,7 @@ def independent_pool_pld(
     return total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("noise", ["laplace", "gaussian"])
 def test_the_discrete_pool_meets_the_job_budget_independently(noise):
     """The bank's 12 queries under pld with discrete counts: the pool composed independently
@@ -381,6 +383,7 @@ def test_zcdp_pool_with_discrete_gaussians_by_opendp_maps():
     assert book.get_epsilon(plan.delta - threshold_delta) <= plan.epsilon * (1 + 1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("accounting", "noise"), [("basic", "laplace"), ("pld", "gaussian")])
 def test_the_ledger_composes_discrete_releases_like_dp_accounting(accounting, noise):
     """Ten nights of the bank job: the ledger's events (discrete kinds with their scale and

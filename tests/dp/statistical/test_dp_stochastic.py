@@ -224,6 +224,7 @@ def stated(plan) -> dict[str, float]:
     return {"count": count, "sum": total, "count+sum": count + total}
 
 
+@pytest.mark.slow
 def test_released_count_and_sum_are_as_private_as_stated(bounded):
     """Lower bounds below the stated epsilons; upper bounds reach them (the loss is attained:
     the noise is not larger than stated and bounding kept the whole shift)."""
@@ -236,6 +237,7 @@ def test_released_count_and_sum_are_as_private_as_stated(bounded):
         assert upper >= epsilon, (family, upper, epsilon)
 
 
+@pytest.mark.slow
 def test_half_the_noise_is_caught(bounded):
     """The same release with each mechanism's epsilon doubled (half the noise) while the plan
     still states the original: the lower bound exceeds the stated epsilon."""
@@ -258,6 +260,7 @@ def test_half_the_noise_is_caught(bounded):
     assert all(measured[f][0] > eps for f, eps in stated(plan).items()), measured
 
 
+@pytest.mark.slow
 def test_missing_contribution_bounding_is_caught():
     """Aggregates bounded with L0 = 3, Linf = 100 (the target keeps all 15 rows) released with
     the noise planned for L0 = 2, Linf = 3: the lower bound exceeds the stated epsilon."""

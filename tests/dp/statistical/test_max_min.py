@@ -199,6 +199,7 @@ def chi_square_p_value(draws: np.ndarray, p: np.ndarray) -> float:
     return float(chi2.sf(stat, len(bins_e) - 1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("metric", ["max", "min"])
 def test_draws_follow_the_exponential_mechanism(metric):
     """1,500 draws of one partition (and of an empty one, whose scores are all -m: uniform)

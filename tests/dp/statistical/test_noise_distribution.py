@@ -214,6 +214,7 @@ def draw_discrete(kind: str, scale: float, n: int) -> np.ndarray:
     return noise
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["discrete_laplace", "discrete_gaussian"])
 @pytest.mark.parametrize("scale", SCALES)
 def test_discrete_noise_has_the_exact_law(kind, scale):

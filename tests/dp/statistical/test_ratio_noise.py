@@ -88,6 +88,7 @@ def released_std(plan, values: np.ndarray) -> dict[str, tuple[float, float]]:
 BOUNDS = {"mean": mean_stddev_bound, "variance": variance_stddev_bound}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("noise", NOISES)
 def test_measured_std_never_exceeds_the_stated_bound(noise):
     plan = plan_for(noise)

@@ -241,6 +241,7 @@ def test_noise_that_hides_the_data_gives_no_recommendation(known, tmp_path, caps
     assert not list(config.parent.glob("*.json"))
 
 
+@pytest.mark.slow
 def test_tune_scores_candidates_under_the_jobs_tight_accounting(known, tmp_path):
     """A pld job: each candidate's count noise comes from a tight plan (RDP for speed), less
     than basic composition gives for the same bounds."""

@@ -85,6 +85,7 @@ def cli_release(small_inputs, tmp_path_factory):
     return released, ledger_row(out / "ledger.sqlite")
 
 
+@pytest.mark.slow
 def test_import_is_cheap_and_names_resolve_on_use():
     """`import dppipeline` loads no data or DP library; the public names import on use."""
     heavy = ["polars", "pandas", "pyarrow", "pyspark", "apache_beam", "pipeline_dp", "pydantic"]
@@ -105,6 +106,7 @@ def test_import_is_cheap_and_names_resolve_on_use():
         _ = dppipeline.nope
 
 
+@pytest.mark.slow
 def test_a_notebook_sees_no_beam_warning_and_keeps_its_logging():
     """A fresh interpreter with no logging configured: using the API prints nothing on
     stderr (Beam's GCP warning, imported through pipeline-dp, is dropped) and leaves the
@@ -214,6 +216,7 @@ def test_a_spark_frame_releases_in_the_callers_session(spark, small_inputs, cli_
     assert rejected["_reason"].tolist() == ["TX_AMOUNT is not finite"]
 
 
+@pytest.mark.slow
 def test_a_pcollection_releases_in_the_callers_pipeline(small_inputs, cli_release, tmp_path):
     import apache_beam as beam
     from apache_beam.testing.test_pipeline import TestPipeline
@@ -241,6 +244,7 @@ def test_a_pcollection_releases_in_the_callers_pipeline(small_inputs, cli_releas
         assert_that(released["terminal_stats"], same_as_cli)
 
 
+@pytest.mark.slow
 def test_a_pcollection_with_too_many_bad_rows_fails_its_pipeline(tmp_path):
     """Rows breaking the contract are kept in the quarantine; above max_rejected_fraction the
     released rows never leave the transform: the pipeline fails with the InputError."""
@@ -400,6 +404,7 @@ def test_in_memory_rows_are_filtered_by_the_stated_period(tmp_path):
     }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_api_program_type_checks_strictly(tmp_path):
     """mypy --strict on a program that uses only the public API passes; the same program
     with a type error fails (the check can fail)."""
@@ -489,6 +494,7 @@ def test_a_period_is_refused_for_rows_without_a_time_column(tmp_path):
         assert book.rows() == []
 
 
+@pytest.mark.slow
 def test_every_run_of_a_pipeline_returns_the_one_charged_release(tmp_path):
     """A ReleaseTransform is charged once, when applied; running its pipeline three times
     returns the same released rows (noise drawn once: at epsilon 1 three draws would differ),

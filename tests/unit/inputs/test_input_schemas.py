@@ -366,6 +366,7 @@ def test_a_bad_public_time_key_names_its_place(tmp_path, small_inputs):
         run_job(spec, "local", echo=lambda _: None)
 
 
+@pytest.mark.slow
 def test_the_files_layout_takes_a_folder_and_refuses_mixed_suffixes(book, tmp_path):
     """A folder of files (Hive-style subfolders included) from the CLI alone; without a
     format, a folder mixing .csv and .parquet is a one-line error; with one, the other

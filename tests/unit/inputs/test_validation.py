@@ -549,6 +549,7 @@ def texts(pieces: list[str], size: int):
     return st.lists(st.sampled_from(pieces), max_size=size).map("".join)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(texts(NUMBER_CHARACTERS, 6), texts(TIME_PIECES, 5)), min_size=1))
 def test_polars_fast_flags_equal_the_whole_rule_chain(rows):

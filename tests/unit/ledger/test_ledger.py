@@ -229,6 +229,7 @@ def test_ledger_urls_follow_sqlalchemy(tmp_path, monkeypatch):
     assert nested.is_file()
 
 
+@pytest.mark.slow
 def test_relative_sqlite_url_is_relative_to_the_working_folder(tmp_path, small_inputs):
     """Issue 15 case 3, the other way round: `sqlite:///rel` from two folders is two ledgers,
     as SQLAlchemy defines it, and each `[ledger]` line names the absolute file it used."""
@@ -498,6 +499,7 @@ def publish_fake_release(output: Path, run_id: str) -> None:
     (output / "manifest.json").write_text(f'{{"run_id": "{run_id}"}}\n')
 
 
+@pytest.mark.slow
 def test_repair_settles_expired_leases_by_the_charge_rules(ledger_url, tmp_path):
     published, other, nothing = tmp_path / "published", tmp_path / "other", tmp_path / "nothing"
     reserve_in_dead_process(ledger_url, "published-run", published, reading=True)
@@ -928,6 +930,7 @@ def test_a_corrupt_ledger_is_a_one_line_error(tmp_path):
     assert f"ledger {path} is not a SQLite database or is corrupt" in line
 
 
+@pytest.mark.slow
 def test_a_locked_ledger_is_a_one_line_error_after_a_bounded_wait(tmp_path, small_inputs):
     path = tmp_path / "ledger.sqlite"
     Ledger(f"sqlite:///{path}").close()

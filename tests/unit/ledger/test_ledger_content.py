@@ -474,6 +474,7 @@ def test_in_memory_rows_carry_no_content(tmp_path, tx):
     )
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_a_copy_with_exit_3_and_one_line(tmp_path, tx):
     folder, keys = tx
     ledger = tmp_path / "state" / "ledger.sqlite"

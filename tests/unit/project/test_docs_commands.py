@@ -295,6 +295,7 @@ def runnable(command: Command) -> bool:
 RUNNABLE = [c for c in COMMANDS if runnable(c)]
 
 
+@pytest.mark.slow
 def test_documented_commands_that_read_no_data_run(tmp_path):
     """In the order the pages show them, on one temporary ledger (so `budget set-cap` before
     `budget show` is what the page shows)."""

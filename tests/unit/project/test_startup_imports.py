@@ -53,6 +53,7 @@ def test_laplace_local_run_without_ledger_imports_none_of_them(tiny_input, tmp_p
     assert imported_heavy(*args, "--no-ledger") == []
 
 
+@pytest.mark.slow
 def test_laplace_local_run_with_ledger_imports_sqlalchemy_only(tiny_input, tmp_path):
     ledger = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     args = ("run", "--config", CONFIG, "--input", tiny_input, "--output", tmp_path / "out")
@@ -63,6 +64,7 @@ def test_laplace_plan_imports_none_of_them():
     assert imported_heavy("plan", "--config", CONFIG) == []
 
 
+@pytest.mark.slow
 def test_gaussian_plan_imports_pipeline_dp():
     """The probe sees what a plan that needs pipeline-dp imports (Gaussian calibration)."""
     heavy = imported_heavy("plan", "--config", CONFIG, "--noise", "gaussian")

@@ -66,6 +66,7 @@ def released(small_inputs, tmp_path):
     return tmp_path / "release", ledger
 
 
+@pytest.mark.slow
 def test_report_shows_no_value_that_is_not_released(released, tmp_path):
     release, ledger = released
     index = build_report(release, ledger, tmp_path / "report")

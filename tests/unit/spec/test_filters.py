@@ -248,6 +248,7 @@ EXPRESSIONS = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(EXPRESSIONS)
 def test_any_ast_round_trips_through_text(expr):
@@ -702,6 +703,7 @@ def _called_from_depth(frames: int, call):
     return _called_from_depth(frames, call)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -824,6 +826,7 @@ CHAINS = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(CHAINS, st.lists(st.fixed_dictionaries(VALUES_WITH_NULLS), min_size=1, max_size=8))
 def test_membership_form_keeps_every_rows_outcome(expr, rows):
@@ -853,6 +856,7 @@ LARGE_FILTERS = {  # each keeps some rows, not all (odd terminals, for instance)
 }
 
 
+@pytest.mark.slow
 def test_large_filters_on_polars_equal_the_oracle(transactions):
     rows = transactions.to_dicts()
     for name, text in LARGE_FILTERS.items():

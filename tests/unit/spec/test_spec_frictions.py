@@ -30,6 +30,7 @@ HUGE = [
 PAIR = {"max_partitions_contributed": 1, "max_contributions_per_partition": 1}
 
 
+@pytest.mark.slow
 def test_a_folder_of_daily_csv_files_needs_no_format_flag(small_inputs, tmp_path):
     """Without --format, `YYYY-MM-DD.csv` files are read as CSV; the release key is the one
     `--format csv` gives (a rerun with the flag is the same release: nothing spent)."""
