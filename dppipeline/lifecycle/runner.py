@@ -392,27 +392,9 @@ def _planned_run(
         raise InputError("a public key file changed while it was being read; run again")
     run_id = new_run_id()
     chosen = _as_path_or_uri(quarantine or spec.input.quarantine)
-    target: ReleaseTarget
-    if spec.output is None:
-        assert rows is not None, "run_job checks the output"
-        where, shipped_to = _quarantine_folders(chosen, run_id, None)
-        target = MemoryTarget(run_id)
-    elif Location.of(spec.output).is_local:
-        output = Path(spec.output)
-        where, shipped_to = _quarantine_folders(chosen, run_id, output)
-        guard = {
-            "input_path": spec.input.path,
-            "ledger_file": book.path if book is not None else None,
-            "quarantine": where,
-        }
-        target = FolderTarget(output, guard)
-    else:
-        where, shipped_to = _quarantine_folders(chosen, run_id, None)
-        target = StoreTarget(
-            Location.of(spec.output),
-            input_path=spec.input.path,
-            quarantine=Location.of(str(chosen)) if chosen else None,
-        )
+    target, where, shipped_to = _release_target(
+        spec, run_id, chosen, book, in_memory=rows is not None
+    )
     key = release_key(spec, days, spec_hash, rows) if book is not None else None
     if rows is not None and book is not None:
         _check_memory_period(spec, book, key)
@@ -423,20 +405,10 @@ def _planned_run(
         for line in target.heal(_fate(book, target.where)):
             say(f"[publish] {target.display()}: {line}")
         if book is not None and not new_release:
-            existing = book.committed(key)  # type: ignore[arg-type]
-            if existing is not None:
-                manifest = target.existing(existing, overwrite)
-                say(
-                    ledger_line(
-                        book,
-                        f"release already published by run {existing.run_id} "
-                        f"({existing.reserved_at}): {target.display()}; no new noise drawn, "
-                        "nothing spent (--new-release to draw again)",
-                    )
-                )
-                return RunResult(
-                    target.where, existing.run_id, manifest.released_partitions, manifest
-                )
+            assert key is not None
+            published = _already_committed(book, key, target, overwrite, say)
+            if published is not None:
+                return published
         target.check(overwrite)
         target.probe(run_id)  # before the reservation: a failure here charges nothing
         check_writable(shipped_to if shipped_to is not None else where, run_id)
@@ -471,6 +443,62 @@ def _planned_run(
             say(f"[{engine_impl.name}] {name}: released {query.released_partitions:,} partitions")
     say(f"[{engine_impl.name}] release written to {target.display()}")
     return RunResult(target.where, run_id, manifest.released_partitions, manifest, datasets)
+
+
+def _release_target(
+    spec: JobSpec,
+    run_id: str,
+    chosen: str | Path | None,
+    book: Ledger | None,
+    *,
+    in_memory: bool,
+) -> tuple[ReleaseTarget, Path, Location | None]:
+    """Where the release goes (the caller's memory, a local folder or a store), with the local
+    folder the engine writes rejected rows into and the store folder they are shipped to."""
+    if spec.output is None:
+        assert in_memory, "run_job checks the output"
+        where, shipped_to = _quarantine_folders(chosen, run_id, None)
+        return MemoryTarget(run_id), where, shipped_to
+    if Location.of(spec.output).is_local:
+        output = Path(spec.output)
+        where, shipped_to = _quarantine_folders(chosen, run_id, output)
+        guard = {
+            "input_path": spec.input.path,
+            "ledger_file": book.path if book is not None else None,
+            "quarantine": where,
+        }
+        return FolderTarget(output, guard), where, shipped_to
+    where, shipped_to = _quarantine_folders(chosen, run_id, None)
+    store = StoreTarget(
+        Location.of(spec.output),
+        input_path=spec.input.path,
+        quarantine=Location.of(str(chosen)) if chosen else None,
+    )
+    return store, where, shipped_to
+
+
+def _already_committed(
+    book: Ledger,
+    key: ReleaseKey,
+    target: ReleaseTarget,
+    overwrite: bool,
+    say: Callable[[str], None],
+) -> RunResult | None:
+    """The release already committed under `key`, at `target` (no new noise, nothing spent),
+    or None."""
+    existing = book.committed(key)
+    if existing is None:
+        return None
+    manifest = target.existing(existing, overwrite)
+    say(
+        ledger_line(
+            book,
+            f"release already published by run {existing.run_id} "
+            f"({existing.reserved_at}): {target.display()}; no new noise drawn, "
+            "nothing spent (--new-release to draw again)",
+        )
+    )
+    return RunResult(target.where, existing.run_id, manifest.released_partitions, manifest)
 
 
 def check_memory_period(spec: JobSpec) -> None:

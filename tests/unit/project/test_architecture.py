@@ -64,10 +64,6 @@ def test_filter_language_needs_no_dataframe_library(name):
 
 # What core may import from the package: itself, the spec, the shared errors and the version.
 CORE_MAY_IMPORT = ("dppipeline.core", "dppipeline.spec", "dppipeline.errors", "dppipeline.version")
-# Cycles outside core left to the spec split (issue 34); a cycle not listed here fails.
-KNOWN_CYCLES = {frozenset({"dppipeline.spec.hashing", "dppipeline.spec.model"})}
-
-
 @pytest.fixture(scope="module")
 def graph() -> grimp.ImportGraph:
     return grimp.build_graph("dppipeline", cache_dir=None)
@@ -136,8 +132,8 @@ def test_no_import_cycle_within_core(graph):
     assert not cycles, f"import cycles through dppipeline.core: {cycles}"
 
 
-def test_no_import_cycle_but_the_known_ones(graph):
-    cycles = [sorted(c) for c in import_cycles(graph) if c not in KNOWN_CYCLES]
+def test_no_import_cycle_in_the_package(graph):
+    cycles = [sorted(c) for c in import_cycles(graph)]
     assert not cycles, f"import cycles: {cycles}"
 
 
