@@ -64,6 +64,8 @@ def test_filter_language_needs_no_dataframe_library(name):
 
 # What core may import from the package: itself, the spec, the shared errors and the version.
 CORE_MAY_IMPORT = ("dppipeline.core", "dppipeline.spec", "dppipeline.errors", "dppipeline.version")
+
+
 @pytest.fixture(scope="module")
 def graph() -> grimp.ImportGraph:
     return grimp.build_graph("dppipeline", cache_dir=None)
