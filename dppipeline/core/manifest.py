@@ -326,7 +326,7 @@ def _query_entry(
                 if params.max_contributions is None
                 else {"max_contributions": params.max_contributions}
             ),
-            **({"linf_bounding": "scale"} if query.bounds.linf_bounding == "scale" else {}),
+            "linf_bounding": query.bounds.linf_bounding,  # as resolved for this query
         },
         "partition_selection": selection,
         "metrics": {
