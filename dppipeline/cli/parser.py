@@ -178,8 +178,9 @@ def _add_bound_flags(parser: argparse.ArgumentParser) -> None:
     add(
         "--linf-bounding",
         choices=LINF_BOUNDINGS,
-        help="sample (default): Linf rows kept per pair; scale: a pair's count capped at Linf "
-        "and its sums scaled to match (count, sum, mean, variance, stddev, privacy_id_count)",
+        help="scale: a pair's count capped at Linf and its sums scaled to match (count, sum, "
+        "mean, variance, stddev, privacy_id_count); sample: Linf rows kept per pair. Unset: "
+        "scale where a query allows it, else sample",
     )
     add("--min-value", type=float, help="lower clipping bound (sum, mean)")
     add("--max-value", type=float, help="upper clipping bound (sum, mean)")

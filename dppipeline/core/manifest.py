@@ -37,6 +37,7 @@ from dppipeline.errors import InputError
 from dppipeline.spec.hashing import key_sources_by_content
 from dppipeline.spec.metrics import VARIANCE_METRICS, metric_column, percentile_of
 from dppipeline.spec.model import JobSpec, QuerySpec
+from dppipeline.spec.vocabulary import LinfBounding
 from dppipeline.version import __version__
 
 MANIFEST_VERSION = 2
@@ -55,6 +56,9 @@ class BoundsEntry(_Entry):
     min_value: float | None
     max_value: float | None
     max_contributions: int | None = None
+    # How Linf bounded the query's pairs, as resolved from the spec (`scale` where allowed
+    # unless stated); manifests written before every query recorded it lack it (then: sample).
+    linf_bounding: LinfBounding | None = None
 
 
 class SelectionEntry(_Entry):
@@ -326,7 +330,7 @@ def _query_entry(
                 if params.max_contributions is None
                 else {"max_contributions": params.max_contributions}
             ),
-            **({"linf_bounding": "scale"} if query.bounds.linf_bounding == "scale" else {}),
+            "linf_bounding": query.bounds.linf_bounding,  # as resolved for this query
         },
         "partition_selection": selection,
         "metrics": {

@@ -86,11 +86,11 @@ def _render_query(
         + (" + its partition selection" if query_plan.selection_group else ""),
         (
             f"  bounds: max_contributions={params.max_contributions} rows per privacy unit in "
-            f"all (at most {params.max_partitions_contributed} partitions)"
+            f"all (sampled rows; at most {params.max_partitions_contributed} partitions)"
             if params.max_contributions is not None
             else f"  bounds: L0 (max_partitions_contributed)={params.max_partitions_contributed}, "
             f"Linf (max_contributions_per_partition)={params.max_contributions_per_partition}"
-            + (" (scaled pairs)" if query.bounds.linf_bounding == "scale" else "")
+            + (" (scaled pairs)" if query.bounds.linf_bounding == "scale" else " (sampled rows)")
         )
         + (
             f", values clipped to [{_num(params.min_value)}, {_num(params.max_value)}]"

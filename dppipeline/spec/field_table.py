@@ -18,6 +18,11 @@ _QUERY_DEFAULTS = {
     "bounds": "job's bounds",
     "partition_selection": "private",
 }
+# Section fields whose default is not one value: how an unset one is filled.
+_SECTION_DEFAULTS = {
+    **dict.fromkeys(PER_PARTITION_BOUNDS, "required"),
+    "linf_bounding": "per query: scale where allowed, else sample",
+}
 
 
 def describe_fields() -> list[tuple[str, str, str]]:
@@ -33,7 +38,7 @@ def describe_fields() -> list[tuple[str, str, str]]:
                 rows.append((f"queries[].{sub}", default, sub_info.description or ""))
         elif isinstance(section, type) and issubclass(section, Section):
             for sub, sub_info in section.model_fields.items():
-                default = "required" if sub in PER_PARTITION_BOUNDS else repr(sub_info.default)
+                default = _SECTION_DEFAULTS.get(sub, repr(sub_info.default))
                 rows.append((f"{name}.{sub}", default, sub_info.description or ""))
         else:
             rows.append((name, repr(info.default), doc))

@@ -48,9 +48,16 @@ EXCLUDED = {
 }
 
 
-# Fields whose default was removed (a value became required): the old default is still left
-# out, so a spec that states it keeps the release key it had when that value was implied.
-FORMER_DEFAULTS = {"max_partitions_contributed": 1, "max_contributions_per_partition": 1}
+# Fields whose default was removed (a value became required, or is now chosen per query): the
+# old default is still left out, so a spec that states it (or now resolves to it) keeps the
+# release key it had when that value was implied. `linf_bounding` was `sample` until unset
+# came to mean "scale where the query allows it" (QuerySpec._resolve_linf_bounding): a query
+# that now scales hashes with `scale`, a new key for what is a new release.
+FORMER_DEFAULTS = {
+    "max_partitions_contributed": 1,
+    "max_contributions_per_partition": 1,
+    "linf_bounding": "sample",
+}
 
 
 def _defaults(value: BaseModel) -> dict[str, Any]:

@@ -110,8 +110,21 @@ class QuerySpec(Section):
     @model_validator(mode="after")
     def _consistent(self) -> QuerySpec:
         self._bounds_fit_metrics()
+        self._resolve_linf_bounding()
         self._keys_fit_selection()
         return self
+
+    def _resolve_linf_bounding(self) -> None:
+        """An unset `bounds.linf_bounding` becomes this query's choice, so that the spec hash
+        (hence the release key), the plan and the manifest all see it: `scale` (the same
+        sensitivities, no sampling variance, docs/explanation/bounding.md) unless a metric
+        needs the kept rows or `max_contributions` bounds a unit's total rows."""
+        bounds = self.bounds
+        if bounds.linf_bounding is not None:
+            return
+        samples = bounds.max_contributions is not None or any(map(needs_kept_rows, self.metrics))
+        resolved = bounds.model_copy(update={"linf_bounding": "sample" if samples else "scale"})
+        object.__setattr__(self, "bounds", resolved)  # still validating: frozen after
 
     def _bounds_fit_metrics(self) -> None:
         rows_needed = [m for m in self.metrics if needs_kept_rows(m)]
@@ -325,6 +338,10 @@ class JobSpec(Section):
         data, shorthand = with_queries(raw, cls.model_fields["name"].default)
         spec = handler(data)
         spec._shorthand = shorthand
+        if shorthand:  # the job's bounds are its one query's: hashed with the resolved choice
+            choice = spec.queries[0].bounds.linf_bounding
+            bounds = spec.bounds.model_copy(update={"linf_bounding": choice})
+            object.__setattr__(spec, "bounds", bounds)
         return spec
 
     @property

@@ -47,7 +47,6 @@ from dppipeline.spec.limits import (
 from dppipeline.spec.vocabulary import (
     INPUT_FORMATS,
     INPUT_LAYOUTS,
-    LINF_BOUNDINGS,
     SELECTION_STRATEGIES,
     SHIPPED_SCHEMAS,
     LinfBounding,
@@ -226,14 +225,16 @@ class BoundsSpec(Section):
             f"{MAX_INT_PARAM:,}. Unset: L0 and Linf bound."
         ),
     )
-    linf_bounding: LinfBounding = Field(
-        LINF_BOUNDINGS[0],
+    linf_bounding: LinfBounding | None = Field(
+        None,
         description=(
-            "How Linf bounds a (privacy unit, partition) pair of more rows: `sample` keeps "
-            "Linf of its rows (uniformly); `scale` keeps them all, counts min(rows, Linf) and "
-            "scales the clipped sum by min(1, Linf / rows): the same sensitivity, no sampling "
-            "variance, and faster on Spark (docs/explanation/bounding.md). Not with percentiles, "
-            "max, min, count_distinct or max_contributions."
+            "How Linf bounds a (privacy unit, partition) pair of more rows: `scale` keeps "
+            "them all, counts min(rows, Linf) and scales the clipped sum by min(1, Linf / "
+            "rows): the same sensitivity as sampling, no sampling variance, faster "
+            "(docs/explanation/bounding.md); `sample` keeps Linf of its rows (uniformly). "
+            "`scale` is not allowed with percentiles, max, min, count_distinct or "
+            "max_contributions. Unset: `scale` where allowed, else `sample` (per query; "
+            "`plan` and the manifest say which)."
         ),
     )
     min_value: BoundValue = Field(

@@ -16,7 +16,9 @@ COUNT_NOISES = ("discrete", "continuous")  # integer or real noise on counts (co
 SELECTION_STRATEGIES = ("truncated_geometric", "laplace_thresholding", "gaussian_thresholding")
 INPUT_FORMATS = ("parquet", "csv")
 INPUT_LAYOUTS = ("daily", "files")
-# How Linf bounds a (privacy unit, partition) pair of more rows (bounds.linf_bounding).
+# How Linf bounds a (privacy unit, partition) pair of more rows (bounds.linf_bounding). No
+# fixed default: unset, a query scales unless its metrics need kept rows or it bounds a unit's
+# total rows (`QuerySpec._resolve_linf_bounding`).
 LinfBounding = Literal["sample", "scale"]
 LINF_BOUNDINGS: tuple[LinfBounding, ...] = get_args(LinfBounding)
 # Input schemas shipped in `spec/schemas/` (`input.schema` by name; `generate --table`).

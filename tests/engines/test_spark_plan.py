@@ -117,9 +117,11 @@ def test_public_filter_as_sql_text_equals_the_semi_join(spark, monkeypatch, keys
     assert len(kept_text) == 2 * len(values)
 
 
-def count_and_sum_spec(l0: int):
-    """Count and sum per terminal, L0 = `l0`, Linf = 2, values in [0, 10]."""
+def count_and_sum_spec(l0: int, linf_bounding: str | None = None):
+    """Count and sum per terminal, L0 = `l0`, Linf = 2, values in [0, 10] (Linf bounding as
+    given; unset: the default, scale)."""
     overrides = {"input.path": "unused", "output": "unused", "metrics": ["count", "sum"]}
+    overrides |= {"bounds.linf_bounding": linf_bounding}  # None keeps the default
     overrides |= {"bounds.max_partitions_contributed": l0}
     overrides |= {"bounds.max_contributions_per_partition": 2}
     return build_spec({}, overrides | {"bounds.min_value": 0.0, "bounds.max_value": 10.0})
@@ -130,7 +132,7 @@ def test_one_query_samples_its_pairs_before_any_exchange(spark):
     (by pair), so no exchange carries more than Linf entries per pair and input task; then
     the pairs by privacy unit (L0 ranking) and the pair aggregates by key; the sampling
     secrets come as a broadcast one-row table."""
-    spec = count_and_sum_spec(l0=2)
+    spec = count_and_sum_spec(l0=2, linf_bounding="sample")  # about sampling's plan
     rows = spark.createDataFrame(
         pd.DataFrame(
             {

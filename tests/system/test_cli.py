@@ -32,6 +32,7 @@ MANIFEST_BOUNDS = {
     "max_contributions_per_partition",
     "min_value",
     "max_value",
+    "linf_bounding",
 }
 QUERY = "terminal_stats"  # the default job name: a single-query job's one query
 
@@ -337,6 +338,7 @@ def check_manifest(manifest: dict) -> None:
         "max_contributions_per_partition": 2,
         "min_value": 0.0,
         "max_value": 100.0,
+        "linf_bounding": "scale",  # count, sum, mean: the default scales
     }
     assert set(query["bounds"]) == MANIFEST_BOUNDS
     assert query["partition_selection"]["type"] == "public"

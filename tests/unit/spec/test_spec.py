@@ -549,6 +549,8 @@ def test_the_field_docs_state_the_limits():
 # release keys made then must stay the same (a retried night after an upgrade must find its
 # release, not spend again). Never update these values; add a case instead. L0 and Linf, whose
 # default (1) was removed, are stated as 1 where these specs left them to it: the same keys.
+# Likewise linf_bounding, `sample` then: unset, these queries now scale, a new release (and
+# key, `test_unset_linf_bounding_that_scales_is_a_new_key`); stating sample keeps the old one.
 KEYS_BEFORE_PYDANTIC = {
     "2bf3446170e914023cd96bfcbf624ab8cecb9ba615f99335d4d187674972a267": {
         "bounds": {
@@ -556,13 +558,18 @@ KEYS_BEFORE_PYDANTIC = {
             "max_value": 100.0,
             "max_partitions_contributed": 1,
             "max_contributions_per_partition": 1,
+            "linf_bounding": "sample",
         }
     },
     "43c4da51e020bab1f8fe2e402078fa3e61259e1ebf00c08f3d56954cf5801a56": {
         "metrics": ["count", "privacy_id_count"],
         "noise": "gaussian",
         "budget": {"epsilon": 2.0, "delta": 1e-7, "scope": "x", "cap_epsilon": 9},
-        "bounds": {"max_partitions_contributed": 3, "max_contributions_per_partition": 1},
+        "bounds": {
+            "max_partitions_contributed": 3,
+            "max_contributions_per_partition": 1,
+            "linf_bounding": "sample",
+        },
     },
     "727bfef339ea07a222632f0c26332267d3a458da31b1b4d23112234f23b61622": {
         "name": "bank",
@@ -572,6 +579,7 @@ KEYS_BEFORE_PYDANTIC = {
             "max_value": 50,
             "max_contributions_per_partition": 4,
             "max_partitions_contributed": 1,
+            "linf_bounding": "sample",
         },
         "queries": [
             {"name": "a", "filter": "TX_AMOUNT >= 25"},
@@ -591,6 +599,74 @@ KEYS_BEFORE_PYDANTIC = {
 )
 def test_spec_hash_survives_the_move_to_models(expected):
     assert build_spec(KEYS_BEFORE_PYDANTIC[expected]).spec_hash() == expected
+
+
+@pytest.mark.parametrize(
+    "expected", list(KEYS_BEFORE_PYDANTIC), ids=["shorthand", "caps", "queries"]
+)
+def test_unset_linf_bounding_that_scales_is_a_new_key(expected):
+    """A job re-run after the default became `scale` (where a query allows it) releases other
+    numbers than its sampled release: it must not find the old key (its retry would return the
+    sampled release as if it were the scaled one). Unset and an explicit scale are one release."""
+    raw = KEYS_BEFORE_PYDANTIC[expected]
+    unset = {**raw, "bounds": {k: v for k, v in raw["bounds"].items() if k != "linf_bounding"}}
+    spec = build_spec(unset)
+    assert {q.bounds.linf_bounding for q in spec.queries} == {"scale"}
+    assert spec.spec_hash() != expected
+    if "queries" in unset:  # each query states it (the job's own value is only their default)
+        scale = {"bounds": {"linf_bounding": "scale"}}
+        stated = {**unset, "queries": [{**q, **scale} for q in unset["queries"]]}
+    else:
+        stated = {**unset, "bounds": {**unset["bounds"], "linf_bounding": "scale"}}
+    assert spec.spec_hash() == build_spec(stated).spec_hash()
+
+
+@pytest.mark.parametrize(
+    ("bounds", "metrics"),
+    [
+        ({"max_contributions": 5}, ["count", "sum", "mean"]),
+        ({"max_partitions_contributed": 2, "max_contributions_per_partition": 3}, ["max"]),
+        ({"max_partitions_contributed": 2, "max_contributions_per_partition": 3}, ["sum", "min"]),
+        ({"max_partitions_contributed": 2, "max_contributions_per_partition": 3},
+         ["count", "percentile(50)"]),
+        ({"max_partitions_contributed": 2, "max_contributions_per_partition": 3},
+         ["count_distinct(TX_AMOUNT)"]),
+    ],
+)  # fmt: skip
+def test_unset_linf_bounding_samples_where_scaling_is_refused(bounds, metrics):
+    """Unset, a query samples when its metrics need kept rows or max_contributions bounds a
+    unit's total rows (the combinations an explicit scale is refused for); the choice is the
+    old default, so the key is the one an explicit sample gives."""
+    bounds = {**bounds, "min_value": 0, "max_value": 10}
+    spec = build_spec({"metrics": metrics, "bounds": bounds})
+    assert spec.queries[0].bounds.linf_bounding == "sample"
+    assert spec.bounds.linf_bounding == "sample"  # the shorthand's bounds are its query's
+    explicit = build_spec({"metrics": metrics, "bounds": {**bounds, "linf_bounding": "sample"}})
+    assert spec.spec_hash() == explicit.spec_hash()
+    with pytest.raises(SpecError, match="linf_bounding"):
+        build_spec({"metrics": metrics, "bounds": {**bounds, "linf_bounding": "scale"}})
+
+
+def test_unset_linf_bounding_is_resolved_per_query():
+    """Queries of one job choose apart: the job's unset value is every query's own default;
+    an explicit job value (or `--linf-bounding`) is every query's, except one bounded by its
+    own max_contributions (which takes none of the job's L0/Linf kind)."""
+    pair = {"max_partitions_contributed": 2, "max_contributions_per_partition": 3}
+    queries = [
+        {"name": "totals"},
+        {"name": "spread", "metrics": ["count", "percentile(90)"]},
+        {"name": "rows", "bounds": {"max_contributions": 4}},
+        {"name": "sampled", "bounds": {"linf_bounding": "sample"}},
+    ]
+    raw = {"bounds": {**pair, "min_value": 0, "max_value": 10}, "queries": queries}
+    spec = build_spec(raw)
+    chosen = {q.name: q.bounds.linf_bounding for q in spec.queries}
+    assert chosen == {"totals": "scale", "spread": "sample", "rows": "sample", "sampled": "sample"}
+    assert spec.bounds.linf_bounding is None  # the job's value stays unset: each query chose
+    flagged = build_spec(raw, {"bounds.linf_bounding": "sample"})
+    assert {q.bounds.linf_bounding for q in flagged.queries} == {"sample"}
+    with pytest.raises(SpecError, match=r"queries\.spread\.bounds\.linf_bounding"):
+        build_spec(raw, {"bounds.linf_bounding": "scale"})
 
 
 def test_the_shorthand_is_one_query_named_after_the_job():
@@ -614,7 +690,9 @@ def test_queries_take_the_job_fields_they_leave_unset():
     a, b = spec.queries
     assert not spec.is_shorthand and spec.query_path(b) == "queries.b."
     assert a.partition_by == ("TRANSACTION_ID",) and a.metrics == ("count", "sum", "mean")
-    assert a.bounds == spec.bounds
+    # every job bound, and the job's unset linf_bounding resolved for the query (it can scale)
+    assert spec.bounds.linf_bounding is None
+    assert a.bounds == spec.bounds.model_copy(update={"linf_bounding": "scale"})
     assert b.metrics == ("count",) and b.partition_by == ()
     assert (b.bounds.min_value, b.bounds.max_value) == (0.0, 50.0)  # field by field
     assert not a.partition_selection.is_public  # selection is not inherited
