@@ -183,18 +183,39 @@ def build_job_spec(data: Dataset, keys: Path) -> JobSpec:
     )
 
 
-def count_noise_se(spec: JobSpec) -> float | None:
-    """Standard error that noise alone gives the mean released count over the public terminals:
-    released means within a few of these of the bounded one are consistent."""
+def noise_stddevs(spec: JobSpec) -> tuple[float | None, float | None]:
+    """The noise standard deviation of one released count and one released sum: the error a
+    release would have if bounding were exact and only noise were added."""
     from dppipeline.lifecycle.runner import make_plan  # imports pipeline_dp: see _report
 
-    stddev = make_plan(spec).queries[0].plan.metric_noise_stddev("count")  # the one query
-    return None if stddev is None else stddev / math.sqrt(N_TERMINALS)
+    plan = make_plan(spec).queries[0].plan  # the job's one query
+    return plan.metric_noise_stddev("count"), plan.metric_noise_stddev("sum")
 
 
-def bounded_reference(data: Dataset, keys: Path) -> tuple[float | None, float | None]:
-    """Mean exact bounded count per public terminal (before noise) from one local-engine
-    aggregation of the same data, and the standard error noise alone gives a released mean."""
+@dataclass(frozen=True)
+class BoundedReference:
+    """The exact bounded count and sum per public terminal, before noise, of the job's default
+    bounding (the expectation of a sampled bounding too), and the noise of one release."""
+
+    per_terminal: pd.DataFrame  # KEY, count, sum
+    count_noise_sd: float | None
+    sum_noise_sd: float | None
+
+    @property
+    def mean_count(self) -> float:
+        return float(self.per_terminal["count"].sum()) / N_TERMINALS
+
+    @property
+    def count_noise_se(self) -> float | None:
+        """Standard error noise alone gives the mean released count over the public terminals:
+        released means within a few of these of the bounded one are consistent."""
+        sd = self.count_noise_sd
+        return None if sd is None else sd / math.sqrt(N_TERMINALS)
+
+
+def bounded_reference(data: Dataset, keys: Path) -> BoundedReference | None:
+    """The exact bounded values per public terminal from one local-engine aggregation of the
+    same data with the job's own bounding, and the noise of one release."""
     try:
         from dppipeline.core.tasks import plan_tasks, read_schema
         from dppipeline.engines.kernel.sampling import new_salt
@@ -214,13 +235,25 @@ def bounded_reference(data: Dataset, keys: Path) -> tuple[float | None, float | 
             unit=spec.privacy_unit,
             max_rejected_fraction=spec.input.max_rejected_fraction,
             quarantine=DATA_DIR / "bench_quarantine",
-            salt=new_salt(),  # a fresh secret salt for the sampling, as a run draws it
+            salt=new_salt(),  # unused by scaled bounding; a sampled one draws it as a run does
         )
         aggregates = result.aggregates[spec.name]  # the job's one query
-        return float(aggregates["count"].sum()) / N_TERMINALS, count_noise_se(spec)
+        frame = pd.DataFrame(
+            {KEY: list(aggregates[KEY]), "count": aggregates["count"], "sum": aggregates["sum"]}
+        )
+        return BoundedReference(frame, *noise_stddevs(spec))
     except Exception as exc:  # the local engine is refactored independently: do not lose the run
         progress(f"{data.label}: no bounded reference ({type(exc).__name__}: {exc})")
-        return None, None
+        return None
+
+
+def rmse(released: pd.DataFrame, reference: BoundedReference, metric: str) -> float | None:
+    """Root mean squared error of a released metric per public terminal against the exact
+    bounded value; a terminal missing from the release counts as released 0."""
+    exact = reference.per_terminal.set_index(KEY)[metric].astype(float)
+    got = released.set_index(released[KEY].astype(exact.index.dtype))[metric].astype(float)
+    error = got.reindex(exact.index).fillna(0.0) - exact
+    return float(math.sqrt(float((error**2).mean())))
 
 
 def z_score(released: float | None, exact: float | None, se: float | None) -> float | None:
@@ -585,17 +618,15 @@ def run_programs(
     return timings
 
 
-def read_back(program: Program, timing: Timing) -> tuple[float | None, int | None]:
-    """Mean released (or raw) count per terminal in a program's last output, and its number of
-    partitions; None when the program did not run or its output cannot be read."""
+def read_release(program: Program, timing: Timing) -> pd.DataFrame | None:
+    """A program's last output (per terminal), or None when it did not run or cannot be read."""
     if not timing.runs or timing.failure is not None:
-        return None, None
+        return None
     try:
-        frame = pd.read_parquet(program.output)
+        return pd.read_parquet(program.output)
     except (OSError, KeyError, ValueError) as exc:
         progress(f"{timing.label}: cannot read {program.output} back ({type(exc).__name__}: {exc})")
-        return None, None
-    return float(frame["count"].mean()), len(frame)
+        return None
 
 
 def sanity_check(
@@ -606,32 +637,57 @@ def sanity_check(
     released: dict[str, tuple[str, str]],
     baseline: str,
 ) -> dict[str, object]:
-    """The sanity check of one size (not timed): the mean released count per terminal of each
-    `released` program (JSON prefix -> program, name in the printed line), read back from its
-    last output, against the exact bounded mean before noise, in noise standard errors; and the
-    baseline's raw mean count. Printed as one `sanity <size>:` line as soon as the size is done."""
+    """The sanity and accuracy check of one size (not timed). For each `released` program (JSON
+    prefix -> program, name in the printed line), read back from its last output: the mean
+    released count per terminal against the exact bounded mean before noise, in noise standard
+    errors; and the root mean squared error of the released count and sum per terminal against
+    the exact bounded values, beside the noise's own standard deviation (what an exact bounding
+    would give). Also the baseline's raw mean count. Printed as soon as the size is done."""
     progress(f"{data.label}: reading the outputs back; bounded reference on the local engine")
-    bounded, noise_se = bounded_reference(data, keys)
-    means = {
-        prefix: read_back(progs[p], timings[p]) if p in progs else (None, None)
+    reference = bounded_reference(data, keys)
+    bounded = None if reference is None else reference.mean_count
+    noise_se = None if reference is None else reference.count_noise_se
+    frames = {
+        prefix: read_release(progs[p], timings[p]) if p in progs else None
         for prefix, (p, _) in released.items()
     }
-    raw = read_back(progs[baseline], timings[baseline])[0]
+    raw_frame = read_release(progs[baseline], timings[baseline])
+    raw = None if raw_frame is None else float(raw_frame["count"].mean())
     record: dict[str, object] = {"label": data.label, "rows": data.rows}
-    record |= {f"{prefix}_mean_count": mean for prefix, (mean, _) in means.items()}
+    for prefix, frame in frames.items():
+        mean = None if frame is None else float(frame["count"].mean())
+        record[f"{prefix}_mean_count"] = mean
+        record[f"{prefix}_z"] = z_score(mean, bounded, noise_se)
+        record[f"{prefix}_partitions"] = None if frame is None else len(frame)
+        for metric in ("count", "sum"):
+            error = None
+            if frame is not None and reference is not None:
+                error = rmse(frame, reference, metric)
+            record[f"{prefix}_{metric}_rmse"] = error
     record["bounded_exact_mean_count"] = bounded
     record["noise_standard_error_of_mean_count"] = noise_se
-    record |= {f"{p}_z": z_score(mean, bounded, noise_se) for p, (mean, _) in means.items()}
+    record["count_noise_sd"] = None if reference is None else reference.count_noise_sd
+    record["sum_noise_sd"] = None if reference is None else reference.sum_noise_sd
     record["baseline_raw_mean_count"] = raw
-    record |= {f"{prefix}_partitions": n for prefix, (_, n) in means.items()}
 
-    def show(value: float | None) -> str:
+    def show(value: object) -> str:
         return "n/a" if value is None else f"{value:,.1f}"
 
-    shown = ", ".join(f"{name} {show(means[prefix][0])}" for prefix, (_, name) in released.items())
+    shown = ", ".join(
+        f"{name} {show(record[f'{prefix}_mean_count'])}" for prefix, (_, name) in released.items()
+    )
     print(
         f"sanity {data.label}: mean released count per terminal: {shown} (bounded before noise "
         f"{show(bounded)}, noise s.e. {show(noise_se)}; raw {show(raw)})",
+        flush=True,
+    )
+    errors = ", ".join(
+        f"{name} {show(record[f'{prefix}_count_rmse'])} / {show(record[f'{prefix}_sum_rmse'])}"
+        for prefix, (_, name) in released.items()
+    )
+    print(
+        f"accuracy {data.label}: count / sum RMSE per terminal vs exact bounded: {errors} "
+        f"(noise alone: {show(record['count_noise_sd'])} / {show(record['sum_noise_sd'])})",
         flush=True,
     )
     return record

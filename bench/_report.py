@@ -219,6 +219,33 @@ def sanity_table(
     return title, headers, rows
 
 
+def accuracy_table(sanity: Sequence[dict[str, Any]]) -> Table:
+    """Per size and released program: the RMSE per terminal of its released count and sum
+    against the exact bounded values, beside the noise's own standard deviation (what the
+    release would show with exact bounding); a sampled bounding adds its sampling error."""
+    rows = []
+    for s in sanity:
+        prefixes = [k.removesuffix("_count_rmse") for k in s if k.endswith("_count_rmse")]
+        for prefix in prefixes:
+            rows.append(
+                [
+                    f"{s['rows']:,}",
+                    prefix,
+                    fmt(s[f"{prefix}_count_rmse"], ",.1f"),
+                    fmt(s.get("count_noise_sd"), ",.1f"),
+                    fmt(s[f"{prefix}_sum_rmse"], ",.0f"),
+                    fmt(s.get("sum_noise_sd"), ",.0f"),
+                ]
+            )
+    title = (
+        "Accuracy (not timed): RMSE per public terminal of the last released count and sum "
+        "against the exact bounded values of the default (scaled) bounding, and the noise's "
+        "standard deviation"
+    )
+    headers = ["rows", "program", "count RMSE", "count noise sd", "sum RMSE", "sum noise sd"]
+    return title, headers, rows
+
+
 # ---------------------------------------------------------------------------------------------
 # Reports
 
@@ -448,6 +475,7 @@ class ProcessReport(Report):
                 self.phase_rows(),
             ),
             *self.sanity_tables(),
+            accuracy_table(self.sanity),
             (
                 "Failed programs (see the log named in the message)",
                 ["rows", "program", "error"],
