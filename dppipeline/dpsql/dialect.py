@@ -149,7 +149,7 @@ class DPSelect:
     at: int
     options: dict[str, Located] = field(default_factory=dict)
     option_names_at: dict[str, int] = field(default_factory=dict)
-    options_at: int = 0
+    options_at: int = 0  # OPTIONS, or where it belongs (the first select item) when absent
     items: list[SelectItem] = field(default_factory=list)
     table: Located | None = None
     joins: list[KeyJoin] = field(default_factory=list)
@@ -172,7 +172,7 @@ def read_statements(text: str) -> list[DPSelect]:
     if not read:
         raise _error(
             text,
-            len(text.rstrip()),
+            0,
             "query",
             "empty: expected SELECT WITH DIFFERENTIAL_PRIVACY ...",
         )
@@ -330,6 +330,8 @@ class _Reader:
         self.i += 2
         if self.at_word("OPTIONS"):
             self.options(select)
+        elif self.peek() is not None:
+            select.options_at = self.tokens[self.i].start
         self.items(select)
         self.from_clause(select)
         self.where_clause(select)
