@@ -8,6 +8,7 @@ wired to the wrong field fails here by name.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,25 @@ def test_a_spec_error_points_at_the_sql_that_set_the_field():
     assert (error.line, error.column) == (1, query.index("-1") + 1)
     assert error.construct == "option epsilon"
     assert str(error).startswith(f"q.sql:1:{query.index('-1') + 1}: option epsilon: ")
+
+
+def test_every_sql_block_of_the_reference_page_compiles():
+    """The dialect page's queries (BigQuery's examples rewritten) are queries it takes."""
+    page = (REPO / "docs" / "reference" / "sql.md").read_text()
+    blocks = re.findall(r"```sql\n(.*?)```", page, flags=re.S)
+    assert len(blocks) >= 6
+    for block in blocks:
+        spec = compile_sql(block, base=REPO / "jobs" / "sql")
+        assert spec.queries
+
+
+@pytest.mark.parametrize(("sql", "yaml"), EXAMPLES, ids=lambda p: Path(p).stem)
+def test_explain_prints_what_plan_prints_for_the_twin(sql: Path, yaml: Path, capsys):
+    from dppipeline.cli.main import main
+
+    assert main(["sql", "--file", str(sql), "--explain"]) == 0
+    explained = capsys.readouterr().out
+    assert main(["plan", "--config", str(yaml)]) == 0
+    planned = capsys.readouterr().out
+    assert explained == planned
+    assert "total spent by the job" in explained
