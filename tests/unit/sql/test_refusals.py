@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support import REPO
 from support.cli import one_error_line
 
 from dppipeline.cli.main import main
@@ -467,3 +468,59 @@ def test_the_console_script_refuses_a_query_the_same_way(tmp_path):
     assert result.returncode == 2
     line = one_error_line(result)
     assert line.startswith(f"dppipeline sql: error: {query}:5:3: SUM without "), line
+
+
+def test_mangled_examples_are_refused_as_usage_errors_never_as_bugs():
+    """Tokens of the examples deleted, inserted or replaced at random (a fixed seed): every
+    text compiles or is refused as a usage error (exit 2), never another exception (a bug,
+    exit 70, whose line would name no position)."""
+    import random
+
+    from dppipeline.dpsql.compile import compile_sql
+    from dppipeline.errors import UsageError
+
+    examples = [p.read_text() for p in sorted((REPO / "jobs" / "sql").glob("*.sql"))]
+    words = [
+        *"(),;=>*'`\"-+.[]",
+        "SELECT",
+        "WITH",
+        "OPTIONS",
+        "FROM",
+        "JOIN",
+        "RIGHT",
+        "USING",
+        "GROUP BY",
+        "WHERE",
+        "COUNT",
+        "SUM",
+        "DISTINCT",
+        "OVER",
+        "UNNEST",
+        "=>",
+        "AS",
+        "1",
+        "-1",
+        "1e400",
+        "0.5",
+        "input_range",
+        "DIFFERENTIAL_PRIVACY",
+        "\n",
+    ]
+    rng = random.Random(36)
+    refused = 0
+    for _ in range(400):
+        tokens = rng.choice(examples).split(" ")
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(len(tokens))
+            roll = rng.random()
+            if roll < 0.4 and len(tokens) > 1:
+                del tokens[at]
+            elif roll < 0.8:
+                tokens.insert(at, rng.choice(words))
+            else:
+                tokens[at] = rng.choice(words)
+        try:
+            compile_sql(" ".join(tokens), base=REPO / "jobs" / "sql")
+        except UsageError:
+            refused += 1
+    assert refused > 200  # most mangled texts are refused (so the loop tested refusals)
