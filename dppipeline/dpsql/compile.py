@@ -31,6 +31,7 @@ from dppipeline.dpsql.dialect import (
 )
 from dppipeline.dpsql.errors import SqlError
 from dppipeline.errors import SpecError, excerpt
+from dppipeline.spec.metrics import metric_column
 from dppipeline.spec.model import JobSpec, build_spec
 from dppipeline.spec.partition_keys import TIME_BUCKETS, BucketKey, key_name
 from dppipeline.spec.paths import resolve_paths
@@ -354,7 +355,7 @@ def _aggregates(
         metric = _metric(text, agg, schema, unit)
         if metric in metrics:
             raise _fail(text, agg.at, agg.function, f"{metric} is asked for twice in one SELECT")
-        column = _release_column(metric)
+        column = metric_column(metric)
         if item.alias is not None and item.alias.value.lower() != column.lower():
             raise _fail(
                 text,
@@ -414,12 +415,6 @@ def _aggregates(
             "a DP query releases aggregates: COUNT(*), SUM(...), AVG(...), ...",
         )
     return metrics, value, value_range
-
-
-def _release_column(metric: str) -> str:
-    from dppipeline.spec.metrics import metric_column  # noqa: PLC0415
-
-    return metric_column(metric)
 
 
 def _metric(text: str, agg: Aggregate, schema: Schema, unit: str) -> str:
