@@ -3,7 +3,8 @@
 The Python API (docs/tutorials/python-api.md) is these names, imported on first use so that `import
 dppipeline` stays cheap (no Polars, Spark, Beam or pipeline-dp until a name needs them):
 
-    load_job, Job, plan, Plan, MechanismPlan, release, Release, Session, Budget, query,
+    load_job, Job, plan, Plan, MechanismPlan, release, Release, sql, load_sql, Session, Budget,
+    query,
     DPPipelineError, UsageError, SpecError, InputError, OutputError, BudgetExceeded
 
 and `dppipeline.beam.ReleaseTransform` for a Beam pipeline. Everything else may change.
@@ -23,6 +24,8 @@ _PUBLIC = {
     "Plan": "dppipeline.api.jobs",
     "MechanismPlan": "dppipeline.api.jobs",
     "release": "dppipeline.api.frame_release",
+    "sql": "dppipeline.api.sql",
+    "load_sql": "dppipeline.api.sql",
     "Release": "dppipeline.api.frame_release",
     "Session": "dppipeline.api.session",
     "Budget": "dppipeline.api.session",
@@ -50,15 +53,18 @@ __all__ = [
     "UsageError",
     "__version__",
     "load_job",
+    "load_sql",
     "plan",
     "query",
     "release",
+    "sql",
 ]
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr__` imports
     from dppipeline.api.frame_release import Release, release
     from dppipeline.api.jobs import Job, MechanismPlan, Plan, load_job, plan
     from dppipeline.api.session import Budget, Session, query
+    from dppipeline.api.sql import load_sql, sql
     from dppipeline.errors import (
         BudgetExceeded,
         DPPipelineError,

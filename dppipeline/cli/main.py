@@ -1,4 +1,4 @@
-"""`dppipeline generate | run | plan | budget | check-release | tune | evaluate | report |
+"""`dppipeline generate | run | sql | plan | budget | check-release | tune | evaluate | report |
 spec-doc`: one function per command, and `main`, which parses, dispatches and exits.
 
 Every failure prints one line on stderr, with no traceback (`errors.describe_failure`): exit 2
@@ -28,6 +28,7 @@ from dppipeline.cli.parser import (
     dashed_flags,
     excerpted,
     spec_from_args,
+    sql_spec_from_args,
     with_flag,
 )
 from dppipeline.errors import UsageError, describe_failure, is_failure
@@ -70,6 +71,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.quarantine:
         with_flag("--quarantine", Location.of, args.quarantine)  # before the spec is read
     spec = spec_from_args(args)
+    return _run_spec(args, spec)
+
+
+def _run_spec(args: argparse.Namespace, spec: JobSpec) -> int:
+    """`run` of a validated spec (`run`'s and `sql`'s flags): check the budget, or release."""
     _skip_pld_unless_used(args, spec)
     from dppipeline.engines.registry import load_engine, start_early  # noqa: PLC0415
 
@@ -135,15 +141,31 @@ def _cmd_budget(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    return _plan_spec(args, spec_from_args(args))
+
+
+def _plan_spec(args: argparse.Namespace, spec: JobSpec) -> int:
+    """`plan` of a validated spec (and `sql --explain`: the same text for the same spec)."""
     from dppipeline.lifecycle.runner import make_plan  # noqa: PLC0415
     from dppipeline.reports.plan_text import render_plan  # noqa: PLC0415
 
-    spec = spec_from_args(args)
     _skip_pld_unless_used(args, spec)
     basic = spec.model_copy(update={"accounting": "basic"})
     comparison = make_plan(basic) if spec.accounting != "basic" else None
     _print(render_plan(spec, make_plan(spec), comparison))
     return 0
+
+
+def _cmd_sql(args: argparse.Namespace) -> int:
+    """`dppipeline sql QUERY | --file F`: the DP SQL compiled to the job spec its YAML twin
+    gives, then `run` (or with --explain, `plan`) of that spec; a refused query is one line
+    naming line:column (exit 2) before anything is read or charged."""
+    from dppipeline.storage import Location  # noqa: PLC0415
+
+    if args.quarantine:
+        with_flag("--quarantine", Location.of, args.quarantine)
+    spec = sql_spec_from_args(args)
+    return _plan_spec(args, spec) if args.explain else _run_spec(args, spec)
 
 
 def _cmd_check_release(args: argparse.Namespace) -> int:
@@ -234,6 +256,7 @@ COMMANDS = {
     "check-release": _cmd_check_release,
     "generate": _cmd_generate,
     "run": _cmd_run,
+    "sql": _cmd_sql,
     "plan": _cmd_plan,
     "evaluate": _cmd_evaluate,
     "tune": _cmd_tune,
@@ -249,9 +272,9 @@ def _skip_unused_pipeline_dp_imports(args: argparse.Namespace) -> None:
     engine; dp_accounting for a job with tight accounting, see `_skip_pld_unless_used`);
     pipeline-dp guards both imports. Only for a process of its own (`argv` from the command
     line): a caller's process may need them for its next call."""
-    if args.command in ("run", "plan") and getattr(args, "engine", "local") != "beam":
+    if args.command in ("run", "plan", "sql") and getattr(args, "engine", "local") != "beam":
         sys.modules.setdefault("apache_beam", None)  # type: ignore[arg-type]
-    args.skip_pld = args.command in ("run", "plan")
+    args.skip_pld = args.command in ("run", "plan", "sql")
 
 
 def _lazy_module(name: str) -> None:
@@ -335,7 +358,7 @@ def _command(argv: Sequence[str] | None) -> int:
     argv = dashed_flags(sys.argv[1:] if argv is None else argv, parser)
     Parser.typed = tuple(argv)
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "run":
+    if extra and args.command not in ("run", "sql"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.engine_options = extra  # Beam pipeline options; other engines refuse them
     if own_process:

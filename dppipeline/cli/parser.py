@@ -269,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     for add_command in (  # in the order `dppipeline --help` lists them
         _add_generate,
         _add_run,
+        _add_sql,
         _add_plan,
         _add_budget,
         _add_check_release,
@@ -322,38 +323,82 @@ def _add_run(sub: Commands) -> None:
         help=_listed(ENGINES, {"local": "in-process", "spark": "local[*], or the spark-submit "
                      "master", "beam": "DirectRunner unless --runner says otherwise"}),
     )  # fmt: skip
-    run.add_argument("--input", help="input folder (daily partitions)")
-    run.add_argument("--output", help="release folder to create")
-    run.add_argument("--format", choices=INPUT_FORMATS, help="input layout")
-    _add_schema_flags(run)
-    run.add_argument("--start-date", type=_date, help="first day, inclusive")
-    run.add_argument("--end-date", type=_date, help="last day, inclusive")
-    run.add_argument("--max-rejected-fraction", type=float, help="fail above this reject share")
-    run.add_argument(
+    _add_release_flags(run, schema=True)
+    _add_privacy_flags(run)
+
+
+def _add_release_flags(parser: argparse.ArgumentParser, *, schema: bool) -> None:
+    """What a release reads, writes and charges: `run`'s flags beside the spec's, which
+    `sql` takes too (its SQL states the rest)."""
+    parser.add_argument("--input", help="input folder (daily partitions)")
+    parser.add_argument("--output", help="release folder to create")
+    parser.add_argument("--format", choices=INPUT_FORMATS, help="input layout")
+    if schema:
+        _add_schema_flags(parser)
+    else:  # the SQL's FROM names the schema
+        parser.add_argument(
+            "--layout",
+            choices=INPUT_LAYOUTS,
+            help="daily partitions (default), or files: one file or a folder of files, "
+            "filtered to --start-date..--end-date by the time column",
+        )
+    parser.add_argument("--start-date", type=_date, help="first day, inclusive")
+    parser.add_argument("--end-date", type=_date, help="last day, inclusive")
+    parser.add_argument("--max-rejected-fraction", type=float, help="fail above this reject share")
+    parser.add_argument(
         "--quarantine",
         help="operator-only folder for rejected rows (default $DPPIPELINE_STATE_DIR/quarantine; "
         "never inside or beside the release)",
     )
-    run.add_argument("--overwrite", action="store_true", help="replace an existing release")
-    _add_ledger_flags(run)
-    run.add_argument("--no-ledger", action="store_true", help="run without a budget ledger")
-    run.add_argument(
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing release")
+    _add_ledger_flags(parser)
+    parser.add_argument("--no-ledger", action="store_true", help="run without a budget ledger")
+    parser.add_argument(
         "--check-budget",
         action="store_true",
         help="only check that the ledger would accept this release (or already has it): "
         "reads no data, spends nothing; exit 3 when the budget is exhausted, 75 when live "
         "reservations of other runs hold it (retry at the time named)",
     )
-    run.add_argument(
+    parser.add_argument(
         "--new-release",
         action="store_true",
         help="draw new noise and spend again even if this release key was already published",
     )
-    run.add_argument("--scope", help="ledger scope (default <input folder>/<privacy unit>)")
-    run.add_argument("--cap-epsilon", type=float, help="ledger cap on the scope's epsilon")
-    run.add_argument("--cap-delta", type=float, help="ledger cap on the scope's delta")
-    run.add_argument("--window-days", type=int, help="caps hold per rolling window of N days")
-    _add_privacy_flags(run)
+    parser.add_argument("--scope", help="ledger scope (default <input folder>/<privacy unit>)")
+    parser.add_argument("--cap-epsilon", type=float, help="ledger cap on the scope's epsilon")
+    parser.add_argument("--cap-delta", type=float, help="ledger cap on the scope's delta")
+    parser.add_argument("--window-days", type=int, help="caps hold per rolling window of N days")
+
+
+def _add_sql(sub: Commands) -> None:
+    sql = sub.add_parser(
+        "sql",
+        help="compile a DP SQL query (SELECT WITH DIFFERENTIAL_PRIVACY) and release it",
+        description="Compile a DP SQL query (BigQuery's SELECT WITH DIFFERENTIAL_PRIVACY, "
+        "docs/reference/sql.md) to the job spec its YAML twin gives, then release it as "
+        "`run` does (the same plan, ledger charge and manifest), or with --explain print "
+        "what `plan` prints for it. A query the dialect refuses is one line naming "
+        "line:column; nothing is read or charged.",
+        allow_abbrev=False,  # as `run`: Beam's options pass through
+    )
+    sql.add_argument("query", nargs="?", help="the SQL text (or --file)")
+    sql.add_argument("--file", help="a .sql file (relative key files are relative to it)")
+    sql.add_argument(
+        "--name", help="the job's name unless its one SELECT names it (default: the file's stem)"
+    )
+    sql.add_argument(
+        "--explain",
+        action="store_true",
+        help="print the plan (budget split, noise, bounds) as `plan` does; reads no data",
+    )
+    sql.add_argument(  # no `choices`: `load_engine` names the engines (exit 2 either way)
+        "--engine",
+        default=ENGINES[0],
+        help=_listed(ENGINES, {"local": "in-process", "spark": "local[*], or the spark-submit "
+                     "master", "beam": "DirectRunner unless --runner says otherwise"}),
+    )  # fmt: skip
+    _add_release_flags(sql, schema=False)
 
 
 def _add_plan(sub: Commands) -> None:
@@ -526,6 +571,55 @@ def spec_from_args(args: argparse.Namespace, *, release: bool = True):
             raise SpecError(f"{args.config}: {field}", exc.rule) from None
         flag = _FIELD_FLAGS.get(field)
         raise SpecError(f"{flag} ({field})" if flag else field, exc.rule) from None
+    from dppipeline.inputs.files import with_detected_layout  # noqa: PLC0415
+
+    return with_detected_layout(spec)
+
+
+# `sql`'s flags that set spec fields (the SQL sets the rest).
+SQL_FLAGS = (
+    "input", "format", "layout", "start_date", "end_date", "max_rejected_fraction", "output",
+    "scope", "cap_epsilon", "cap_delta", "window_days",
+)  # fmt: skip
+MAX_QUERY_BYTES = 1 << 20  # as a YAML job spec: key lists belong in key files
+
+
+def sql_spec_from_args(args: argparse.Namespace):
+    """The job spec of `sql`'s query (its text or --file) and flags; a query refused is a
+    SqlError naming line:column, a bad flag a SpecError naming the flag."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from dppipeline.dpsql.compile import compile_sql  # noqa: PLC0415
+
+    if (args.query is None) == (args.file is None):
+        raise UsageError("sql: give the query text or --file (one of them)")
+    if args.file is not None:
+        path = Path(args.file)
+        try:
+            with path.open("rb") as file:
+                data = file.read(MAX_QUERY_BYTES + 1)
+        except OSError as exc:
+            raise UsageError(f"--file: cannot read {excerpt(args.file)}: {exc.strerror}") from None
+        if len(data) > MAX_QUERY_BYTES:
+            raise UsageError(f"--file: more than {MAX_QUERY_BYTES:,} bytes")
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"--file: not UTF-8 text (byte {exc.start + 1:,})") from None
+        source, base, name = args.file, path.parent, args.name or path.stem
+    else:
+        text, source, base, name = args.query, "query", None, args.name
+    overrides = {
+        FLAG_FIELDS[flag]: getattr(args, flag)
+        for flag in SQL_FLAGS
+        if getattr(args, flag, None) is not None
+    }
+    try:
+        spec = compile_sql(text, name=name, base=base, source=source, overrides=overrides)
+    except SpecError as exc:
+        if exc.field in overrides:
+            raise SpecError(f"{_FIELD_FLAGS[exc.field]} ({exc.field})", exc.rule) from None
+        raise
     from dppipeline.inputs.files import with_detected_layout  # noqa: PLC0415
 
     return with_detected_layout(spec)

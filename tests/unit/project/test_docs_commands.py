@@ -286,6 +286,8 @@ def runnable(command: Command) -> bool:
         return True
     if argv[:1] == ("plan",):
         return "--config" in argv and not any(a in WRITTEN_BY_THE_PAGE for a in argv)
+    if argv[:1] == ("sql",):  # --explain reads no data
+        return "--explain" in argv
     if argv[:1] == ("budget",):
         ledger = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--ledger"]
         return not any("://" in url for url in ledger)
