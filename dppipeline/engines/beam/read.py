@@ -154,8 +154,8 @@ class ReadTransactions(beam.PTransform):
     def expand(self, pbegin):
         return (
             pbegin
+            # Create spreads its elements itself (a Reshuffle when it has more than one)
             | "ListInputParts" >> beam.Create(self._parts)
-            | "SpreadInputParts" >> beam.Reshuffle()
             | "ReadParts" >> beam.Map(read_part, schema=self._schema).with_output_types(RawBatch)
         )
 
