@@ -196,6 +196,76 @@ def test_bound_contributions_holds_the_bounds_on_skewed_input():
     check_bounded_aggregates(batches(shuffled, 5), spec, check, salt=new_salt(3))
 
 
+def test_scaled_bounding_sums_each_pair_across_bundles_and_scales_it_once():
+    """Scaled Linf bounding (the default for count and sum), exact tier: one customer's 1,000
+    rows at terminal 0 and 300 customers with 1-6 rows at up to 3 of 8 terminals, values
+    partly above the bound, in five elements (so a pair's rows meet only in the combiner);
+    L0 = 3 keeps every pair. Each partition gets, per pair of c rows, min(c, Linf) rows and its
+    clipped sum times min(1, Linf / c) (pandas oracle of the rule). A path that scaled each
+    element's part of a pair on its own, or counted entries instead of rows, fails."""
+    rng = np.random.default_rng(4)
+    n_light = 1200
+    customers = np.concatenate([np.zeros(1000), rng.integers(1, 301, n_light)]).astype(int)
+    terminals = np.concatenate(
+        [np.zeros(1000), (customers[1000:] * 7 + rng.integers(0, 3, n_light)) % 8]
+    )
+    values = rng.uniform(0.0, 1500.0, len(customers))  # clipped to [0, 1000]
+    frame = rows_frame(customers, terminals, values)
+    l0, linf = 3, 4
+    spec = spec_for(
+        **{"bounds.max_partitions_contributed": l0, "bounds.max_contributions_per_partition": linf}
+    )
+    assert spec.queries[0].bounds.linf_bounding == "scale"  # the default, not stated
+    rows = pd.DataFrame({"c": customers, "t": terminals, "v": np.clip(values, 0.0, 1000.0)})
+    pairs = rows.groupby(["c", "t"])["v"].agg(["size", "sum"]).reset_index()
+    assert pairs.groupby("c").size().max() <= l0  # no L0 sampling: the oracle is exact
+    pairs["count"] = pairs["size"].clip(upper=linf)
+    pairs["scaled"] = pairs["sum"] * np.minimum(1.0, linf / pairs["size"])
+    expected = pairs.groupby("t").agg(
+        privacy_id_count=("c", "size"), count=("count", "sum"), sum=("scaled", "sum")
+    )
+
+    def check(agg):
+        assert list(agg.index) == list(expected.index)
+        np.testing.assert_array_equal(agg["privacy_id_count"], expected["privacy_id_count"])
+        np.testing.assert_array_equal(agg["count"], expected["count"])
+        np.testing.assert_allclose(agg["sum"], expected["sum"], rtol=1e-9)
+
+    shuffled = frame.sample(fraction=1.0, shuffle=True, seed=5)
+    check_bounded_aggregates(batches(shuffled, 5), spec, check)
+
+
+def test_scaled_bounding_holds_one_entry_per_pair_never_its_rows():
+    """The heavy pair: 100,000 rows of one (customer, terminal) pair in each of four batches.
+    The first step sums each batch to one entry per pair and the combiner adds entries, so
+    its accumulators and its output hold one entry for the pair, counting all 400,000 rows:
+    no row is kept, so none is sorted, and memory follows the pairs, not the rows."""
+    from dppipeline.engines.beam.bound import _SumPairsAndShard, _SumPerPair
+
+    spec = spec_for(**{"bounds.max_contributions_per_partition": 10})
+    task = task_for(spec.queries[0], spec.source_schema)
+    step = _SumPairsAndShard(task, spec.privacy_unit, unit_shards=4)
+    step.setup()
+    heavy = rows_frame(np.full(100_000, 7), np.full(100_000, 3), np.full(100_000, 2.0))
+    light = rows_frame([8, 9], [3, 4], [1.0, 1.0])
+    combiner = _SumPerPair()
+    accumulators = []
+    for batch in range(4):
+        outputs = step.process((f"batch{batch}", pl.concat([heavy, light])))
+        entries = [block for _, block in outputs]
+        assert sum(len(block) for block in entries) == 3  # one entry per pair, not per row
+        accumulator = combiner.create_accumulator()
+        for block in entries:
+            accumulator = combiner.add_input(accumulator, block)
+        accumulators.append(accumulator)
+    merged = combiner.extract_output(combiner.merge_accumulators(accumulators))
+    assert len(merged) == 3
+    by_unit = dict(zip(merged.unit.tolist(), merged.rows.tolist(), strict=True))
+    assert by_unit == {7: 400_000, 8: 4, 9: 4}
+    deviations = dict(zip(merged.unit.tolist(), merged.deviations.tolist(), strict=True))
+    assert deviations[7] == pytest.approx(400_000 * (2.0 - task.midpoint))
+
+
 def test_linf_sampling_is_uniform_across_bundles():
     """2,000 customers, each with 8 rows worth 2^0..2^7 at its own terminal, spread over 4
     elements, Linf=3: the kept sum names the kept subset; each row's inclusion frequency must be

@@ -1,5 +1,6 @@
 """Contribution bounding on Beam: clip and route rows by privacy unit, Linf per (unit,
-partition) pair by a bottom-k combiner, L0 per unit shard (see the engine's docstring)."""
+partition) pair by a combiner (sampled: bottom-k of row priorities; scaled: each pair's row
+count and sums, no rows kept), L0 per unit shard (see the engine's docstring)."""
 
 from __future__ import annotations
 
@@ -21,14 +22,19 @@ from dppipeline.engines.beam.elements import (
     METRICS_NAMESPACE,
     CompactingCombineFn,
     ContributionBlock,
+    PairPartials,
 )
 from dppipeline.engines.kernel.bounding import (
     aggregates_frame,
     stable_shard,
 )
 from dppipeline.engines.kernel.polars_tasks import (
+    DEVIATIONS,
+    ROWS,
+    SQUARES,
     bound_and_aggregate,
     distinct_arrays,
+    pair_partials,
     task_rows,
 )
 from dppipeline.engines.kernel.sampling import (
@@ -113,27 +119,68 @@ class _ClipAndShard(beam.DoFn):
         priority = row_priorities(self._keys, [source], np.zeros(len(units), np.int64), positions)
         distinct = tuple(v for _, v in distinct_arrays(frame, self._task))
         block = ContributionBlock(units, keys, priority, values, distinct)
-        shard = stable_shard(units, self._shards)
-        order = np.argsort(shard, kind="stable")
-        bounds = np.flatnonzero(np.diff(shard[order])) + 1
-        return [
-            (int(shard[positions[0]]), block.take(positions))
-            for positions in np.split(order, bounds)
-        ]
+        return by_unit_shard(units, block, self._shards)
+
+
+def by_unit_shard(units: np.ndarray, block, shards: int) -> list:
+    """A block's entries -> (unit shard, the entries of that shard), one element per shard
+    present: all of a unit's entries go to one shard whatever the batch."""
+    shard = stable_shard(units, shards)
+    order = np.argsort(shard, kind="stable")
+    bounds = np.flatnonzero(np.diff(shard[order])) + 1
+    return [(int(shard[part[0]]), block.take(part)) for part in np.split(order, bounds)]
+
+
+class _SumPairsAndShard(beam.DoFn):
+    """Scaled Linf bounding: valid rows -> (unit shard, PairPartials): the task's filter, keys
+    and public keys applied, values clipped, then the batch's rows summed per (unit,
+    partition) pair by Polars. No row priority and no row leaves the batch: a pair of
+    100,000 rows in a batch is one entry."""
+
+    def __init__(self, task: AggregationTask, unit: str, unit_shards: int):
+        self._task, self._unit, self._shards = task, unit, unit_shards
+        self._public: pl.DataFrame | None = None
+
+    def setup(self) -> None:
+        if self._task.public_keys is not None:  # converted once per worker, not per batch
+            self._public = pl.from_pandas(self._task.public_keys, include_index=False)
+
+    def process(self, element) -> list:
+        _, rows = element
+        frame = task_rows(rows, self._task, self._unit, public=self._public)
+        if frame.height == 0:
+            return []
+        # (unit, keys..., _rows, _deviations[, _squares]): one row per pair of the batch
+        pairs = pair_partials(frame, self._task, self._unit)
+        units = pairs.get_column(self._unit).to_numpy()
+        block = PairPartials(
+            units,
+            encode_keys(pairs, self._task),
+            pairs.get_column(ROWS).to_numpy(),
+            pairs.get_column(DEVIATIONS).to_numpy(),
+            pairs.get_column(SQUARES).to_numpy() if SQUARES in pairs.columns else None,
+        )
+        return by_unit_shard(units, block, self._shards)
+
+
+class _SumPerPair(CompactingCombineFn):
+    """Scaled Linf bounding: each (unit, partition) pair's partials summed across batches.
+    Partials add, so the runner lifts this combiner before the shuffle and a shard's
+    accumulator holds one entry per pair, however many rows a pair has."""
+
+    def _merge(self, blocks: list[PairPartials]) -> PairPartials:
+        return PairPartials.merge(blocks)
 
 
 class _SampleRowsPerPair(CompactingCombineFn):
     """Linf: the lowest-priority `k` rows of each (privacy unit, partition) pair (uniform);
-    with `per_unit`, of each privacy unit across its partitions (`max_contributions`); with
-    k None, every row (scaled Linf bounding scales the pair's aggregates after L0)."""
+    with `per_unit`, of each privacy unit across its partitions (`max_contributions`)."""
 
-    def __init__(self, k: int | None, per_unit: bool = False):
-        self._k, self._per_unit = k, per_unit  # k None: every row (scaled Linf bounding)
+    def __init__(self, k: int, per_unit: bool = False):
+        self._k, self._per_unit = k, per_unit
 
     def _merge(self, blocks: list[ContributionBlock]) -> ContributionBlock:
         block = ContributionBlock.concat(blocks)
-        if self._k is None:
-            return block
         return (
             block.bottom_k_per_unit(self._k) if self._per_unit else block.bottom_k_per_pair(self._k)
         )
@@ -164,25 +211,42 @@ class _SamplePartitionsPerUnit(beam.DoFn):
         _, block = element
         if block is None or len(block) == 0:
             return []
-        unit_codes, unit_values, key_codes, key_values, _ = block.pair_codes()
+        unit_codes, unit_values = pd.factorize(block.unit)
+        key_codes, key_values = pd.factorize(block.key)
+        unit_values, key_values = np.asarray(unit_values), np.asarray(key_values)
         pairs = self._pairs
-        # The rows are already <= Linf per pair (scaled: all rows, scaled after L0); the
-        # sample keeps them all and keeps the L0 pairs of lowest priority per unit, with the
-        # local engine's code (under max_contributions: already <= K per unit, which the same
-        # code keeps whole).
-        bounded = bound_and_aggregate(
-            self._task,
-            self._keys,
-            privacy_codes=unit_codes,
-            unit_values=unit_values,
-            unit_kind=unit_kind_of(unit_values),
-            key_codes=key_codes,
-            key_values=decode_keys(key_values, self._task),
-            row_priority=block.priority,
-            values=block.value,
-            on_sample=None if pairs is None else lambda s: pairs.inc(len(s.pair_key_codes)),
-            distinct=list(zip(self._task.distinct, block.distinct, strict=True)),
-        )
+        common = {
+            "privacy_codes": unit_codes.astype(np.int64),
+            "unit_values": unit_values,
+            "unit_kind": unit_kind_of(unit_values),
+            "key_codes": key_codes.astype(np.int64),
+            "key_values": decode_keys(key_values, self._task),
+            "on_sample": None if pairs is None else lambda s: pairs.inc(len(s.pair_key_codes)),
+        }
+        if isinstance(block, PairPartials):
+            # Scaled: one entry per pair; L0 keeps each unit's pairs of lowest priority and
+            # each kept pair is scaled to at most Linf rows' worth (the local engine's code).
+            bounded = bound_and_aggregate(
+                self._task,
+                self._keys,
+                **common,
+                row_priority=np.zeros(len(block)),
+                values=None,
+                row_counts=block.rows,
+                deviations=(block.deviations, block.squares),
+            )
+        else:
+            # The rows are already <= Linf per pair; the sample keeps them all and keeps the
+            # L0 pairs of lowest priority per unit, with the local engine's code (under
+            # max_contributions: already <= K per unit, which the same code keeps whole).
+            bounded = bound_and_aggregate(
+                self._task,
+                self._keys,
+                **common,
+                row_priority=block.priority,
+                values=block.value,
+                distinct=list(zip(self._task.distinct, block.distinct, strict=True)),
+            )
         # count_distinct: value sets, not counts (a partition's units span unit shards).
         partial = aggregates_frame(bounded, self._key, key_values, distinct_sets=True)
         target = stable_shard(partial[self._key].to_numpy(), self._shards)
@@ -194,7 +258,9 @@ class _SamplePartitionsPerUnit(beam.DoFn):
 
 class BoundContributions(beam.PTransform):
     """(source, valid rows) -> (partition shard, partial aggregates) of one task: Linf then
-    L0, each keeping the entries of lowest priority under the run's salt."""
+    L0. Sampled: each keeps the entries of lowest priority under the run's salt. Scaled (the
+    default where no metric needs rows): each pair's rows are summed, L0 keeps pairs by
+    priority and each kept pair is scaled to at most Linf rows' worth."""
 
     def __init__(
         self,
@@ -210,24 +276,35 @@ class BoundContributions(beam.PTransform):
 
     def expand(self, valid):
         task = self._task
-        return (
-            valid
-            | "ClipAndShardByPrivacyUnit"
-            >> beam.ParDo(
-                _ClipAndShard(task, self._unit, self._unit_shards, self._salt)
-            ).with_output_types(KV[int, Any])
-            | (
-                "SampleRowsPerPartition"
-                if task.max_contributions is None
-                else "SampleRowsPerPrivacyUnit"
+        if task.scaled and task.max_contributions is None:
+            # (unit shard, PairPartials): per pair its rows and sums, summed before the shuffle
+            linf = (
+                valid
+                | "SumPerPairAndShardByPrivacyUnit"
+                >> beam.ParDo(
+                    _SumPairsAndShard(task, self._unit, self._unit_shards)
+                ).with_output_types(KV[int, Any])
+                | "SumPerPair" >> beam.CombinePerKey(_SumPerPair())
             )
-            >> beam.CombinePerKey(
-                _SampleRowsPerPair(None if task.scaled else task.max_contributions_per_partition)
-                if task.max_contributions is None
-                else _SampleRowsPerPair(task.max_contributions, per_unit=True)
+        else:
+            # (unit shard, ContributionBlock): <= Linf rows per pair (<= K per unit)
+            linf = (
+                valid
+                | "ClipAndShardByPrivacyUnit"
+                >> beam.ParDo(
+                    _ClipAndShard(task, self._unit, self._unit_shards, self._salt)
+                ).with_output_types(KV[int, Any])
+                | (
+                    "SampleRowsPerPartition"
+                    if task.max_contributions is None
+                    else "SampleRowsPerPrivacyUnit"
+                )
+                >> beam.CombinePerKey(
+                    _SampleRowsPerPair(task.max_contributions_per_partition)
+                    if task.max_contributions is None
+                    else _SampleRowsPerPair(task.max_contributions, per_unit=True)
+                )
             )
-            | "SamplePartitionsPerUnit"
-            >> beam.ParDo(
-                _SamplePartitionsPerUnit(task, self._unit, self._partition_shards, self._salt)
-            ).with_output_types(KV[int, Any])
-        )
+        return linf | "SamplePartitionsPerUnit" >> beam.ParDo(
+            _SamplePartitionsPerUnit(task, self._unit, self._partition_shards, self._salt)
+        ).with_output_types(KV[int, Any])

@@ -93,6 +93,60 @@ class ContributionBlock:
 _BLOCK_FIELDS = ("unit", "key", "priority", "value")
 
 
+@dataclass(frozen=True)
+class PairPartials:
+    """Scaled Linf bounding: one entry per (privacy unit, partition) pair seen, column-wise,
+    with its row count and its clipped values' sums of (x - mid) and, for the variance,
+    of (x - mid)^2 (mid: the bounds' midpoint, `polars_tasks.pair_partials`). Scaling needs
+    no more, so no row is kept, no row priority exists, and a heavy pair is one entry."""
+
+    unit: np.ndarray
+    key: np.ndarray
+    rows: np.ndarray  # int64
+    deviations: np.ndarray
+    squares: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.unit)
+
+    def take(self, positions: np.ndarray) -> PairPartials:
+        squares = None if self.squares is None else self.squares[positions]
+        return PairPartials(
+            self.unit[positions],
+            self.key[positions],
+            self.rows[positions],
+            self.deviations[positions],
+            squares,
+        )
+
+    @staticmethod
+    def merge(blocks: Sequence[PairPartials]) -> PairPartials:
+        """The blocks' entries summed per pair: partials compose by addition, so the combiner
+        merges them before the shuffle (combiner lifting) whatever the bundles are."""
+        if len(blocks) == 1:
+            return blocks[0]
+        unit = np.concatenate([b.unit for b in blocks])
+        key = np.concatenate([b.key for b in blocks])
+        unit_codes, _ = pd.factorize(unit)
+        key_codes, key_values = pd.factorize(key)
+        pair = unit_codes.astype(np.int64) * max(len(key_values), 1) + key_codes
+        group, pairs = pd.factorize(pair)
+        first = np.zeros(len(pairs), dtype=np.int64)
+        first[group[::-1]] = np.arange(len(group) - 1, -1, -1)  # each pair's first entry
+
+        def summed(part: Sequence[np.ndarray]) -> np.ndarray:
+            return np.bincount(group, weights=np.concatenate(part), minlength=len(pairs))
+
+        squares = None if blocks[0].squares is None else summed([b.squares for b in blocks])
+        return PairPartials(
+            unit[first],
+            key[first],
+            summed([b.rows for b in blocks]).astype(np.int64),
+            summed([b.deviations for b in blocks]),
+            squares,
+        )
+
+
 class CompactingCombineFn(beam.CombineFn):
     """A combiner whose accumulator is a list of blocks, compacted into one (`_merge`) every
     COMPACT_EVERY added blocks and whenever the runner merges or extracts."""

@@ -82,7 +82,8 @@ def raw_batch(records: Iterable[Any], schema: Schema) -> RawBatch:
         pl.int_range(1, frame.height + 1, dtype=pl.Int64).alias(ROW),
         pl.lit(None, pl.Date).alias(DAY),
     )
-    return RawBatch(index, FileRows(name, lazy, sources, rules_for(schema, sources, csv=False)))
+    rules = rules_for(schema, sources, csv=False)
+    return RawBatch(index, FileRows(name, lazy, sources, rules), nbytes=frame.estimated_size())
 
 
 class ValidateRows(beam.PTransform):
@@ -97,7 +98,7 @@ class ValidateRows(beam.PTransform):
         return (
             rows
             | "BatchRows" >> beam.BatchElements(min_batch_size=1, max_batch_size=MAX_BATCH_ROWS)
-            | "FrameRows" >> beam.Map(raw_batch, schema=self._schema)
+            | "FrameRows" >> beam.Map(raw_batch, schema=self._schema).with_output_types(RawBatch)
             | "ValidateTransactions" >> ValidateTransactions(self._schema)
         )
 

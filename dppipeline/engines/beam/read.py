@@ -4,6 +4,7 @@ row groups); workers open each through Beam's FileSystems and check it by the in
 from __future__ import annotations
 
 import datetime as dt
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,11 +53,35 @@ class InputPart:
 
 @dataclass(frozen=True)
 class RawBatch:
-    """Rows as read, before validation, or the reason the part could not be read."""
+    """Rows as read, before validation, or the reason the part could not be read.
+    `nbytes`: what was read (Arrow bytes, or the CSV file's), Beam's size estimate."""
 
     index: int
     rows: FileRows | None
     error: str | None = None
+    nbytes: int = 0
+
+
+class RawBatchCoder(beam.coders.Coder):
+    """RawBatch elements pickled whole when a runner ships them between workers; their size
+    for Beam's byte counters taken from `nbytes`. Beam estimates an element's size by
+    encoding it (the first ten elements of every PCollection, then about 10 / n of them),
+    and pickling a batch's lazy frame cost more than reading and validating the batch."""
+
+    def encode(self, value: RawBatch) -> bytes:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def decode(self, encoded: bytes) -> RawBatch:
+        return pickle.loads(encoded)
+
+    def is_deterministic(self) -> bool:
+        return False
+
+    def estimate_size(self, value: RawBatch) -> int:
+        return value.nbytes + len(value.error or "")
+
+
+beam.coders.registry.register_coder(RawBatch, RawBatchCoder)
 
 
 def input_parts(days: Sequence[DailyPartition], fmt: str, schema: Schema) -> list[InputPart]:
@@ -95,7 +120,9 @@ def read_part(part: InputPart, schema: Schema) -> RawBatch:
     try:
         with FileSystems.open(part.path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             if part.fmt == "csv":
-                return RawBatch(part.index, csv_rows(f.read(), part.path, part.day, schema))
+                data = f.read()
+                rows = csv_rows(data, part.path, part.day, schema)
+                return RawBatch(part.index, rows, nbytes=len(data))
             parquet = pq.ParquetFile(f)
             sources = column_sources(part.path, parquet.schema_arrow, schema)
             from_path = columns_from_path(part.path, parquet.schema_arrow.names, schema)
@@ -113,7 +140,7 @@ def read_part(part: InputPart, schema: Schema) -> RawBatch:
         pl.lit(part.day).alias(DAY),
     )
     rows = FileRows(part.path, frame.lazy(), sources, rules_for(schema, sources, csv=False))
-    return RawBatch(part.index, rows)
+    return RawBatch(part.index, rows, nbytes=table.nbytes)
 
 
 class ReadTransactions(beam.PTransform):
@@ -127,9 +154,9 @@ class ReadTransactions(beam.PTransform):
     def expand(self, pbegin):
         return (
             pbegin
+            # Create spreads its elements itself (a Reshuffle when it has more than one)
             | "ListInputParts" >> beam.Create(self._parts)
-            | "SpreadInputParts" >> beam.Reshuffle()
-            | "ReadParts" >> beam.Map(read_part, schema=self._schema)
+            | "ReadParts" >> beam.Map(read_part, schema=self._schema).with_output_types(RawBatch)
         )
 
 
