@@ -419,6 +419,10 @@ class JobSpec(Section):
         if entry == self.privacy_unit:
             raise SpecError(where, "must not include the privacy unit")
         bucket = bucket_key(entry)
+        if bucket is not None and bucket.column == self.privacy_unit:
+            # A function of the unit is the unit again: a bucket per ID (narrow edges) keys
+            # a release by customer, which the rule above refuses for the column itself.
+            raise SpecError(where, "must not bucket the privacy unit")
         if bucket is not None:
             _check_column(schema, bucket.column, where, ("int64", "float64"))
             return
