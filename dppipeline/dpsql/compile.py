@@ -135,7 +135,7 @@ def compile_sql(
         if overrides and exc.field in overrides:
             raise
         raise _located(exc, compiled, text, source) from None
-    return spec
+    return spec.with_query_text(text)
 
 
 def _refuse_input_as_keys(spec: JobSpec, shorthand: bool) -> None:
