@@ -145,6 +145,7 @@ class Manifest(_Entry):
     ledger: str | None
     spec: dict[str, Any]
     versions: dict[str, str | None]
+    query: str | None = None  # the DP SQL text of a `sql` job (not hashed; absent for YAML)
 
     def to_json(self) -> str:
         """As written next to the release: the fields it was built with, nothing added."""
@@ -255,6 +256,7 @@ def build_manifest(
             **({"opendp": _version("opendp")} if spec.count_noise == "discrete" else {}),
             "python": platform.python_version(),
         },
+        **({} if spec.query_text is None else {"query": spec.query_text}),
     })  # fmt: skip
 
 

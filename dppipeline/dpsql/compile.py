@@ -33,7 +33,13 @@ from dppipeline.dpsql.errors import SqlError
 from dppipeline.errors import SpecError, excerpt
 from dppipeline.spec.metrics import metric_column
 from dppipeline.spec.model import JobSpec, build_spec
-from dppipeline.spec.partition_keys import TIME_BUCKETS, BucketKey, key_name
+from dppipeline.spec.partition_keys import (
+    INPUT_RANGE,
+    TIME_BUCKETS,
+    BucketKey,
+    is_file_source,
+    key_name,
+)
 from dppipeline.spec.paths import resolve_paths
 from dppipeline.spec.schema import Schema, SchemaError, input_schema_from
 from dppipeline.spec.vocabulary import SHIPPED_SCHEMAS
@@ -124,11 +130,41 @@ def compile_sql(
     try:
         spec = build_spec(raw, overrides)
         spec.require_contribution_bounds()
+        _refuse_input_as_keys(spec, compiled.shorthand)
     except SpecError as exc:
         if overrides and exc.field in overrides:
             raise
         raise _located(exc, compiled, text, source) from None
-    return spec
+    return spec.with_query_text(text)
+
+
+def _refuse_input_as_keys(spec: JobSpec, shorthand: bool) -> None:
+    """A key table must be public: a file in or equal to the input (`--input`) is the data's
+    own key set, whose keys one unit alone can add (a leak public partitions exist to avoid)."""
+    data = spec.input.path
+    if not data:
+        return
+    for query in spec.queries:
+        sources = query.partition_selection.public_partitions
+        named = sources.values() if isinstance(sources, Mapping) else [sources]
+        for source in named:
+            if isinstance(source, str) and is_file_source(source) and _within(source, data):
+                field_path = "partition_selection.public_partitions"
+                raise SpecError(
+                    field_path if shorthand else f"queries.{query.name}.{field_path}",
+                    "a key table must be public, not the input (or a file in its folder): "
+                    "its keys are the data's own; name a key file of public keys, "
+                    "UNNEST(GENERATE_ARRAY(a, b)) or UNNEST([k1, ...])",
+                )
+
+
+def _within(key_file: str, data: str) -> bool:
+    """Whether `key_file` is the input `data` or lies under it (paths or URIs)."""
+    if "://" in key_file or "://" in data:
+        key, top = key_file.rstrip("/"), data.rstrip("/")
+        return key == top or key.startswith(top + "/")
+    key_path, top_path = Path(key_file).resolve(), Path(data).resolve()
+    return key_path == top_path or top_path in key_path.parents
 
 
 def compile_raw(text: str, name: str | None = None) -> dict[str, Any]:
@@ -564,6 +600,16 @@ def _key_entry(text: str, key: KeyExpr, schema: Schema) -> Any:
 def _public_keys(text: str, select: DPSelect, query: dict[str, Any], at: dict[str, int]) -> None:
     """Key tables (RIGHT OUTER JOIN ... USING (key)) as the query's public partitions: the
     bare source for a query with one listed key, else one source per key column."""
+    given = query.get("partition_selection", {}).get("public_partitions")
+    listed_keys = [k for k in query["partition_by"] if isinstance(k, str)]
+    if given == INPUT_RANGE and any(k not in TIME_BUCKETS for k in listed_keys):
+        raise _fail(
+            text,
+            at["partition_selection.public_partitions"],
+            "option public_partitions",
+            f"input_range is every bucket of a time key ({', '.join(TIME_BUCKETS)}); a key "
+            "column's public keys are a key file, a range 'A..B' or a key table",
+        )
     if not select.joins:
         return
     selection = query.setdefault("partition_selection", {})
@@ -578,6 +624,15 @@ def _public_keys(text: str, select: DPSelect, query: dict[str, Any], at: dict[st
     listed = [k for k in query["partition_by"] if isinstance(k, str)]
     sources: dict[str, Any] = {}
     for join in select.joins:
+        if join.source == INPUT_RANGE and join.column not in TIME_BUCKETS:
+            raise _fail(
+                text,
+                join.at,
+                "JOIN input_range",
+                f"input_range is every bucket of a time key ({', '.join(TIME_BUCKETS)}); "
+                f"for key column {excerpt(join.column)} join a key file, "
+                "UNNEST(GENERATE_ARRAY(a, b)) or UNNEST([k1, ...])",
+            )
         if join.column not in listed:
             raise _fail(
                 text,

@@ -326,6 +326,9 @@ class JobSpec(Section):
 
     _shorthand: bool = PrivateAttr(default=False)
     _schema: Schema | None = PrivateAttr(default=None)
+    # The DP SQL text the spec was compiled from (`dpsql.compile_sql`), for the manifest: not a
+    # field, so neither the spec hash (the release key) nor to_dict sees it.
+    _query_text: str | None = PrivateAttr(default=None)
 
     @model_validator(mode="wrap")
     @classmethod
@@ -419,6 +422,10 @@ class JobSpec(Section):
         if entry == self.privacy_unit:
             raise SpecError(where, "must not include the privacy unit")
         bucket = bucket_key(entry)
+        if bucket is not None and bucket.column == self.privacy_unit:
+            # A function of the unit is the unit again: a bucket per ID (narrow edges) keys
+            # a release by customer, which the rule above refuses for the column itself.
+            raise SpecError(where, "must not bucket the privacy unit")
         if bucket is not None:
             _check_column(schema, bucket.column, where, ("int64", "float64"))
             return
@@ -452,6 +459,16 @@ class JobSpec(Section):
                         at="budget.delta",
                     )
         self._columns_exist()
+        return self
+
+    @property
+    def query_text(self) -> str | None:
+        """The DP SQL this spec was compiled from (None for a YAML spec)."""
+        return self._query_text
+
+    def with_query_text(self, text: str) -> JobSpec:
+        """This spec, remembering the SQL it was compiled from (the manifest's `query`)."""
+        self._query_text = text
         return self
 
     @property

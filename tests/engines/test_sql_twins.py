@@ -39,6 +39,7 @@ EXACT = {"budget.epsilon": 1e12, "count_noise": "continuous"}
 SIGMAS = 20  # per value, two draws: P(|L1 - L2| > 20 sd) < 1e-6 for Laplace
 RUN_FIELDS = {"run_id", "created_at", "ledger"}  # what names the run, not the release
 PLACES = {"output"}  # spec fields that name where the run wrote
+TEXT = "query"  # the SQL manifest records its query text (not hashed); the twin has none
 
 
 def _run(spec, engine, ledger: Path):
@@ -61,7 +62,7 @@ def _twin_specs(name: str, small_inputs, out: Path):
 
 def _manifest(result) -> dict:
     data = result.manifest.model_dump(mode="json", exclude_unset=True)
-    for name in RUN_FIELDS:
+    for name in RUN_FIELDS | {TEXT}:
         data.pop(name, None)
     for name in PLACES:
         data["spec"].pop(name, None)
@@ -102,6 +103,8 @@ def test_sql_releases_its_yaml_twins_rows(name: str, engine_name: str, small_inp
     for query, rows in yaml_rows.items():
         assert len(rows) > 0
         _assert_same_rows(query, sql_rows[query], rows, yaml_result.manifest)
+    assert sql_result.manifest.query == (SQL / f"{name}.sql").read_text()
+    assert yaml_result.manifest.query is None
     assert _manifest(sql_result) == _manifest(yaml_result)
     # The same ledger key: against the twin's ledger, the SQL job is its published release.
     elsewhere = sql.model_copy(update={"output": str(tmp_path / "again")})
@@ -132,6 +135,7 @@ def test_the_api_releases_the_twins_rows(small_inputs, tmp_path):
         "budget.epsilon": 1e12, "count_noise": "continuous"})  # fmt: skip
     expected = dppipeline.release(twin, frame, **common)
     assert released.manifest.spec_hash == expected.manifest.spec_hash
+    assert released.manifest.query == query and expected.manifest.query is None
     _assert_same_rows(
         "terminal_stats",
         released["terminal_stats"].to_pandas(),

@@ -74,6 +74,53 @@ queries:
     partition_selection:
       public_partitions: {{TERMINAL_ID: {keys}, day: input_range}}
 """
+# The same job as DP SQL (docs/reference/sql.md), one SELECT per query: the job's bounds are
+# each SELECT's OPTIONS, its [0, 200] each aggregate's per-row bounds. The dialect has no
+# input section: `sql` takes --max-rejected-fraction; `dppipeline.sql(query, frame)` has
+# neither it nor a period, so in memory the day keys are listed (`{days}`) and the default
+# max_rejected_fraction holds (its cases add no rejected rows).
+SQL_BOUNDS = "max_groups_contributed = 3, max_contributions_per_partition = 2"
+SQL_JOB = """
+SELECT WITH DIFFERENTIAL_PRIVACY
+  OPTIONS (epsilon = 1.0, delta = 1e-6, privacy_unit_column = CUSTOMER_ID, name = q_public,
+           {bounds})
+  TERMINAL_ID, COUNT(*),
+  SUM(TX_AMOUNT, contribution_bounds_per_row => (0, 200)),
+  AVG(TX_AMOUNT, contribution_bounds_per_row => (0, 200)),
+  VARIANCE(TX_AMOUNT, contribution_bounds_per_row => (0, 200)),
+  COUNT(DISTINCT CUSTOMER_ID),
+  PERCENTILE_CONT(TX_AMOUNT, 0.5, contribution_bounds_per_row => (0, 200))
+FROM transactions
+RIGHT OUTER JOIN `{keys}` USING (TERMINAL_ID)
+GROUP BY TERMINAL_ID;
+
+SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (name = q_private, {bounds})
+  TERMINAL_ID, COUNT(*),
+  SUM(TX_AMOUNT, contribution_bounds_per_row => (0, 200)),
+  AVG(TX_AMOUNT, contribution_bounds_per_row => (0, 200)),
+  COUNT(DISTINCT CUSTOMER_ID)
+FROM transactions
+GROUP BY TERMINAL_ID;
+
+SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (name = q_rare_global, {bounds})
+  COUNT(*),
+  SUM(TX_AMOUNT, contribution_bounds_per_row => (0, 5000)),
+  AVG(TX_AMOUNT, contribution_bounds_per_row => (0, 5000)),
+  VARIANCE(TX_AMOUNT, contribution_bounds_per_row => (0, 5000)),
+  PERCENTILE_CONT(TX_AMOUNT, 0.9, contribution_bounds_per_row => (0, 5000)),
+  COUNT(DISTINCT CUSTOMER_ID)
+FROM transactions
+WHERE TX_AMOUNT > 1000;
+
+SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (name = q_day, {bounds})
+  TERMINAL_ID, DATE_TRUNC(TX_DATETIME, DAY) AS day, COUNT(*),
+  SUM(TX_AMOUNT, contribution_bounds_per_row => (0, 200))
+FROM transactions
+RIGHT OUTER JOIN `{keys}` USING (TERMINAL_ID)
+RIGHT OUTER JOIN {days} USING (day)
+GROUP BY TERMINAL_ID, day
+"""
+SQL_DAYS = "UNNEST(['2026-01-01', '2026-01-02'])"  # the days of PERIOD, listed
 PRIVATE_QUERIES = ("q_private",)  # their released partitions are part of the (noisy) release
 PERIOD = ", start_date: 2026-01-01, end_date: 2026-01-02"  # in-memory rows: the input's days
 
@@ -290,6 +337,11 @@ class Run:
         keys.write_text("TERMINAL_ID\n" + "".join(f"{k}\n" for k in [*range(10), LONELY_TERMINAL]))
         return JOB.format(keys=str(keys), period=period)
 
+    def sql(self, days: str = "input_range") -> str:
+        """SQL_JOB with this run's key file (`keys.csv` beside the query file)."""
+        self.job()  # writes the key file
+        return SQL_JOB.format(bounds=SQL_BOUNDS, keys="keys.csv", days=days)
+
 
 @contextlib.contextmanager
 def _state(run: Run):
@@ -364,6 +416,49 @@ def api_surface(kind: str, spark=None) -> Callable[[Run], tuple[str, dict | None
         return "ok", manifest, lambda q: pq.read_table(run.release / q)
 
     return run_api
+
+
+def sql_cli_surface(engine: str) -> Callable[[Run], tuple[str, dict | None, Callable]]:
+    """`dppipeline -v sql --file query.sql` in this process (SQL_JOB; Spark reuses the test
+    session)."""
+
+    def run_sql(run: Run) -> tuple[str, dict | None, Callable]:
+        query = run.root / "query.sql"
+        query.write_text(run.sql())
+        argv = [
+            "-v", "sql",
+            "--file", str(query),
+            "--engine", engine,
+            "--input", str(run.data),
+            "--format", run.fmt,
+            "--max-rejected-fraction", "1.0",
+            "--output", str(run.release),
+            "--ledger", f"sqlite:///{run.ledger}",
+        ]  # fmt: skip
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:  # argparse
+            code = int(exc.code or 0)
+        manifest = json.loads((run.release / "manifest.json").read_text()) if code == 0 else None
+        return f"exit {code}", manifest, lambda q: pq.read_table(run.release / q)
+
+    return run_sql
+
+
+def sql_api_surface(run: Run) -> tuple[str, dict | None, Callable]:
+    """`dppipeline.sql(query, frame, ...)` on a pandas DataFrame (SQL_JOB, the query's text
+    with the key file's absolute path; day keys listed), with the CLI's logging at DEBUG."""
+    import dppipeline
+
+    frame = rows_in_memory(run.data)
+    query = run.sql(days=SQL_DAYS).replace("`keys.csv`", f"`{run.root / 'keys.csv'}`")
+    logs.configure(verbose=True)
+    try:
+        release = dppipeline.sql(query, frame, ledger=run.ledger, scope=SCOPE, output=run.release)
+    except Exception as exc:
+        return _outcome(exc), None, lambda q: None
+    manifest = json.loads(release.manifest.to_json())
+    return "ok", manifest, lambda q: pq.read_table(run.release / q)
 
 
 def transform_surface(run: Run) -> tuple[str, dict | None, Callable]:
@@ -497,6 +592,21 @@ def test_beam_transform_releases_do_not_depend_on_one_customer(tmp_path, capfd):
     assert neighbour_pair(tmp_path, transform_surface, "all", capfd) == []
 
 
+@pytest.mark.parametrize("kind", [*KINDS, "all"])
+def test_local_sql_cli_runs_do_not_depend_on_one_customer(tmp_path, capfd, kind):
+    assert neighbour_pair(tmp_path, sql_cli_surface("local"), kind, capfd) == []
+
+
+def test_spark_sql_cli_runs_do_not_depend_on_one_customer(tmp_path, spark, capfd):
+    assert neighbour_pair(tmp_path, sql_cli_surface("spark"), "all", capfd) == []
+
+
+# No nan_amount here: in memory the SQL cannot raise max_rejected_fraction (see SQL_JOB).
+@pytest.mark.parametrize("kind", ["rare_value", "many_terminals", "lonely_terminal"])
+def test_sql_api_pandas_releases_do_not_depend_on_one_customer(tmp_path, capfd, kind):
+    assert neighbour_pair(tmp_path, sql_api_surface, kind, capfd) == []
+
+
 # --------------------------------------------------------------------------- planted leaks
 
 
@@ -600,3 +710,48 @@ def test_the_harness_catches_a_planted_leak(tmp_path, capfd, monkeypatch, leak):
     _plant(leak, monkeypatch)
     sane = leak != "value in an error message"  # both runs fail, their messages differ
     assert neighbour_pair(tmp_path, cli_surface("local"), "all", capfd, sane=sane), leak
+
+
+def _plant_sql(leak: str, monkeypatch) -> None:
+    """Puts one SQL-specific leak back: the front end telling the analyst about the data."""
+    from dppipeline.api import sql as api_sql
+    from dppipeline.dpsql.errors import SqlError
+
+    if leak == "WHERE's kept rows in a progress line":
+        exact = polars_tasks.aggregate_task_rows
+        logger = logging.getLogger("dppipeline.dpsql")
+
+        def telling(rows, task, unit, keys):
+            if task.name == "q_rare_global":  # the SELECT with a WHERE
+                logger.info(f"query.sql:36:7: WHERE kept {rows.height:,} rows")
+            return exact(rows, task, unit, keys)
+
+        monkeypatch.setattr(polars_tasks, "aggregate_task_rows", telling)
+    elif leak == "a refusal naming a key without rows":
+        release = api_sql.release
+
+        def checking(job, data, **options):
+            seen = set(data["TERMINAL_ID"])
+            if LONELY_TERMINAL not in seen:  # a key table's key the data lacks, quoted
+                raise SqlError(10, 1, "RIGHT OUTER JOIN", f"key {LONELY_TERMINAL} has no rows")
+            return release(job, data, **options)
+
+        monkeypatch.setattr(api_sql, "release", checking)
+    else:
+        raise ValueError(leak)
+
+
+SQL_PLANTS = {
+    "WHERE's kept rows in a progress line": (sql_cli_surface("local"), "rare_value", True),
+    "a refusal naming a key without rows": (sql_api_surface, "lonely_terminal", False),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("leak", SQL_PLANTS)
+def test_the_harness_catches_a_planted_sql_leak(tmp_path, capfd, monkeypatch, leak):
+    """The SQL surfaces through the same harness: a leak of the SQL front end, put back on
+    purpose, makes the pair distinguishable (`sane` off where the base run is refused)."""
+    surface, kind, sane = SQL_PLANTS[leak]
+    _plant_sql(leak, monkeypatch)
+    assert neighbour_pair(tmp_path, surface, kind, capfd, sane=sane), leak

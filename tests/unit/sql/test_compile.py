@@ -215,3 +215,46 @@ def test_explain_prints_what_plan_prints_for_the_twin(sql: Path, yaml: Path, cap
     planned = capsys.readouterr().out
     assert explained == planned
     assert "total spent by the job" in explained
+
+
+def test_the_query_text_is_remembered_for_the_manifest_and_not_hashed():
+    """Two texts that say the same (a comment, other spacing) are one release key and one
+    spec; each keeps its own text, which the manifest records as `query`."""
+    from dppipeline.dpsql.compile import compile_sql
+
+    plain = (
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, privacy_unit_column = "
+        "CUSTOMER_ID, max_groups_contributed = 2, max_contributions_per_partition = 3, "
+        "public_partitions = '0..9')\n"
+        "  TERMINAL_ID, COUNT(*) FROM transactions GROUP BY TERMINAL_ID"
+    )
+    commented = "-- per terminal\n" + plain.replace("  TERMINAL_ID", "TERMINAL_ID  ")
+    first, second = compile_sql(plain), compile_sql(commented)
+    assert first.spec_hash() == second.spec_hash()
+    assert first.to_dict() == second.to_dict()
+    assert "query" not in first.to_dict()
+    assert (first.query_text, second.query_text) == (plain, commented)
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "linf"), [(0, 300, 3), (-100, 300, 3), (0, 100, 3), (-50, 7, 2)]
+)
+def test_sum_bounds_per_group_are_the_plans_sensitivity(low, high, linf):
+    """SUM(..., contribution_bounds_per_group => (lo, hi)) clips rows to [lo/Linf, hi/Linf]:
+    the plan's sum mechanism must then have Linf sensitivity max(|lo|, |hi|) (a unit's
+    total in a group) and L0 the option's, as BigQuery's per-group bound says (float64
+    division: equal up to rounding)."""
+    from dppipeline.dpsql.compile import compile_sql
+    from dppipeline.lifecycle.runner import make_plan
+
+    spec = compile_sql(
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, privacy_unit_column = "
+        f"CUSTOMER_ID, max_groups_contributed = 2, max_contributions_per_partition = {linf}, "
+        "public_partitions = '0..9')\n"
+        f"  TERMINAL_ID, SUM(TX_AMOUNT, contribution_bounds_per_group => ({low}, {high}))\n"
+        "FROM transactions GROUP BY TERMINAL_ID"
+    )
+    (query,) = make_plan(spec).queries
+    (mechanism,) = [m for m in query.own_mechanisms() if m.name == "sum"]
+    assert mechanism.linf_sensitivity == pytest.approx(max(abs(low), abs(high)), rel=1e-12)
+    assert mechanism.l0_sensitivity == 2

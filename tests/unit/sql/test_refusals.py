@@ -372,6 +372,151 @@ CASES = [
         nth=2,
     ),
     Case("unknown-table", dp(table="customers"), "customers", "FROM 'customers'"),
+    # --- audit (#36): ways around the guarantee
+    Case(
+        "group-by-unit-quoted",
+        dp(items="`CUSTOMER_ID`, COUNT(*)", tail="GROUP BY `CUSTOMER_ID`"),
+        "`CUSTOMER_ID`",
+        "GROUP BY",
+        nth=2,
+    ),
+    Case(
+        "group-by-unit-bucket",
+        dp(
+            items="RANGE_BUCKET(CUSTOMER_ID, [0, 10, 20]) AS CUSTOMER_ID_bucket, COUNT(*)",
+            tail="GROUP BY CUSTOMER_ID_bucket",
+        ),
+        "CUSTOMER_ID_bucket",
+        "GROUP BY",
+        nth=2,
+    ),
+    Case(
+        "group-by-key-aliased-as-unit",
+        dp(items="TERMINAL_ID AS CUSTOMER_ID, COUNT(*)", tail="GROUP BY CUSTOMER_ID"),
+        "CUSTOMER_ID",
+        "alias 'CUSTOMER_ID'",
+        nth=2,
+    ),
+    Case(
+        "where-quoted-unknown-column",
+        dp(tail="WHERE `NOPE` = 1\nGROUP BY TERMINAL_ID"),
+        "`NOPE`",
+        "WHERE",
+    ),
+    Case(
+        "input-range-on-a-column",
+        dp(tail="RIGHT JOIN input_range USING (TERMINAL_ID)\nGROUP BY TERMINAL_ID"),
+        "input_range",
+        "JOIN input_range",
+    ),
+    Case(
+        "input-range-option-on-a-column",
+        dp(options=OPTIONS.replace("= 3)", "= 3, public_partitions = 'input_range')")),
+        "'input_range'",
+        "option public_partitions",
+    ),
+    Case(
+        "option-twice-case",
+        dp(options=OPTIONS.replace("epsilon = 1", "epsilon = 1, EPSILON = 1e9")),
+        "EPSILON",
+        "option 'epsilon'",
+    ),
+    Case(
+        "option-twice-quoted",
+        dp(options=OPTIONS.replace("epsilon = 1", "epsilon = 1, `epsilon` = 1e9")),
+        "`epsilon`",
+        "option 'epsilon'",
+    ),
+    Case(
+        "unit-differs-between-selects",
+        dp() + ";\n" + dp(options=OPTIONS.replace("= CUSTOMER_ID", "= TERMINAL_ID")),
+        "TERMINAL_ID,\n",
+        "option privacy_unit_column",
+    ),
+    Case(
+        "epsilon-overflows",
+        dp(options=OPTIONS.replace("epsilon = 1", "epsilon = 1e400")),
+        "1e400",
+        "option epsilon",
+    ),
+    Case(
+        "epsilon-nan-name",
+        dp(options=OPTIONS.replace("epsilon = 1", "epsilon = nan")),
+        "nan",
+        "option epsilon",
+    ),
+    Case(
+        "delta-nan-string",
+        dp(options=OPTIONS.replace("epsilon = 1", "epsilon = 1, delta = 'NaN'")),
+        "'NaN'",
+        "option delta",
+    ),
+    Case(
+        "epsilon-true",
+        dp(options=OPTIONS.replace("epsilon = 1", "epsilon = TRUE")),
+        "TRUE",
+        "option epsilon",
+    ),
+    Case(
+        "l0-huge",
+        dp(options=OPTIONS.replace("contributed = 2", "contributed = 99999999999999999999")),
+        "99999999999999999999",
+        "option max_groups_contributed",
+    ),
+    Case(
+        "linf-negative",
+        dp(options=OPTIONS.replace("partition = 3", "partition = -3")),
+        "-3",
+        "option max_contributions_per_partition",
+    ),
+    Case(
+        "bounds-infinite",
+        dp(items="TERMINAL_ID, SUM(TX_AMOUNT, contribution_bounds_per_row => (0, 1e400))"),
+        "contribution_bounds_per_row",
+        "contribution bounds",
+    ),
+    Case(
+        "bounds-huge",
+        dp(items="TERMINAL_ID, SUM(TX_AMOUNT, contribution_bounds_per_row => (-1e300, 0))"),
+        "contribution_bounds_per_row",
+        "contribution bounds",
+    ),
+    Case(
+        "sum-group-bounds-with-l1",
+        dp(
+            options=OPTIONS.replace("= 3)", "= 3, max_rows_contributed = 4)"),
+            items="TERMINAL_ID, SUM(TX_AMOUNT, contribution_bounds_per_group => (0, 300))",
+        ),
+        "4)",
+        "option max_rows_contributed",
+    ),
+    Case(
+        "pre-threshold-negative",
+        dp(options=OPTIONS.replace("= 3)", "= 3, min_privacy_units_per_group = -5)")),
+        "-5",
+        "option min_privacy_units_per_group",
+    ),
+    Case(
+        "key-range-huge",
+        dp(
+            tail="RIGHT JOIN UNNEST(GENERATE_ARRAY(0, 1000000000000)) USING (TERMINAL_ID)\n"
+            "GROUP BY TERMINAL_ID"
+        ),
+        "UNNEST",
+        "option public_partitions",
+    ),
+    Case(
+        "statement-after-a-comment",
+        dp(tail="GROUP BY TERMINAL_ID -- the end\n; DELETE FROM transactions"),
+        "DELETE",
+        "'DELETE'",
+    ),
+    Case(
+        "statement-after-a-string",
+        dp(tail="WHERE TX_AMOUNT > 'x;' ; DROP TABLE transactions\nGROUP BY TERMINAL_ID"),
+        "DROP",
+        "'DROP'",
+    ),
     # --- WHERE (the spec's filter grammar, positions inside the clause)
     Case(
         "where-unknown-column",
@@ -524,3 +669,25 @@ def test_mangled_examples_are_refused_as_usage_errors_never_as_bugs():
         except UsageError:
             refused += 1
     assert refused > 200  # most mangled texts are refused (so the loop tested refusals)
+
+
+@pytest.mark.parametrize("where", ["a file of the input", "the input folder"])
+def test_a_key_table_that_is_the_input_is_refused(where, small_inputs, tmp_path, capsys):
+    """Public keys must be public: the input's own file as a key table would release the
+    data's key set (a terminal only one customer uses, too). Refused at the JOIN, before any
+    read or charge (`--input` names the data, so the key table is compared with it)."""
+    data = small_inputs["csv"]
+    table = sorted(data.glob("*.csv"))[0] if where == "a file of the input" else data
+    ledger = tmp_path / "ledger.sqlite"
+    query = dp(tail=f"RIGHT JOIN `{table}` USING (TERMINAL_ID)\nGROUP BY TERMINAL_ID")
+    argv = ["sql", query, "--input", str(data), "--format", "csv"]
+    argv += ["--output", str(tmp_path / "out"), "--ledger", f"sqlite:///{ledger}"]
+    code = main(argv)
+    out, err = capsys.readouterr()
+    at = query.index("`")
+    line, column = query.count("\n", 0, at) + 1, at - query.rfind("\n", 0, at)
+    assert code == 2, err
+    assert err.count("\n") == 1 and out == "", err
+    assert err.startswith(f"dppipeline sql: error: query:{line}:{column}: "), err
+    assert "must be public, not the input" in err
+    assert ledger_rows(ledger) == 0
