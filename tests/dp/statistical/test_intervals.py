@@ -278,8 +278,8 @@ def test_intervals_cover_95_percent_and_are_as_narrow_as_the_noise_allows(
     of the same mechanism): each metric's interval covers the exact value in 95% of them
     within 4 standard errors (or more, never less), and its median width is at most 10% above
     the width of the mechanism's central 95% range, bounded from the released values
-    themselves (`central_95_range_upper_bound`, failure rate 1e-6). Small: 5 x the count's 95% noise half-width rows (ratios mostly noise);
-    large: 40 x."""
+    themselves (`central_95_range_upper_bound`, failure rate 1e-6). Small: 5 x the count's 95%
+    noise half-width rows (ratios mostly noise); large: 40 x."""
     from dppipeline.core.mechanisms import noise_partitions
 
     plan = regime_plan(noise, count_noise, l0_linf)
