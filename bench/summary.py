@@ -32,10 +32,10 @@ RATIOS = {
     ),
     "spark_engine": (
         ("ours_over_baseline", "ours / groupBy"),
-        ("scaled_over_baseline", "scaled Linf / groupBy"),
+        ("sampled_over_baseline", "sampled Linf / groupBy"),
         ("pipelinedp_over_ours", "PipelineDP / ours"),
         ("bank_over_ours", "12 queries / 1"),
-        ("bank_scaled_over_scaled", "12 queries / 1, scaled"),
+        ("bank_sampled_over_sampled", "12 queries / 1, sampled"),
     ),
     "beam_engine": (
         ("ours_over_baseline", "ours / CombinePerKey"),
