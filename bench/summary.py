@@ -33,10 +33,10 @@ RATIOS = {
     ),
     "spark_engine": (
         ("ours_over_baseline", "ours / groupBy"),
-        ("scaled_over_baseline", "scaled Linf / groupBy"),
+        ("sampled_over_baseline", "sampled Linf / groupBy"),
         ("pipelinedp_over_ours", "PipelineDP / ours"),
         ("bank_over_ours", "bank job / one query"),
-        ("bank_scaled_over_scaled", "bank job / one query, scaled"),
+        ("bank_sampled_over_sampled", "bank job / one query, sampled"),
     ),
     "beam_engine": (
         ("ours_over_baseline", "ours / CombinePerKey"),

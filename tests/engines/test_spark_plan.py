@@ -13,12 +13,20 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import functions as F
 
-from dppipeline.core.tasks import task_for
+from dppipeline.core.tasks import read_schema, task_for
 from dppipeline.engines.kernel.sampling import new_salt
 from dppipeline.engines.spark import bound as spark_bound
+from dppipeline.engines.spark import read as spark_read
 from dppipeline.engines.spark.aggregate import bound_and_aggregate
 from dppipeline.engines.spark.bound import keep_public, shuffled_by_unit, sql_literal
-from dppipeline.engines.spark.read import _spark_file_uri, footer_ddl, hadoop_path
+from dppipeline.engines.spark.read import (
+    _spark_file_uri,
+    footer_ddl,
+    hadoop_path,
+    read_validated,
+    valid_rows,
+)
+from dppipeline.inputs.files import discover_partitions
 from dppipeline.spec.model import build_spec
 
 pytestmark = pytest.mark.usefixtures("spark")
@@ -193,3 +201,77 @@ def test_queries_of_one_job_bound_the_rows_of_one_shuffle(spark):
             assert exchanges == [task.key_names[0] if task.key_names else "0"], final
     finally:
         shared.unpersist()
+
+
+# Plan nodes that run Python (a UDF, pandas or Arrow batches in a Python worker).
+PYTHON_NODES = ("BatchEvalPython", "ArrowEvalPython", "PythonUDF", "MapInPandas", "MapInArrow")
+
+
+def test_the_scaled_default_plans_hash_aggregates_only(spark, small_inputs):
+    """The one-query default (count and sum, Linf scaled) from the Parquet read to the
+    partition aggregates: every aggregate a hash aggregate, the (unit, key) pairs aggregated
+    partially before their first exchange (as a groupBy would), no bottom-k (`min_by`), no
+    sort aggregate and no Python anywhere: the files, validation and bounding run in the JVM."""
+    folder = small_inputs["parquet"]
+    spec = build_spec(
+        {},
+        {
+            "input.path": str(folder),
+            "output": "unused",
+            "metrics": ["count", "sum"],
+            "bounds.max_partitions_contributed": 2,
+            "bounds.max_contributions_per_partition": 2,
+            "bounds.min_value": 0.0,
+            "bounds.max_value": 10.0,
+        },
+    )
+    task = task_for(spec.queries[0], spec.source_schema)
+    assert task.scaled  # the default for count and sum
+    days = discover_partitions(folder, "parquet")
+    inputs = read_validated(spark, days, "parquet", read_schema(spec, [task]))
+    rows = valid_rows(inputs.validated, read_schema(spec, [task]))
+    aggregates = bound_and_aggregate(rows, task, spec.privacy_unit, new_salt())
+    spark.conf.set("spark.sql.adaptive.enabled", "false")  # the whole plan, not stage by stage
+    try:
+        plan = aggregates._jdf.queryExecution().executedPlan().toString()
+    finally:
+        spark.conf.set("spark.sql.adaptive.enabled", "true")
+    plain = re.sub(r"#\d+L?", "", plan)
+    assert "HashAggregate" in plain
+    for absent in ("SortAggregate", "ObjectHashAggregate", "min_by", *PYTHON_NODES):
+        assert absent not in plain, plan
+    # The rows' first exchange carries partial pair aggregates: a partial hash aggregate keyed
+    # by (unit, key) right below it, not the rows themselves.
+    pair_exchange = plain.index("Exchange hashpartitioning(CUSTOMER_ID, TERMINAL_ID")
+    below = plain[pair_exchange:]
+    assert re.search(
+        r"HashAggregate\(keys=\[CUSTOMER_ID, TERMINAL_ID\], functions=\[partial_count", below
+    ), plan
+    assert below.count("Exchange") == 1 + below.count("BroadcastExchange"), plan
+    assert aggregates.agg(F.sum("count")).first()[0] > 0
+
+
+def test_rows_of_a_file_spark_names_unexpectedly_keep_their_file_and_day(
+    spark, small_inputs, monkeypatch
+):
+    """Should Spark name a file otherwise than predicted, the lookup by its name misses and
+    the row falls back to its decoded name: the same files and days, no row rejected."""
+    folder = small_inputs["parquet"]
+    bounds = {"bounds.min_value": 0.0, "bounds.max_value": 10.0}
+    spec = build_spec({}, {"input.path": str(folder), "output": "unused", **bounds})
+    schema = read_schema(spec, [task_for(spec.queries[0], spec.source_schema)])
+    days = discover_partitions(folder, "parquet")
+
+    def sources(validated):
+        return sorted(
+            (r["_source_file"], r["_row"], r["_bad"])
+            for r in validated.select("_source_file", "_row", "_bad").collect()
+        )
+
+    expected = sources(read_validated(spark, days, "parquet", schema).validated)
+    monkeypatch.setattr(spark_read, "_spark_file_uri", lambda _spark, path: f"file:/nowhere{path}")
+    fallback = sources(read_validated(spark, days, "parquet", schema).validated)
+    assert fallback == expected
+    listed = {str(p) for day in days for p in day.files}
+    assert {s for s, _, _ in fallback} == listed
+    assert not any(bad for _, _, bad in fallback)

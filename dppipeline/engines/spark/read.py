@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
@@ -49,6 +50,7 @@ ERROR = "_error"
 _GLOB_CHARACTERS = re.compile(r"([\\*?\[\]{}])")
 _EPOCH = "TIMESTAMP_NTZ'1970-01-01 00:00:00'"
 _NANOS_AS_LONG = "spark.sql.legacy.parquet.nanosAsLong"
+FOOTER_THREADS = 4
 
 
 @dataclass(frozen=True)
@@ -175,16 +177,19 @@ def _parquet_groups(
     """Files grouped by how their footers store the job's columns; one Spark read each."""
     by_layout: dict[tuple[str, ...], list[tuple[Path, dt.date | None]]] = {}
     footers: dict[tuple[str, ...], tuple[pa.Schema, dict[str, Source]]] = {}
-    for day in days:
-        for path in day.files:
-            footer = parquet_footer(path)
+    listed = [(path, day.day) for day in days for path in day.files]
+    # The footers read on a few threads (pyarrow reads without the GIL): 4,000 daily files
+    # took seconds one after another. In the files' order, so the first bad file is named.
+    with ThreadPoolExecutor(FOOTER_THREADS) as pool:
+        read_footers = pool.map(parquet_footer, [path for path, _ in listed])
+        for (path, day), footer in zip(listed, read_footers, strict=True):
             sources = column_sources(str(path), footer, schema)
             from_path = columns_from_path(str(path), footer.names, schema)
             layout = tuple(
                 _PATH if name in from_path else str(footer.field(name).type)
                 for name in schema.names
             )
-            by_layout.setdefault(layout, []).append((path, day.day))
+            by_layout.setdefault(layout, []).append((path, day))
             footers[layout] = (footer, sources)
     return [
         _parquet_group(spark, files, schema, *footers[layout])
@@ -254,6 +259,7 @@ def _parquet_group(
 
 
 _FILE_URI, _KNOWN_SOURCE, _KNOWN_DAY = "_file_uri", "_known_source", "_known_day"
+_FILE_KEY, _DECODED_KEY = "_file_key", "_decoded_key"
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9/._=-]+")
 
 
@@ -271,12 +277,16 @@ def _with_file_columns(
     lookup per row. Decoding that name on every row and looking it up in literal maps, which
     Spark scans per row, took a third of the engine's time at 5M rows (docs/explanation/engines.md).
     Should Spark name a file otherwise than `_spark_file_uri` predicts, the row falls back
-    to decoding its name: no row is lost."""
+    to its name decoded, looked up in the same table by the runner's path: no row is lost.
+    The fallback is a second broadcast join whose key is null (no lookup, no decoding) where
+    the first one found the file; its cost on the driver does not grow with the files (the
+    literal maps it replaced took a py4j call per file and value: minutes at 4,000 files)."""
     in_path = [n for n in schema.names if n not in footer.names]
     folder_values = [columns_from_path(str(path), footer.names, schema) for path, _ in files]
     table = pd.DataFrame(
         {
             _FILE_URI: pd.Series([_spark_file_uri(spark, p) for p, _ in files], dtype=object),
+            _FILE_KEY: pd.Series([_file_key(p) for p, _ in files], dtype=object),
             _KNOWN_SOURCE: pd.Series([str(p) for p, _ in files], dtype=object),
             _KNOWN_DAY: pd.Series([day for _, day in files], dtype=object),
         }
@@ -284,34 +294,33 @@ def _with_file_columns(
     for name in in_path:
         table[f"_known_{name}"] = [values[name] for values in folder_values]
     ddl = ", ".join(
-        [f"{_FILE_URI} string, {_KNOWN_SOURCE} string, {_KNOWN_DAY} date"]
+        [f"{_FILE_URI} string, {_FILE_KEY} string, {_KNOWN_SOURCE} string, {_KNOWN_DAY} date"]
         + [f"`_known_{name}` string" for name in in_path]
     )
     known = spark.createDataFrame(table, ddl)
-    # The slow path: Spark's name decoded, looked up in literal maps.
-    decoded = _decoded(F.col(_FILE_URI))
-    keys = [_file_key(path) for path, _ in files]
-
-    def by_file(values: Sequence[object]) -> Column:
-        pairs = [F.lit(x) for key, value in zip(keys, values, strict=True) for x in (key, value)]
-        return F.element_at(F.create_map(*pairs), decoded)
-
-    fallback = {
-        SOURCE: by_file([str(p) for p, _ in files]),
-        DAY: by_file([day for _, day in files]),
-    } | {name: by_file([values[name] for values in folder_values]) for name in in_path}
     known_column = {SOURCE: _KNOWN_SOURCE, DAY: _KNOWN_DAY} | {n: f"_known_{n}" for n in in_path}
+    by_uri = known.drop(_FILE_KEY)
+    # The slow path's table: the same files keyed by their decoded names, values renamed.
+    by_key = known.select(
+        F.col(_FILE_KEY).alias(_DECODED_KEY),
+        *[F.col(known_column[c]).alias(f"_decoded{known_column[c]}") for c in known_column],
+    )
     read = frame.select(
         "*",
         F.col("_metadata.file_path").alias(_FILE_URI),
         (F.col("_metadata.row_index") + 1).alias(ROW),
     )
-    joined = read.join(F.broadcast(known), on=_FILE_URI, how="left")
-    # coalesce evaluates the fallback only where the lookup found nothing
+    joined = read.join(F.broadcast(by_uri), on=_FILE_URI, how="left")
+    # Decoded only where the lookup by Spark's name found nothing (null key elsewhere).
+    missed = F.when(F.col(_KNOWN_SOURCE).isNull(), _decoded(F.col(_FILE_URI)))
+    joined = joined.join(F.broadcast(by_key), on=missed == F.col(_DECODED_KEY), how="left")
     return joined.select(
         *frame.columns,
         ROW,
-        *[F.coalesce(F.col(known_column[c]), fallback[c]).alias(c) for c in fallback],
+        *[
+            F.coalesce(F.col(known_column[c]), F.col(f"_decoded{known_column[c]}")).alias(c)
+            for c in known_column
+        ],
     )
 
 
