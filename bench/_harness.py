@@ -273,6 +273,13 @@ BOUND_FLAGS = (
 )
 
 
+def bench_ledger(engine: str, label: str) -> Path:
+    """A benchmark's own ledger (not the project's: see ours_command), one per engine and size:
+    the sizes share their first days' files, and a ledger holds data charged in one scope to
+    that scope (rows_5M's first 40 days are rows_1M's, charged in scope rows_1M)."""
+    return DATA_DIR / f"{engine}_ledger_{label}.sqlite"
+
+
 def ours_command(
     engine: str, data: Dataset, keys: Path, output: Path, ledger: Path, *options: str
 ) -> list[str]:

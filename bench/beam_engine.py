@@ -28,6 +28,7 @@ from bench._harness import (
     Program,
     Timing,
     bank_job_command,
+    bench_ledger,
     build_job_spec,
     ours_command,
     pipelinedp_command,
@@ -70,20 +71,13 @@ BASELINE_MARKERS = {
 }
 
 
-def ledger(label: str) -> Path:
-    """The benchmark's own ledger (not the project's: see ours_command), one per size: the
-    sizes share their first days' files, and a ledger holds data charged in one scope to it
-    (rows_5M's first 40 days are rows_1M's, charged in scope rows_1M)."""
-    return DATA_DIR / f"beam_ledger_{label}.sqlite"
-
-
 def programs(data: Dataset, keys: Path, args: argparse.Namespace) -> dict[str, Program]:
     """The contenders in run order (PipelineDP last, when not skipped), each running this
     interpreter from the project root; ours with the same flags as in bench.spark_engine."""
     label, repeat, name = data.label, args.repeat, build_job_spec(data, keys).name
     ours_out = DATA_DIR / f"beam_release_{label}"
     sampled_out = DATA_DIR / f"beam_sampled_{label}"
-    book = ledger(label)
+    book = bench_ledger("beam", label)
     ours_2p_out = DATA_DIR / f"beam_release_{label}_2proc"
     pdp_out = DATA_DIR / f"beam_pipelinedp_{label}"
     baseline_out = DATA_DIR / f"beam_baseline_{label}"

@@ -26,6 +26,7 @@ from bench._harness import (
     Dataset,
     Program,
     bank_job_command,
+    bench_ledger,
     build_job_spec,
     ours_command,
     pipelinedp_command,
@@ -41,7 +42,6 @@ from bench._report import (
 )
 
 LOG_DIR = DATA_DIR / "spark_logs"
-LEDGER = DATA_DIR / "spark_ledger.sqlite"  # not the project's: see ours_command
 SIZES = ("1M", "5M", "20M", "100M")
 DEFAULT_SIZES = ("5M", "20M", "100M")
 TARGET_SIZES = ("5M", "20M", "100M")  # where ours must stay within TARGET x the groupBy
@@ -114,10 +114,11 @@ def programs(data: Dataset, keys: Path, args: argparse.Namespace) -> dict[str, P
     pdp_out = DATA_DIR / f"spark_pipelinedp_{label}.parquet"
     baseline_out = DATA_DIR / f"spark_baseline_{label}"
     baseline = [sys.executable, "-c", BASELINE_PROGRAM, str(data.folder), str(baseline_out), MASTER]
+    ledger = bench_ledger("spark", label)
     found = {
         OURS: Program(
             OURS,
-            ours_command("spark", data, keys, ours_out, LEDGER),
+            ours_command("spark", data, keys, ours_out, ledger),
             {"DPPIPELINE_SPARK_MASTER": MASTER},
             OURS_MARKERS,
             ours_out / build_job_spec(data, keys).name,
@@ -125,7 +126,7 @@ def programs(data: Dataset, keys: Path, args: argparse.Namespace) -> dict[str, P
         ),
         SAMPLED: Program(
             SAMPLED,
-            ours_command("spark", data, keys, sampled_out, LEDGER, "--linf-bounding", "sample"),
+            ours_command("spark", data, keys, sampled_out, ledger, "--linf-bounding", "sample"),
             {"DPPIPELINE_SPARK_MASTER": MASTER},
             OURS_MARKERS,
             sampled_out / build_job_spec(data, keys).name,
@@ -133,7 +134,7 @@ def programs(data: Dataset, keys: Path, args: argparse.Namespace) -> dict[str, P
         ),
         BANK: Program(
             BANK,
-            bank_job_command("spark", data, DATA_DIR / f"spark_bank_{label}", LEDGER),
+            bank_job_command("spark", data, DATA_DIR / f"spark_bank_{label}", ledger),
             {"DPPIPELINE_SPARK_MASTER": MASTER},
             OURS_MARKERS,
             DATA_DIR / f"spark_bank_{label}" / "mean_ticket_per_terminal",
@@ -145,7 +146,7 @@ def programs(data: Dataset, keys: Path, args: argparse.Namespace) -> dict[str, P
                 "spark",
                 data,
                 DATA_DIR / f"spark_bank_sampled_{label}",
-                LEDGER,
+                ledger,
                 "--linf-bounding",
                 "sample",
             ),
