@@ -112,6 +112,43 @@ def scaled_partials(
     return frame
 
 
+def shares_pairs(task: AggregationTask, source: AggregationTask) -> bool:
+    """Whether `task`'s pair partials are a projection of `source`'s: both scaled, the same
+    rows (filter), pairs (keys, public keys) and clipped values (value column and bounds), the
+    squares where `task` needs them; or `task` reads no value (then only the rows per pair).
+    L0 and Linf may differ: they bound the pairs afterwards (`bound_and_aggregate`)."""
+    if not (task.scaled and source.scaled) or (task.filter, task.keys) != (
+        source.filter,
+        source.keys,
+    ):
+        return False
+    if (task.public_keys is None) != (source.public_keys is None):
+        return False
+    if task.public_keys is not None and not task.public_keys.equals(source.public_keys):
+        return False
+    if task.clip is None:
+        return True
+    return (task.value, task.clip) == (source.value, source.clip) and (
+        source.sum_squares or not task.sum_squares
+    )
+
+
+def shared_pairs(partials: pl.DataFrame, task: AggregationTask, unit: str) -> pl.DataFrame:
+    """`task`'s pair partials from another task's (`shares_pairs`): the same columns as its
+    own query gives; without a value, deviations from 0 of the value 0 (exactly 0.0)."""
+    columns = [pl.col(unit), *(pl.col(k) for k in task.key_names), pl.col(ROWS)]
+    if task.clip is None:
+        zero = pl.lit(0.0, pl.Float64)
+        columns.append(zero.alias(DEVIATIONS))
+        if task.sum_squares:
+            columns.append(zero.alias(SQUARES))
+    else:
+        columns.append(pl.col(DEVIATIONS))
+        if task.sum_squares:
+            columns.append(pl.col(SQUARES))
+    return partials.select(columns)
+
+
 def task_rows(
     rows: pl.DataFrame, task: AggregationTask, unit: str, public: pl.DataFrame | None = None
 ) -> pl.DataFrame:
@@ -355,18 +392,28 @@ class TaskBounder:
         }
         self.kept: dict[str, list[pl.DataFrame]] = {t.name: [] for t in tasks}
         self.compacted = dict.fromkeys(self.kept, 0)  # rows held after the last thinning
+        # Scaled task -> the earlier scaled task whose pair partials it reads (`shares_pairs`).
+        self.source: dict[str, str] = {}
+        scaled = [t for t in tasks if t.scaled]
+        for i, task in enumerate(scaled):
+            source = next((s for s in scaled[:i] if shares_pairs(task, s)), None)
+            if source is not None:
+                self.source[task.name] = self.source.get(source.name, source.name)
 
     def add(self, rows: pl.DataFrame) -> None:
         # Scaled tasks: one lazy query each from the rows to their pairs, run together.
-        scaled = [t for t in self.tasks if t.scaled]
+        # A task whose pairs another task's query gives reads them (`shares_pairs`).
+        scaled = [t for t in self.tasks if t.scaled and t.name not in self.source]
         partials = pl.collect_all(
             [scaled_partials(rows, t, self.unit, self.public[t.name]) for t in scaled]
         )
         batch = dict(zip([t.name for t in scaled], partials, strict=True))
         for task in self.tasks:
             kept = self.kept[task.name]
-            if task.scaled:
-                kept.append(batch.pop(task.name))
+            if task.name in self.source:
+                kept.append(shared_pairs(batch[self.source[task.name]], task, self.unit))
+            elif task.scaled:
+                kept.append(batch[task.name])
             else:
                 frame = task_rows(rows, task, self.unit, self.public[task.name])
                 kept.append(pre_bound(frame, task, self.unit, self.keys))
