@@ -42,7 +42,7 @@ _QUANTILE_SUM_SIGMA = 1e5
 
 
 @cache
-def _sampler(kind: str, scale: float) -> Callable[[list[int]], list[int]]:
+def _sampler(kind: str, scale: float) -> Callable[[np.ndarray], list[int]]:
     """OpenDP's vector sampler: discrete Laplace (scale t) or discrete Gaussian (sigma) on
     64-bit integers."""
     # The modules themselves, not opendp.prelude (which also loads its numpy/sklearn extras).
@@ -57,7 +57,7 @@ def _sampler(kind: str, scale: float) -> Callable[[list[int]], list[int]]:
         make = measurements.make_gaussian(domain, metrics.l2_distance(T="i64"), scale)
     else:
         raise ValueError(f"no discrete sampler {kind!r}")
-    sample: Callable[[list[int]], list[int]] = make
+    sample: Callable[[np.ndarray], list[int]] = make
     return sample
 
 
@@ -65,7 +65,8 @@ def add_discrete_noise(kind: str, scale: float, exact: np.ndarray) -> np.ndarray
     """`exact` (integers) plus independent discrete noise on each, as int64."""
     if len(exact) == 0:
         return np.zeros(0, dtype=np.int64)
-    values = np.asarray(exact).astype(np.int64).tolist()
+    # An int64 array goes to Rust in bulk; a list would be checked element by element.
+    values = np.ascontiguousarray(np.asarray(exact).astype(np.int64))
     return np.asarray(_sampler(kind, float(scale))(values), dtype=np.int64)
 
 

@@ -41,6 +41,7 @@ from dppipeline.core.plan import (
     AggregationParams,
     BudgetPlan,
     JobPlan,
+    LaplaceNoise,
     MechanismBudget,
 )
 from dppipeline.spec.metrics import (
@@ -157,7 +158,10 @@ def _noised(plan: BudgetPlan, name: str, exact: np.ndarray) -> np.ndarray:
     if mechanism.discrete:
         assert mechanism.noise_scale is not None
         return add_discrete_noise(mechanism.mechanism, mechanism.noise_scale, exact)
-    add_noise = mechanism.build_additive().add_noise
+    additive = mechanism.build_additive()
+    if isinstance(additive, LaplaceNoise):
+        return additive.add_noise_all(exact)
+    add_noise = additive.add_noise
     return np.fromiter((add_noise(float(x)) for x in exact), dtype=np.float64, count=len(exact))
 
 

@@ -40,6 +40,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from dppipeline.core.columns import DISTINCT_PREFIX
 from dppipeline.core.extremes import EXTREME_METRICS
 from dppipeline.spec.metrics import VARIANCE_METRICS, distinct_columns, metric_column, percentile_of
@@ -319,6 +321,12 @@ class LaplaceNoise:
 
     def add_noise(self, value: float) -> float:
         return float(self._mechanism.add_noise(1.0 * value))
+
+    def add_noise_all(self, values: np.ndarray) -> np.ndarray:
+        """`add_noise` on each value in order (the same draws), PyDP called without a Python
+        wrapper per value (a bank job noises 200,000 values at 20M rows)."""
+        floats = np.asarray(values, dtype=np.float64).tolist()
+        return np.fromiter(map(self._mechanism.add_noise, floats), np.float64, len(floats))
 
 
 @dataclass(frozen=True)

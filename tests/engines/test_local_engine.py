@@ -233,3 +233,60 @@ def sorted_values(frame: pd.DataFrame) -> pd.DataFrame:
     if "values" in frame.columns:
         frame["values"] = [sorted(v) for v in frame["values"]]
     return frame
+
+
+def test_queries_share_pair_partials_only_where_their_rows_and_values_agree(small_inputs, tmp_path):
+    """Scaled queries on the same rows and pairs read one query's pair partials: each query's
+    exact aggregates in the job equal those of the query run on its own. `narrow` clips at
+    another bound (binding: its sums differ), so it must compute its own pairs; `customers`
+    reads no value and `wide_l0` bounds pairs with another L0, so both read `wide`'s."""
+    from dppipeline.core.tasks import plan_tasks
+    from dppipeline.engines.kernel.polars_tasks import TaskBounder
+    from dppipeline.engines.kernel.sampling import SamplingKeys
+    from dppipeline.lifecycle.runner import make_plan
+
+    public = {"public_partitions": "0..1000"}
+    wide = {"min_value": 0.0, "max_value": 150.0}
+    queries = [
+        {"name": "wide", "metrics": ["count", "sum", "variance"], "bounds": wide},
+        {"name": "narrow", "metrics": ["count", "sum"], "bounds": {**wide, "max_value": 20.0}},
+        {"name": "customers", "metrics": ["privacy_id_count"]},
+        {
+            "name": "wide_l0",
+            "metrics": ["count", "sum"],
+            "bounds": {**wide, "max_partitions_contributed": 2},
+        },
+    ]
+    for query in queries:
+        query.update(partition_by=["TERMINAL_ID"], partition_selection=public)
+    spec = build_spec(
+        {
+            "name": "shared",
+            "privacy_unit": "CUSTOMER_ID",
+            "value": "TX_AMOUNT",
+            "input": {"path": str(small_inputs["parquet"])},
+            "output": str(tmp_path / "out"),
+            "budget": {"epsilon": 1.0, "delta": 1e-6},
+            "bounds": {"max_partitions_contributed": 3, "max_contributions_per_partition": 2},
+            "queries": queries,
+        }
+    )
+    days = discover_partitions(small_inputs["parquet"], "parquet")
+    tasks = plan_tasks(spec, make_plan(spec), days).tasks
+    assert all(t.scaled for t in tasks)
+
+    def aggregates(chosen) -> dict[str, pd.DataFrame]:
+        result = compute_aggregates(
+            chosen, days, schema=read_schema(spec, chosen), fmt="parquet", unit="CUSTOMER_ID",
+            max_rejected_fraction=0.0, quarantine=tmp_path / "q", salt=new_salt(3),
+        )  # fmt: skip
+        return {name: sorted_values(frame) for name, frame in result.aggregates.items()}
+
+    together = aggregates(tasks)
+    assert together["narrow"]["sum"].sum() < together["wide"]["sum"].sum()  # the clip binds
+    for task in tasks:
+        alone = aggregates([task])[task.name]
+        pd.testing.assert_frame_equal(together[task.name], alone, check_dtype=False, rtol=1e-12)
+    # and the job did share (the pairs above came from `wide`'s query)
+    bounder = TaskBounder(tasks, "CUSTOMER_ID", SamplingKeys.from_salt(new_salt(3)), compact_rows=0)
+    assert bounder.source == {"customers": "wide", "wide_l0": "wide"}

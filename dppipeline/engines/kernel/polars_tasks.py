@@ -65,6 +65,90 @@ def bucket_expr(value: pl.Expr, key: KeyColumn) -> pl.Expr:
     return expr
 
 
+# Time buckets labelled by text: rows are grouped by the truncated moment and only the pairs'
+# keys are formatted (strftime per row cost 0.4 s per query in a 1.6M-row batch).
+_TRUNCATE = {"hour": "1h", "month": "1mo", "year": "1y"}
+_LABEL = {"hour": "%Y-%m-%dT%H", "month": "%Y-%m", "year": "%Y"}
+
+
+def scaled_partials(
+    rows: pl.DataFrame, task: AggregationTask, unit: str, public: pl.DataFrame | None
+) -> pl.LazyFrame:
+    """`pair_partials` of `task_rows` as one lazy query from the batch's rows to the pairs:
+    filter, keys, clip, group by (unit, keys), then the public-key semi-join on the pairs
+    (the same pairs as joining the rows first: a pair's rows share its keys). Text time
+    buckets are grouped by the truncated moment and labelled per pair. Polars runs the
+    queries of several tasks together (`TaskBounder.add`)."""
+    frame = rows.lazy()
+    if task.filter is not None:
+        frame = frame.filter(to_polars(task.filter))
+    value = pl.lit(0.0) if task.clip is None else pl.col(task.value).clip(*task.clip)
+    deferred = [
+        k
+        for k in task.keys
+        if k.bucket in _TRUNCATE and isinstance(rows.schema.get(k.input_column), pl.Datetime)
+    ]
+    keys = [
+        pl.col(k.input_column).dt.truncate(_TRUNCATE[k.bucket]).alias(k.name)
+        if k in deferred
+        else key_expr(k)
+        for k in task.keys
+    ]
+    deviation = (value.cast(pl.Float64) - task.midpoint).alias("_deviation")
+    frame = frame.select(pl.col(unit), *keys, deviation)
+    sums = [pl.len().cast(pl.Int64).alias(ROWS), pl.col("_deviation").sum().alias(DEVIATIONS)]
+    if task.sum_squares:
+        sums.append((pl.col("_deviation") ** 2).sum().alias(SQUARES))
+    frame = frame.group_by([unit, *task.key_names]).agg(sums)
+    if deferred:
+        frame = frame.with_columns(
+            pl.col(k.name).dt.strftime(_LABEL[k.bucket])  # type: ignore[index]
+            for k in deferred
+        )
+    if task.public_keys is not None:
+        if public is None:
+            public = pl.from_pandas(task.public_keys, include_index=False)
+        frame = frame.join(public.lazy(), on=task.key_names, how="semi")
+    return frame
+
+
+def shares_pairs(task: AggregationTask, source: AggregationTask) -> bool:
+    """Whether `task`'s pair partials are a projection of `source`'s: both scaled, the same
+    rows (filter), pairs (keys, public keys) and clipped values (value column and bounds), the
+    squares where `task` needs them; or `task` reads no value (then only the rows per pair).
+    L0 and Linf may differ: they bound the pairs afterwards (`bound_and_aggregate`)."""
+    if not (task.scaled and source.scaled) or (task.filter, task.keys) != (
+        source.filter,
+        source.keys,
+    ):
+        return False
+    if (task.public_keys is None) != (source.public_keys is None):
+        return False
+    if task.public_keys is not None and not task.public_keys.equals(source.public_keys):
+        return False
+    if task.clip is None:
+        return True
+    return (task.value, task.clip) == (source.value, source.clip) and (
+        source.sum_squares or not task.sum_squares
+    )
+
+
+def shared_pairs(partials: pl.DataFrame, task: AggregationTask, unit: str) -> pl.DataFrame:
+    """`task`'s pair partials from another task's (`shares_pairs`): the same columns as its
+    own query gives; without a value, deviations from 0 of the value 0 (exactly 0.0)."""
+    columns = [pl.col(unit), *(pl.col(k) for k in task.key_names), pl.col(ROWS)]
+    if task.clip is None:
+        zero = pl.lit(0.0, pl.Float64)
+        columns.append(zero.alias(DEVIATIONS))
+        if task.sum_squares:
+            columns.append(zero.alias(SQUARES))
+    else:
+        columns.append(pl.col(DEVIATIONS))
+        if task.sum_squares:
+            columns.append(pl.col(SQUARES))
+    return partials.select(columns)
+
+
 def task_rows(
     rows: pl.DataFrame, task: AggregationTask, unit: str, public: pl.DataFrame | None = None
 ) -> pl.DataFrame:
@@ -308,12 +392,31 @@ class TaskBounder:
         }
         self.kept: dict[str, list[pl.DataFrame]] = {t.name: [] for t in tasks}
         self.compacted = dict.fromkeys(self.kept, 0)  # rows held after the last thinning
+        # Scaled task -> the earlier scaled task whose pair partials it reads (`shares_pairs`).
+        self.source: dict[str, str] = {}
+        scaled = [t for t in tasks if t.scaled]
+        for i, task in enumerate(scaled):
+            source = next((s for s in scaled[:i] if shares_pairs(task, s)), None)
+            if source is not None:
+                self.source[task.name] = self.source.get(source.name, source.name)
 
     def add(self, rows: pl.DataFrame) -> None:
+        # Scaled tasks: one lazy query each from the rows to their pairs, run together.
+        # A task whose pairs another task's query gives reads them (`shares_pairs`).
+        scaled = [t for t in self.tasks if t.scaled and t.name not in self.source]
+        partials = pl.collect_all(
+            [scaled_partials(rows, t, self.unit, self.public[t.name]) for t in scaled]
+        )
+        batch = dict(zip([t.name for t in scaled], partials, strict=True))
         for task in self.tasks:
             kept = self.kept[task.name]
-            frame = task_rows(rows, task, self.unit, self.public[task.name])
-            kept.append(pre_bound(frame, task, self.unit, self.keys))
+            if task.name in self.source:
+                kept.append(shared_pairs(batch[self.source[task.name]], task, self.unit))
+            elif task.scaled:
+                kept.append(batch[task.name])
+            else:
+                frame = task_rows(rows, task, self.unit, self.public[task.name])
+                kept.append(pre_bound(frame, task, self.unit, self.keys))
             # A batch rarely holds more than Linf rows of a pair: what the batches kept is
             # thinned together once it is large.
             if sum(f.height for f in kept) > max(self.compact_rows, 2 * self.compacted[task.name]):
