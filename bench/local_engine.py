@@ -39,6 +39,7 @@ from bench._harness import (
     Dataset,
     Program,
     bank_job_command,
+    bench_ledger,
     build_job_spec,
     ensure_dataset,
     ours_command,
@@ -58,7 +59,6 @@ from bench._report import (
 from dppipeline.spec.model import JobSpec
 
 LOG_DIR = DATA_DIR / "local_logs"
-LEDGER = DATA_DIR / "local_ledger.sqlite"  # not the project's: see ours_command
 SIZES = ("1M", "5M", "20M", "100M")
 DEFAULT_SIZES = ("5M", "20M", "100M")
 TARGETS = {"5M": 5.0, "20M": 5.0, "100M": 10.0}  # ours / DuckDB, the targets
@@ -101,7 +101,7 @@ def programs(data: Dataset, keys: Path, args: argparse.Namespace) -> dict[str, P
     found = {
         OURS: Program(
             OURS,
-            ours_command("local", data, keys, ours_out, LEDGER),
+            ours_command("local", data, keys, ours_out, bench_ledger("local", label)),
             {},
             OURS_MARKERS,
             ours_out / build_job_spec(data, keys).name,
@@ -109,7 +109,9 @@ def programs(data: Dataset, keys: Path, args: argparse.Namespace) -> dict[str, P
         ),
         BANK: Program(
             BANK,
-            bank_job_command("local", data, DATA_DIR / f"local_bank_{label}", LEDGER),
+            bank_job_command(
+                "local", data, DATA_DIR / f"local_bank_{label}", bench_ledger("local", label)
+            ),
             {},
             OURS_MARKERS,
             DATA_DIR / f"local_bank_{label}" / "mean_ticket_per_terminal",
