@@ -178,10 +178,14 @@ def _parquet_groups(
     by_layout: dict[tuple[str, ...], list[tuple[Path, dt.date | None]]] = {}
     footers: dict[tuple[str, ...], tuple[pa.Schema, dict[str, Source]]] = {}
     listed = [(path, day.day) for day in days for path in day.files]
-    # The footers read on a few threads (pyarrow reads without the GIL): 4,000 daily files
-    # took seconds one after another. In the files' order, so the first bad file is named.
-    with ThreadPoolExecutor(FOOTER_THREADS) as pool:
-        read_footers = pool.map(parquet_footer, [path for path, _ in listed])
+    # Local footers are read on a few threads (pyarrow reads without the GIL): 4,000 daily
+    # files took seconds one after another. In the files' order, so the first bad file is
+    # named. Hadoop's client is called on this thread only: from a pool thread, pyarrow's
+    # libhdfs fails with "Unable to load libjvm" (tests/system/test_object_store.py).
+    paths = [path for path, _ in listed]
+    local = all(Location.of(path).is_local for path in paths)
+    with ThreadPoolExecutor(FOOTER_THREADS if local else 1) as pool:
+        read_footers = pool.map(parquet_footer, paths) if local else map(parquet_footer, paths)
         for (path, day), footer in zip(listed, read_footers, strict=True):
             sources = column_sources(str(path), footer, schema)
             from_path = columns_from_path(str(path), footer.names, schema)
