@@ -56,8 +56,6 @@ class FileRows:
     frame: pl.LazyFrame  # the job's columns as read, `_row`, `_day` (and CSV field counts)
     sources: Mapping[str, Source]
     rules: tuple[Rule, ...]
-    # The types the frame's columns arrive as: files of one kind are checked as one frame
-    types: tuple[str, ...] = ()
 
 
 def parquet_rows(path: Path | Location, day: dt.date | None, schema: Schema) -> FileRows:
@@ -78,9 +76,7 @@ def parquet_rows(path: Path | Location, day: dt.date | None, schema: Schema) -> 
         .with_row_index(ROW, offset=1)
         .with_columns(pl.col(ROW).cast(pl.Int64), pl.lit(day).alias(DAY))
     )
-    types = tuple(str(footer.field(name).type) for name in in_file)
-    rules = rules_for(schema, sources, csv=False)
-    return FileRows(where.display(), frame, sources, rules, types)
+    return FileRows(where.display(), frame, sources, rules_for(schema, sources, csv=False))
 
 
 def _remote_parquet(where: Location, columns: list[str]) -> pl.LazyFrame:
@@ -101,7 +97,7 @@ def csv_rows(data: bytes, path: str, day: dt.date | None, schema: Schema) -> Fil
     records = read_csv_records(data, path, schema)
     sources = dict.fromkeys(schema.names, Source.TEXT)
     frame = records.lazy().with_columns(pl.lit(day).alias(DAY))
-    return FileRows(path, frame, sources, rules_for(schema, sources, csv=True), ("text",))
+    return FileRows(path, frame, sources, rules_for(schema, sources, csv=True))
 
 
 def checked(rows: FileRows, schema: Schema) -> pl.LazyFrame:
@@ -117,11 +113,8 @@ def split_rows(
     a 5M-row run)."""
     bad = flagged.get_column(BAD)
     rejected = None
-    if SOURCE in flagged.columns:  # several files' rows, each with its file (`_same_kind_runs`)
-        source, valid_source = pl.col(SOURCE).cast(pl.String), pl.col(SOURCE)
-    else:
-        source = pl.lit(rows.path).alias(SOURCE)
-        valid_source = source if files is None else pl.lit(rows.path, dtype=files).alias(SOURCE)
+    source = pl.lit(rows.path).alias(SOURCE)
+    valid_source = source if files is None else pl.lit(rows.path, dtype=files).alias(SOURCE)
     if bad.any():
         flagged = flagged.rechunk()  # polars can panic filtering a multi-chunk frame by a mask
         bad = bad.rechunk()
@@ -212,15 +205,14 @@ def read_validated(
                     listed,
                 )
             )
-    names = names if names is not None else file_names(days)
-    runs = _same_kind_runs(files, names)
     try:
-        collected = pl.collect_all([checked(rows, schema) for rows in runs])
+        collected = pl.collect_all([checked(rows, schema) for rows in files])
     except pl.exceptions.PolarsError:
         _raise_for_unreadable_file(files, schema, fmt)
         raise
     valid_parts, rejected_parts = [], []
-    for rows, flagged in zip(runs, collected, strict=True):
+    names = names if names is not None else file_names(days)
+    for rows, flagged in zip(files, collected, strict=True):
         valid, rejected = split_rows(flagged, rows, schema, names)
         valid_parts.append(valid)
         if rejected is not None:
@@ -237,35 +229,6 @@ def read_validated(
         first=first_rejected(rejected, fmt),
     )
     return ValidatedInput(rows=valid_rows, rejected=rejected, summary=summary)
-
-
-def _same_kind_runs(files: Sequence[FileRows], names: pl.Enum) -> list[FileRows]:
-    """Consecutive files of one kind (column types, sources, rules) as one frame, each row
-    carrying its file (`_source_file`, a code of `names`) and its row in that file: the rules
-    are built and run once per run of files, not per file (per-file expressions cost a
-    5M-row read 1.5 s), and file order, hence the first rejected row, is kept."""
-    runs: list[list[FileRows]] = []
-    for rows in files:
-        if runs and _kind(runs[-1][0]) == _kind(rows):
-            runs[-1].append(rows)
-        else:
-            runs.append([rows])
-    return [
-        FileRows(
-            run[0].path if len(run) == 1 else "",
-            pl.concat(
-                [r.frame.with_columns(pl.lit(r.path, dtype=names).alias(SOURCE)) for r in run]
-            ),
-            run[0].sources,
-            run[0].rules,
-            run[0].types,
-        )
-        for run in runs
-    ]
-
-
-def _kind(rows: FileRows) -> tuple[object, ...]:
-    return rows.types, tuple(sorted(rows.sources.items())), rows.rules
 
 
 def first_rejected(rejected: pl.DataFrame, fmt: str) -> RejectedRow | None:
