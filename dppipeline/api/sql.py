@@ -11,12 +11,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dppipeline.api.frame_release import Release, release
-from dppipeline.dpsql.compile import compile_sql
+from dppipeline.dpsql.compile import compile_sql, read_query_file
 from dppipeline.errors import UsageError
 from dppipeline.spec.model import JobSpec
 
 Frame = TypeVar("Frame")
-MAX_QUERY_BYTES = 1 << 20  # as a YAML job spec
 
 
 def load_sql(query: str | Path, *, name: str | None = None) -> JobSpec:
@@ -27,15 +26,9 @@ def load_sql(query: str | Path, *, name: str | None = None) -> JobSpec:
     if isinstance(query, Path) or ("\n" not in query and query.strip().endswith(".sql")):
         path = Path(query)
         try:
-            data = path.read_bytes()
+            text = read_query_file(path, str(path))
         except OSError as exc:
             raise UsageError(f"cannot read query file {path}: {exc.strerror}") from None
-        if len(data) > MAX_QUERY_BYTES:
-            raise UsageError(f"{path}: more than {MAX_QUERY_BYTES:,} bytes")
-        try:
-            text = data.decode("utf-8-sig")
-        except UnicodeDecodeError as exc:
-            raise UsageError(f"{path}: not UTF-8 text (byte {exc.start + 1:,})") from None
         return compile_sql(text, name=name or path.stem, base=path.parent, source=str(path))
     return compile_sql(query, name=name)
 

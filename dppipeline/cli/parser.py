@@ -581,7 +581,6 @@ SQL_FLAGS = (
     "input", "format", "layout", "start_date", "end_date", "max_rejected_fraction", "output",
     "scope", "cap_epsilon", "cap_delta", "window_days",
 )  # fmt: skip
-MAX_QUERY_BYTES = 1 << 20  # as a YAML job spec: key lists belong in key files
 
 
 def sql_spec_from_args(args: argparse.Namespace):
@@ -589,23 +588,16 @@ def sql_spec_from_args(args: argparse.Namespace):
     SqlError naming line:column, a bad flag a SpecError naming the flag."""
     from pathlib import Path  # noqa: PLC0415
 
-    from dppipeline.dpsql.compile import compile_sql  # noqa: PLC0415
+    from dppipeline.dpsql.compile import compile_sql, read_query_file  # noqa: PLC0415
 
     if (args.query is None) == (args.file is None):
         raise UsageError("sql: give the query text or --file (one of them)")
     if args.file is not None:
         path = Path(args.file)
         try:
-            with path.open("rb") as file:
-                data = file.read(MAX_QUERY_BYTES + 1)
+            text = read_query_file(path, "--file")
         except OSError as exc:
             raise UsageError(f"--file: cannot read {excerpt(args.file)}: {exc.strerror}") from None
-        if len(data) > MAX_QUERY_BYTES:
-            raise UsageError(f"--file: more than {MAX_QUERY_BYTES:,} bytes")
-        try:
-            text = data.decode("utf-8-sig")
-        except UnicodeDecodeError as exc:
-            raise UsageError(f"--file: not UTF-8 text (byte {exc.start + 1:,})") from None
         source, base, name = args.file, path.parent, args.name or path.stem
     else:
         text, source, base, name = args.query, "query", None, args.name

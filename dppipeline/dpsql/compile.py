@@ -30,7 +30,7 @@ from dppipeline.dpsql.dialect import (
     read_statements,
 )
 from dppipeline.dpsql.errors import SqlError
-from dppipeline.errors import SpecError, excerpt
+from dppipeline.errors import SpecError, UsageError, excerpt
 from dppipeline.spec.metrics import metric_column
 from dppipeline.spec.model import JobSpec, build_spec
 from dppipeline.spec.partition_keys import (
@@ -46,6 +46,23 @@ from dppipeline.spec.vocabulary import SHIPPED_SCHEMAS
 
 # OPTIONS of the job (one budget, one privacy unit, one noise): given in any SELECT, the
 # same wherever given more than once.
+MAX_QUERY_BYTES = 1 << 20  # as a YAML job spec: key lists belong in key files
+
+
+def read_query_file(path: Path, label: str) -> str:
+    """A `.sql` file's text: at most MAX_QUERY_BYTES of UTF-8 (a BOM allowed); errors are
+    UsageErrors starting with `label`. An unreadable file raises OSError, which each front
+    end words its own way."""
+    with path.open("rb") as file:
+        data = file.read(MAX_QUERY_BYTES + 1)
+    if len(data) > MAX_QUERY_BYTES:
+        raise UsageError(f"{label}: more than {MAX_QUERY_BYTES:,} bytes")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{label}: not UTF-8 text (byte {exc.start + 1:,})") from None
+
+
 JOB_OPTIONS = {
     "epsilon": "budget.epsilon",
     "delta": "budget.delta",
