@@ -387,14 +387,19 @@ def cli_surface(engine: str) -> Callable[[Run], tuple[str, dict | None, Callable
             "--output", str(run.release),
             "--ledger", f"sqlite:///{run.ledger}",
         ]  # fmt: skip
-        try:
-            code = cli.main(argv)
-        except SystemExit as exc:  # argparse
-            code = int(exc.code or 0)
-        manifest = json.loads((run.release / "manifest.json").read_text()) if code == 0 else None
-        return f"exit {code}", manifest, lambda q: pq.read_table(run.release / q)
+        return _cli_outcome(argv, run)
 
     return run_cli
+
+
+def _cli_outcome(argv: list[str], run: Run) -> tuple[str, dict | None, Callable]:
+    """`dppipeline argv` in this process: its exit status, the manifest and the datasets."""
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:  # argparse
+        code = int(exc.code or 0)
+    manifest = json.loads((run.release / "manifest.json").read_text()) if code == 0 else None
+    return f"exit {code}", manifest, lambda q: pq.read_table(run.release / q)
 
 
 def api_surface(kind: str, spark=None) -> Callable[[Run], tuple[str, dict | None, Callable]]:
@@ -435,12 +440,7 @@ def sql_cli_surface(engine: str) -> Callable[[Run], tuple[str, dict | None, Call
             "--output", str(run.release),
             "--ledger", f"sqlite:///{run.ledger}",
         ]  # fmt: skip
-        try:
-            code = cli.main(argv)
-        except SystemExit as exc:  # argparse
-            code = int(exc.code or 0)
-        manifest = json.loads((run.release / "manifest.json").read_text()) if code == 0 else None
-        return f"exit {code}", manifest, lambda q: pq.read_table(run.release / q)
+        return _cli_outcome(argv, run)
 
     return run_sql
 
