@@ -23,6 +23,8 @@ Variance and quantiles here are exact for `plan` and confidence intervals.
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
@@ -39,6 +41,10 @@ _DIRECT_SUM_SIGMA = 10.0
 # Exact quantiles by summation up to this sigma; above it a sound (wider by at most one)
 # bound from the normal tail (CKS20, Proposition 25).
 _QUANTILE_SUM_SIGMA = 1e5
+# OpenDP's exact samplers take 18-30 us a value (rational arithmetic); from this many values on,
+# the array is drawn in one chunk per core, on threads (the FFI call releases the GIL): the bank
+# job's 800,000 terminal-days (docs/explanation/benchmarks.md).
+_VALUES_PER_THREAD = 20_000
 
 
 @cache
@@ -67,7 +73,13 @@ def add_discrete_noise(kind: str, scale: float, exact: np.ndarray) -> np.ndarray
         return np.zeros(0, dtype=np.int64)
     # An int64 array goes to Rust in bulk; a list would be checked element by element.
     values = np.ascontiguousarray(np.asarray(exact).astype(np.int64))
-    return np.asarray(_sampler(kind, float(scale))(values), dtype=np.int64)
+    sample = _sampler(kind, float(scale))
+    threads = min(os.cpu_count() or 1, len(values) // _VALUES_PER_THREAD)
+    if threads <= 1:
+        return np.asarray(sample(values), dtype=np.int64)
+    with ThreadPoolExecutor(threads, thread_name_prefix="discrete-noise") as pool:
+        drawn = list(pool.map(sample, np.array_split(values, threads)))
+    return np.concatenate([np.asarray(part, dtype=np.int64) for part in drawn])
 
 
 def discrete_laplace_variance(scale: float) -> float:

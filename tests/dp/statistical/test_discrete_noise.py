@@ -15,6 +15,7 @@ privacy_id_count, in the three tiers, with their accounting checked independentl
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import pandas as pd
@@ -205,6 +206,28 @@ def test_the_noise_comes_from_opendp_not_numpy(monkeypatch):
     monkeypatch.setattr(np.random, "normal", refuse)
     out = noise_partitions(zeros(2000), ["k"], plan)
     assert out["count"].dtype == np.int64 and out["count"].std() > 1
+
+
+def test_a_large_array_is_drawn_on_threads_in_order(monkeypatch):
+    """Past `_VALUES_PER_THREAD` values the array is drawn in chunks on threads: every chunk
+    gets noise, and each value's noise lands on that value (scale 3: |noise| > 200 has
+    probability below 1e-28 a draw)."""
+    monkeypatch.setattr(discrete, "_VALUES_PER_THREAD", 1_000)
+    monkeypatch.setattr(discrete.os, "cpu_count", lambda: 4)
+    threads: set[str] = set()
+    sample = discrete._sampler("discrete_laplace", 3.0)
+
+    def watched(values):
+        threads.add(threading.current_thread().name)
+        return sample(values)
+
+    monkeypatch.setattr(discrete, "_sampler", lambda kind, scale: watched)
+    exact = np.arange(10_000, dtype=np.int64) * 1_000_000
+    noise = discrete.add_discrete_noise("discrete_laplace", 3.0, exact) - exact
+    assert len(threads) > 1 and all(name.startswith("discrete-noise") for name in threads)
+    assert np.abs(noise).max() < 200
+    for chunk in np.array_split(noise, 4):
+        assert np.count_nonzero(chunk) > 0.5 * len(chunk)  # P(0) = 0.17 at scale 3
 
 
 # -------------------------------------------------------------------- statistical tier
