@@ -73,7 +73,7 @@ lint: setup  ## ruff, the layer contracts (import-linter) and mypy --strict on s
 bench: setup  ## benchmarks against PipelineDP and a non-private baseline; noise per accounting
 	$(PY) -m bench.local_engine
 	$(PY) -m bench.spark_engine
-	$(PY) -m bench.beam_engine
+	$(PY) -m bench.beam_engine --sizes 1M,5M  # issue 35 targets both sizes
 	$(PY) -m bench.accounting
 	$(PY) -m bench.summary
 

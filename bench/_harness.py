@@ -304,7 +304,7 @@ BANK_JOB = ROOT / "jobs" / "configs" / "bank_partner_release.yaml"
 def bank_job_command(
     engine: str, data: Dataset, output: Path, ledger: Path, *options: str
 ) -> list[str]:
-    """`dppipeline run` of the bank's 12-query job (`jobs/configs/bank_partner_release.yaml`)
+    """`dppipeline run` of the bank's 10-query job (`jobs/configs/bank_partner_release.yaml`)
     on the same data: what several queries cost against the one-query job."""
     return [
         *(sys.executable, "-m", "dppipeline", "run", "--engine", engine),

@@ -1,4 +1,4 @@
-"""Noise of the bank's 12-query job under each accounting, at the same (epsilon, delta); and
+"""Noise of the bank's 10-query job under each accounting, at the same (epsilon, delta); and
 how many nightly releases the ledger admits under one cap, by sums and composed.
 
 `python -m bench.accounting [--epsilon 4] [--delta 1e-6]`: plans

@@ -51,7 +51,7 @@ MULTI_PROCESS_OPTIONS = ("--direct_running_mode=multi_processing", "--direct_num
 
 OURS = "dppipeline beam"  # the job's default: scaled Linf bounding (count, sum, mean)
 SAMPLED = "dppipeline beam, linf_bounding: sample"
-BANK = "dppipeline beam, bank job (12 queries)"
+BANK = "dppipeline beam, bank job (10 queries)"
 OURS_2P = "dppipeline beam (2 processes)"
 PIPELINEDP = "PipelineDP BeamBackend"
 BASELINE = "Beam CombinePerKey (non-private)"
@@ -171,7 +171,7 @@ class Report(ProcessReport):
     RATIOS = (
         ("pipelinedp_over_ours", "PipelineDP / ours", PIPELINEDP, OURS, ".1f", "median"),
         ("sampled_over_ours", "sampled / scaled (default)", SAMPLED, OURS, ".2f", "median"),
-        ("bank_over_ours", "12 queries / 1", BANK, OURS, ".2f", "median"),
+        ("bank_over_ours", "10 queries / 1", BANK, OURS, ".2f", "median"),
         (
             "pipelinedp_over_ours_2proc",
             "PipelineDP / ours (2 proc)",

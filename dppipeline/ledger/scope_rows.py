@@ -9,12 +9,11 @@ then locked with `SELECT ... FOR UPDATE`, so other scopes do not wait.
 
 from __future__ import annotations
 
+import importlib
 import re
 import unicodedata
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql as pg_dialect
-from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Connection
 
 from dppipeline.errors import UsageError
@@ -25,7 +24,8 @@ from dppipeline.ledger.tables import cap_changes, scopes
 
 def lock_scope(conn: Connection, scope: str, now: str, by: str) -> sa.RowMapping:
     """The scope's row, created when missing, locked until the transaction ends."""
-    insert = (pg_dialect if conn.dialect.name == "postgresql" else sqlite_dialect).insert
+    # The connection's own dialect module (importing PostgreSQL's costs a SQLite run 60 ms).
+    insert = importlib.import_module(f"sqlalchemy.dialects.{conn.dialect.name}").insert
     created = conn.execute(
         insert(scopes)
         .values(scope=scope, created_at=now, updated_at=now, updated_by=by)
