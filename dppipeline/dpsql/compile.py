@@ -37,7 +37,6 @@ from dppipeline.spec.partition_keys import (
     INPUT_RANGE,
     TIME_BUCKETS,
     BucketKey,
-    is_file_source,
     key_name,
 )
 from dppipeline.spec.paths import resolve_paths
@@ -158,30 +157,14 @@ def compile_sql(
 def _refuse_input_as_keys(spec: JobSpec, shorthand: bool) -> None:
     """A key table must be public: a file in or equal to the input (`--input`) is the data's
     own key set, whose keys one unit alone can add (a leak public partitions exist to avoid)."""
-    data = spec.input.path
-    if not data:
-        return
-    for query in spec.queries:
-        sources = query.partition_selection.public_partitions
-        named = sources.values() if isinstance(sources, Mapping) else [sources]
-        for source in named:
-            if isinstance(source, str) and is_file_source(source) and _within(source, data):
-                field_path = "partition_selection.public_partitions"
-                raise SpecError(
-                    field_path if shorthand else f"queries.{query.name}.{field_path}",
-                    "a key table must be public, not the input (or a file in its folder): "
-                    "its keys are the data's own; name a key file of public keys, "
-                    "UNNEST(GENERATE_ARRAY(a, b)) or UNNEST([k1, ...])",
-                )
-
-
-def _within(key_file: str, data: str) -> bool:
-    """Whether `key_file` is the input `data` or lies under it (paths or URIs)."""
-    if "://" in key_file or "://" in data:
-        key, top = key_file.rstrip("/"), data.rstrip("/")
-        return key == top or key.startswith(top + "/")
-    key_path, top_path = Path(key_file).resolve(), Path(data).resolve()
-    return key_path == top_path or top_path in key_path.parents
+    for query, _ in spec.input_key_files():
+        field_path = "partition_selection.public_partitions"
+        raise SpecError(
+            field_path if shorthand else f"queries.{query.name}.{field_path}",
+            "a key table must be public, not the input (or a file in its folder): "
+            "its keys are the data's own; name a key file of public keys, "
+            "UNNEST(GENERATE_ARRAY(a, b)) or UNNEST([k1, ...])",
+        )
 
 
 def compile_raw(text: str, name: str | None = None) -> dict[str, Any]:

@@ -23,7 +23,9 @@ def read_key_file(source: str | Path, columns: Sequence[str]) -> KeyFile:
 
 
 def read_key_files(spec: JobSpec) -> dict[KeyFileRequest, KeyFile]:
-    """Every public key file the job's queries name, read once each."""
+    """Every public key file the job's queries name, read once each; none may be the input
+    (`JobSpec.refuse_input_as_keys`)."""
+    spec.refuse_input_as_keys()
     return {
         (source, columns): read_key_file(source, columns)
         for source, columns in key_file_requests(spec)

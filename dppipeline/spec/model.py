@@ -42,7 +42,14 @@ from dppipeline.spec.loader import load_raw
 from dppipeline.spec.messages import spec_error
 from dppipeline.spec.metrics import distinct_columns, needs_kept_rows, needs_value_bounds
 from dppipeline.spec.overrides import apply_overrides
-from dppipeline.spec.partition_keys import KEY_RANGE, TIME_BUCKETS, bucket_key, key_name
+from dppipeline.spec.partition_keys import (
+    KEY_RANGE,
+    TIME_BUCKETS,
+    bucket_key,
+    is_file_source,
+    key_name,
+    lies_within,
+)
 from dppipeline.spec.paths import check_locations
 from dppipeline.spec.sections import (
     BoundsSpec,
@@ -497,6 +504,34 @@ class JobSpec(Section):
             if missing is not None:
                 where = "" if self.is_shorthand else f"queries.{query.name}."
                 raise SpecError(f"{where}bounds.{missing[0]}", missing[1])
+
+    def input_key_files(self) -> list[tuple[QuerySpec, str]]:
+        """Each public key file (query, source) that is the input (`input.path`) or lies in its
+        folder: its keys are the data's own, which one privacy unit alone can add, the leak
+        public partitions exist to avoid (`refuse_input_as_keys`)."""
+        data = self.input.path
+        found: list[tuple[QuerySpec, str]] = []
+        for query in self.queries if data else ():
+            sources = query.partition_selection.public_partitions
+            named = sources.values() if isinstance(sources, Mapping) else [sources]
+            found += [
+                (query, source)
+                for source in named
+                if isinstance(source, str) and is_file_source(source) and lies_within(source, data)
+            ]
+        return found
+
+    def refuse_input_as_keys(self) -> None:
+        """Raises SpecError naming the first public key file that is the input or in its
+        folder (`input_key_files`). Every run reads its key files through this
+        (`lifecycle.public_keys`), whichever front end made the spec."""
+        for query, source in self.input_key_files():
+            raise SpecError(
+                f"{self.query_path(query)}partition_selection.public_partitions",
+                f"{source} is the input or lies in its folder: public keys must not come from "
+                "the data (one customer alone could add a key); name a file of public keys or "
+                "a range 'A..B'",
+            )
 
     def spec_hash(self) -> str:
         """sha256 of the canonical spec: what decides the release's numbers, defaults left

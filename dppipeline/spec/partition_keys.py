@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 # Derived partition keys from the job's time column (`input.time_column`, TX_DATETIME by default).
 TIME_BUCKETS = ("hour", "day", "week", "month", "year")
@@ -64,6 +65,15 @@ def key_name(entry: str) -> str:
     """The release column of a `partition_by` entry."""
     bucket = bucket_key(entry)
     return entry if bucket is None else bucket.name
+
+
+def lies_within(key_file: str, data: str) -> bool:
+    """Whether `key_file` is the input `data` or lies in its folder (paths or URIs)."""
+    if "://" in key_file or "://" in data:
+        key, top = key_file.rstrip("/"), data.rstrip("/")
+        return key == top or key.startswith(top + "/")
+    key_path, top_path = Path(key_file).resolve(), Path(data).resolve()
+    return key_path == top_path or top_path in key_path.parents
 
 
 def is_file_source(source: str) -> bool:
