@@ -511,7 +511,9 @@ class JobSpec(Section):
         public partitions exist to avoid (`refuse_input_as_keys`)."""
         data = self.input.path
         found: list[tuple[QuerySpec, str]] = []
-        for query in self.queries if data else ():
+        if not data:
+            return found
+        for query in self.queries:
             sources = query.partition_selection.public_partitions
             named = sources.values() if isinstance(sources, Mapping) else [sources]
             found += [
