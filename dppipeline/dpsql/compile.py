@@ -43,8 +43,6 @@ from dppipeline.spec.paths import resolve_paths
 from dppipeline.spec.schema import Schema, SchemaError, input_schema_from
 from dppipeline.spec.vocabulary import SHIPPED_SCHEMAS
 
-# OPTIONS of the job (one budget, one privacy unit, one noise): given in any SELECT, the
-# same wherever given more than once.
 MAX_QUERY_BYTES = 1 << 20  # as a YAML job spec: key lists belong in key files
 
 
@@ -62,6 +60,8 @@ def read_query_file(path: Path, label: str) -> str:
         raise UsageError(f"{label}: not UTF-8 text (byte {exc.start + 1:,})") from None
 
 
+# OPTIONS of the job (one budget, one privacy unit, one noise): given in any SELECT, the
+# same wherever given more than once.
 JOB_OPTIONS = {
     "epsilon": "budget.epsilon",
     "delta": "budget.delta",
